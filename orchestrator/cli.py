@@ -1,0 +1,341 @@
+"""``tunematrix`` / ``python -m orchestrator``: the command line over the library.
+
+Errors the user can fix become one line on stderr and exit code 2; an
+interrupted command exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from orchestrator import __version__
+from orchestrator.config import BenchConfig, load_config
+from orchestrator.errors import UserError
+from orchestrator.matrix import Plan, Selection, build_plan, parse_filters
+from orchestrator.paths import ResultsLayout, shipped
+
+PROG = "tunematrix"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32)
+
+
+def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
+    """``"1 2"`` or ``"1,2"`` -> ``(1, 2)``; every value a distinct positive integer."""
+    values: list[int] = []
+    for word in text.replace(",", " ").split():
+        try:
+            value = int(word)
+        except ValueError:
+            raise UserError(f"{flag}: {word!r} is not an integer (got {text!r})") from None
+        if value <= 0:
+            raise UserError(f"{flag}: {value} is not a positive integer (got {text!r})")
+        if value in values:
+            raise UserError(f"{flag}: {value} is listed twice (got {text!r})")
+        values.append(value)
+    if not values:
+        raise UserError(f'{flag}: no values given; write them like "1 2"')
+    return tuple(values)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Shared selection flags (plan and run)
+# ---------------------------------------------------------------------------
+
+
+def _add_selection_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("what to plan")
+    g.add_argument(
+        "--scenarios",
+        metavar="FILE",
+        help="scenarios file (default: ./scenarios.yaml, else the shipped one)",
+    )
+    g.add_argument(
+        "--defaults",
+        metavar="FILE",
+        help="trainer arguments shared by all scenarios "
+        "(default: defaults.yaml beside the scenarios file, else the shipped one)",
+    )
+    g.add_argument(
+        "--frameworks",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="extra framework definitions (a YAML file with a frameworks: mapping); repeatable",
+    )
+    g.add_argument(
+        "--accelerate-config",
+        metavar="FILE",
+        help="accelerate config for frameworks that name none "
+        "(default: the file's accelerate_config:, else accelerate.yaml beside it)",
+    )
+    g.add_argument(
+        "--num-gpus",
+        metavar='"N ..."',
+        help='GPU counts to run each cell on, e.g. "1 2 4" (on a CPU: process counts; '
+        "default: 1 2 capped at the GPUs found, or 1 without a GPU)",
+    )
+    g.add_argument(
+        "--effective-batch-size",
+        metavar='"B ..."',
+        help='effective (global) batch sizes, e.g. "4 8" (default: the file\'s matrix, else 4 8)',
+    )
+    g.add_argument(
+        "--filter",
+        metavar="NAME[,NAME]",
+        action="append",
+        default=[],
+        help="scenarios to run, by name or pattern (peft-*); slow scenarios run only when "
+        "named; default: every non-slow scenario for the device",
+    )
+    g.add_argument(
+        "--device",
+        choices=("auto", "gpu", "cpu"),
+        default="auto",
+        help="plan for GPUs or for the CPU (default: auto, GPU when one is found)",
+    )
+    g.add_argument(
+        "--repeats",
+        type=_positive_int,
+        metavar="N",
+        help="run each cell N times, each in a fresh process (default: the file's, else 1)",
+    )
+    g.add_argument(
+        "--results",
+        metavar="DIR",
+        default="results",
+        help="results folder (default: results)",
+    )
+
+
+@dataclass(frozen=True)
+class _Planned:
+    config: BenchConfig
+    plan: Plan
+    layout: ResultsLayout
+
+
+def _beside_or_shipped(scenarios: Path, name: str) -> Path | None:
+    for candidate in (scenarios.parent / name, shipped(name)):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _plan_from_args(args: argparse.Namespace) -> _Planned:
+    if args.scenarios:
+        scenarios = Path(args.scenarios)
+    else:
+        local = Path("scenarios.yaml")
+        scenarios = local if local.is_file() else shipped("scenarios.yaml")
+    defaults = (
+        Path(args.defaults) if args.defaults else _beside_or_shipped(scenarios, "defaults.yaml")
+    )
+    config = load_config(
+        scenarios,
+        defaults_file=defaults,
+        frameworks_files=[Path(f) for f in args.frameworks],
+        accelerate_config=Path(args.accelerate_config) if args.accelerate_config else None,
+        accelerate_fallback=_beside_or_shipped(scenarios, "accelerate.yaml"),
+    )
+    selection = Selection(
+        num_gpus=parse_int_list(args.num_gpus, "--num-gpus") if args.num_gpus else None,
+        effective_batch_size=(
+            parse_int_list(args.effective_batch_size, "--effective-batch-size")
+            if args.effective_batch_size
+            else None
+        ),
+        filters=parse_filters(args.filter),
+        device=args.device,
+        repeats=args.repeats,
+    )
+    # Detecting GPUs costs a few milliseconds; only the default axes need it.
+    needs_count = args.device == "auto" or (args.device == "gpu" and selection.num_gpus is None)
+    gpus = _gpu_count() if needs_count else 0
+    plan = build_plan(config, selection, gpus)
+    return _Planned(config=config, plan=plan, layout=ResultsLayout(Path(args.results)))
+
+
+def _gpu_count() -> int:
+    from orchestrator.hardware import gpu_count
+
+    return gpu_count()
+
+
+# ---------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from orchestrator.plan import (
+        format_commands,
+        format_header,
+        format_table,
+        plan_csv,
+        write_plan_csv,
+    )
+
+    planned = _plan_from_args(args)
+    plan = planned.plan
+    if args.output == "-":
+        sys.stdout.write(plan_csv(plan))
+        return 0
+    print(format_header(plan, planned.config.scenarios_file, planned.config.defaults_file))
+    print()
+    print(format_table(plan))
+    if args.commands:
+        print()
+        print(format_commands(plan.experiments, planned.layout))
+    if args.output:
+        write_plan_csv(plan, Path(args.output))
+        print(f"\nwrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from orchestrator.plan import format_header, format_table
+
+    planned = _plan_from_args(args)
+    print(format_header(planned.plan, planned.config.scenarios_file, planned.config.defaults_file))
+    print()
+    print(format_table(planned.plan))
+    print(
+        "\ntunematrix: running experiments is not part of this version yet; "
+        "the table above is the matrix a run would execute. Nothing was written.",
+        file=sys.stderr,
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# Parser
+# ---------------------------------------------------------------------------
+
+_MAIN_EPILOG = """\
+Examples:
+  tunematrix plan                          preview the default matrix for this machine
+  tunematrix plan --device gpu --num-gpus "1 2 4" --filter standard-peft --commands
+  tunematrix run --results results         run the matrix (resumable with --resume)
+  DRY_RUN=true bash run_benchmarks.sh      the same preview through the shell script
+"""
+
+_PLAN_EPILOG = """\
+Examples:
+  tunematrix plan
+  tunematrix plan --scenarios scenarios.yaml --filter 'cpu-*' --output plan.csv
+  tunematrix plan --device gpu --num-gpus "1 2 4" --effective-batch-size "8 16" --commands
+  tunematrix plan --output - | column -s, -t
+
+Nothing is created or deleted (except the --output file), no GPU is needed, and
+the training stack is not imported.
+"""
+
+_RUN_EPILOG = """\
+Examples:
+  tunematrix run
+  tunematrix run --results results/a100 --num-gpus "1 2" --filter standard-peft
+  tunematrix run --resume --timeout 3600
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Plan, run and compare LLM fine-tuning benchmark matrices.",
+        epilog=_MAIN_EPILOG,
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser(
+        "plan",
+        help="print the experiment matrix (the dry run)",
+        description="Expand the scenarios into the experiment matrix and print it.",
+        epilog=_PLAN_EPILOG,
+        formatter_class=_Formatter,
+    )
+    _add_selection_args(p)
+    p.add_argument("--output", metavar="CSV", help="also write the plan as CSV ('-': stdout only)")
+    p.add_argument(
+        "--commands",
+        action="store_true",
+        help="print the exact accelerate launch command of each experiment",
+    )
+    p.set_defaults(func=cmd_plan)
+
+    r = sub.add_parser(
+        "run",
+        help="run the experiment matrix",
+        description="Run every planned experiment and merge the results.",
+        epilog=_RUN_EPILOG,
+        formatter_class=_Formatter,
+    )
+    _add_selection_args(r)
+    g = r.add_argument_group("how to run")
+    g.add_argument("--timeout", type=_positive_int, metavar="SECONDS", help="per-experiment limit")
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip experiments whose result is already ok (NO_OVERWRITE=true)",
+    )
+    g.add_argument("--fail-fast", action="store_true", help="stop at the first failed experiment")
+    g.add_argument(
+        "--no-data-processing",
+        action="store_true",
+        help="train on the dataset file as it is (NO_DATA_PROCESSING=true)",
+    )
+    g.add_argument(
+        "--memory-logging",
+        choices=("all", "nvidia", "huggingface"),
+        default="all",
+        help="memory measurement: NVML/psutil sidecar, HF metrics, or both (default: all)",
+    )
+    r.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result: Any = args.func(args)
+        return int(result)
+    except UserError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `tunematrix plan | head`: the reader left; not an error of ours. Point
+        # stdout at /dev/null so the interpreter's final flush does not fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -1,0 +1,62 @@
+"""The command and environment of one experiment's ``accelerate launch``.
+
+Pure functions: the plan prints what they return, and the runner executes it.
+Every experiment goes through ``accelerate launch``, one process or many, so a
+1-GPU cell and an N-GPU cell differ only in N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.experiment import Experiment
+
+#: Shown in a plan, where the real port is picked free at launch.
+PLAN_PORT = 29500
+
+
+def launch_argv(
+    experiment: Experiment,
+    spec: Path,
+    *,
+    port: int,
+    accelerate: Sequence[str] = ("accelerate", "launch"),
+) -> list[str]:
+    """``accelerate launch [flags] -m trainer_entry --spec SPEC`` as an argument list.
+
+    On GPUs the accelerate config decides the distributed type (FSDP, DDP,
+    DeepSpeed). On the CPU one process runs with ``--cpu``; several run as
+    gloo DDP through ``--multi_gpu``, which is accelerate's multi-process
+    launcher whatever the device.
+    """
+    argv = list(accelerate)
+    if experiment.accelerate is not None:
+        argv += ["--config_file", str(experiment.accelerate.path)]
+    argv += [
+        "--num_processes",
+        str(experiment.num_gpus),
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        str(port),
+    ]
+    if experiment.device == "cpu":
+        argv.append("--cpu" if experiment.num_gpus == 1 else "--multi_gpu")
+    argv += ["-m", "trainer_entry", "--spec", str(spec)]
+    return argv
+
+
+def job_env(experiment: Experiment, devices: Sequence[str]) -> dict[str, str]:
+    """Environment variables set for the job on top of the parent's.
+
+    ``devices`` are the ``CUDA_VISIBLE_DEVICES`` entries the scheduler gave the
+    job; a CPU job sees no GPU at all.
+    """
+    env = {
+        "CUDA_VISIBLE_DEVICES": ",".join(devices) if experiment.device == "gpu" else "",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    env.update(experiment.env)
+    return env

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# tunematrix: run (or preview) the fine-tuning benchmark matrix.
+#
+# usage: bash run_benchmarks.sh [NUM_GPUS_MATRIX] [RESULT_DIR] [SCENARIOS_CONFIG] [SCENARIOS_FILTER]
+#
+#   NUM_GPUS_MATRIX   GPU counts, e.g. "1 2 4"; on a machine without GPUs, process
+#                     counts (default: "1 2" capped at the GPUs found; "1" without a GPU)
+#   RESULT_DIR        results folder (default: results)
+#   SCENARIOS_CONFIG  scenarios file (default: scenarios.yaml beside this script)
+#   SCENARIOS_FILTER  scenario names or patterns, space or comma separated
+#                     (default: every non-slow scenario for this machine)
+#
+# environment:
+#   DRY_RUN=true              print the matrix and the exact commands; write nothing
+#   NO_OVERWRITE=true         resume: skip experiments whose result is already ok
+#   NO_DATA_PROCESSING=true   train on the dataset file as it is
+#   MEMORY_LOGGING=all|nvidia|huggingface   what measures memory (default: all)
+#   EFFECTIVE_BS_MATRIX="4 8" effective batch sizes (default: the scenarios file's)
+#   DEVICE=auto|gpu|cpu       plan for GPUs or the CPU (default: auto)
+#   PYTHON                    the interpreter to use (default: python3)
+#
+# examples:
+#   DRY_RUN=true bash run_benchmarks.sh
+#   bash run_benchmarks.sh "1 2" results scenarios.yaml standard-peft
+#   NO_OVERWRITE=true bash run_benchmarks.sh "1 2" results
+#   tox -e run-benches -- "1 2" results scenarios.yaml standard-peft
+#
+# This script is a thin wrapper over `python -m orchestrator plan|run`; see
+# `python -m orchestrator run --help` for every option.
+set -euo pipefail
+
+usage() {
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+}
+
+die() {
+    echo "run_benchmarks.sh: error: $*" >&2
+    exit 2
+}
+
+# true/false environment switches; anything else is a mistake worth stopping for
+flag() {
+    local name=$1 value=${!1:-false}
+    case "${value,,}" in
+        true | 1 | yes) return 0 ;;
+        false | 0 | no | "") return 1 ;;
+        *) die "$name must be true or false, got '$value'" ;;
+    esac
+}
+
+case "${1:-}" in
+    -h | --help)
+        usage
+        exit 0
+        ;;
+esac
+[ $# -le 5 ] || die "too many arguments ($#); see --help"
+
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+
+NUM_GPUS_MATRIX=${1-}
+RESULT_DIR=${2:-results}
+SCENARIOS_CONFIG=${3:-$SCRIPT_DIR/scenarios.yaml}
+SCENARIOS_FILTER=${4-}
+
+args=(--scenarios "$SCENARIOS_CONFIG" --results "$RESULT_DIR" --device "${DEVICE:-auto}")
+[ -z "$NUM_GPUS_MATRIX" ] || args+=(--num-gpus "$NUM_GPUS_MATRIX")
+[ -z "${EFFECTIVE_BS_MATRIX:-}" ] || args+=(--effective-batch-size "$EFFECTIVE_BS_MATRIX")
+[ -z "$SCENARIOS_FILTER" ] || args+=(--filter "$SCENARIOS_FILTER")
+if [ $# -ge 5 ]; then
+    echo "run_benchmarks.sh: note: the 5th argument (columns to drop) is not needed;" \
+        "benchmarks.csv drops constant columns itself" >&2
+fi
+
+# Use the orchestrator next to this script, whatever is installed.
+export PYTHONPATH="$SCRIPT_DIR${PYTHONPATH:+:$PYTHONPATH}"
+PYTHON=${PYTHON:-python3}
+
+if flag DRY_RUN; then
+    exec "$PYTHON" -m orchestrator plan "${args[@]}" --commands
+fi
+
+run_args=(--memory-logging "${MEMORY_LOGGING:-all}")
+if flag NO_OVERWRITE; then run_args+=(--resume); fi
+if flag NO_DATA_PROCESSING; then run_args+=(--no-data-processing); fi
+exec "$PYTHON" -m orchestrator run "${args[@]}" "${run_args[@]}"

@@ -1,0 +1,7 @@
+"""The training child of each experiment.
+
+Run by the orchestrator as ``accelerate launch [flags] -m trainer_entry --spec
+runs/<id>/spec.json``: it reads the spec, trains with the Hugging Face
+Trainer/TRL, measures, and rank 0 writes ``result.json``. This is the only
+package that imports torch, transformers, trl and peft.
+"""
