@@ -1,10 +1,9 @@
 """Typed, validated configuration: the scenarios file, defaults.yaml and accelerate configs.
 
-Files are read once, here. Pydantic checks their shape (unknown keys, types);
-the checks that need context (names that become paths, framework references,
-duplicates, model lists) follow, and every failure is a ``ConfigError`` naming
-the file, the line, the key path and what is allowed. Nothing downstream reads
-raw YAML.
+Files are read once, here. Pydantic checks their shape (``schema``); the checks
+that need context (names that become paths, framework references, duplicates,
+model lists) follow, and every failure is a ``ConfigError`` naming the file,
+the line, the key path and what is allowed. Nothing downstream reads raw YAML.
 """
 
 from __future__ import annotations
@@ -12,208 +11,31 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
-import math
-import re
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.yamlio import Loc, YamlDoc, format_loc, load_yaml
-
-# ---------------------------------------------------------------------------
-# Names and values
-# ---------------------------------------------------------------------------
-
-#: Matrix axes: set under ``matrix:`` (or on the command line); a scenario may
-#: pin one in its ``arguments`` or sweep it, but defaults.yaml may not set them.
-AXES = ("effective_batch_size", "max_seq_len", "packing")
-
-#: Keys that are not trainer arguments and so may not appear in ``arguments``.
-RESERVED_ARGUMENTS = ("num_gpus", "repeat", "repeats")
-
-#: The framework label used for "no overlay" (``null`` in ``framework_config``).
-NO_FRAMEWORK = "none"
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_NAME_MAX = 64
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def check_name(value: str, what: str) -> str | None:
-    """Why ``value`` cannot name a scenario or framework, or None if it can.
-
-    These names become parts of experiment ids, which are folder names under
-    the results folder, so nothing that could leave that folder is allowed.
-    """
-    if "\x00" in value:
-        return f"{what} {value!r} contains a NUL character"
-    if not value:
-        return f"{what} is empty"
-    if "/" in value or "\\" in value or value.startswith("."):
-        return (
-            f"{what} {value!r} would escape the results folder; "
-            "use letters, digits, '-', '_' and '.', starting with a letter or digit"
-        )
-    if ".." in value:
-        return f"{what} {value!r} must not contain '..'"
-    if not _NAME_RE.match(value):
-        return (
-            f"{what} {value!r} has characters that are not allowed; "
-            "use letters, digits, '-', '_' and '.', starting with a letter or digit"
-        )
-    if len(value) > _NAME_MAX:
-        return f"{what} {value!r} is longer than {_NAME_MAX} characters"
-    return None
-
-
-def check_model_name(value: object) -> str | None:
-    """Why ``value`` cannot be a ``model_name_or_path``, or None if it can.
-
-    Hub ids, local folders (relative or absolute) and ``config:<arch>`` are
-    all fine: a model name never becomes a path under the results folder, only
-    a sanitised short form of it does (see ``orchestrator.ids``).
-    """
-    if not isinstance(value, str):
-        return f"a model name must be a string, got {_type_name(value)} {value!r}"
-    if not value:
-        return "a model name is empty"
-    if "\x00" in value:
-        return f"model name {value!r} contains a NUL character"
-    if _CONTROL_RE.search(value):
-        return f"model name {value!r} contains a control character"
-    if value != value.strip():
-        return f"model name {value!r} has leading or trailing spaces"
-    return None
-
-
-def _type_name(value: object) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
-        type(value), type(value).__name__
-    )
-
-
-def check_value(value: object, loc: Loc) -> tuple[str, Loc] | None:
-    """Why ``value`` is not a plain JSON value (None if it is), and where.
-
-    Arguments travel to the child as JSON (``spec.json``), so only JSON types
-    are allowed: null, booleans, numbers, strings, lists and string-keyed maps.
-    """
-    if value is None or isinstance(value, (bool, int, str)):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else (f"{value} is not a finite number", loc)
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            problem = check_value(item, (*loc, i))
-            if problem:
-                return problem
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return (f"mapping keys must be strings, got {key!r}", loc)
-            problem = check_value(item, (*loc, key))
-            if problem:
-                return problem
-        return None
-    return (f"unsupported value {value!r} ({type(value).__name__}); quote it as a string", loc)
-
-
-def canonical_json(value: Any) -> str:
-    """The one JSON text of ``value`` used for hashing: sorted keys, no spaces."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-# ---------------------------------------------------------------------------
-# File shapes (pydantic)
-# ---------------------------------------------------------------------------
-
-PositiveInt = Annotated[int, Field(gt=0)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class FrameworkModel(_Strict):
-    """A named overlay that scenarios list under ``framework_config``."""
-
-    description: str | None = None
-    #: accelerate config file for this framework, relative to the file that defines it
-    accelerate_config: str | None = None
-    #: trainer arguments that override the scenario's
-    arguments: dict[str, Any] = {}
-    #: extra environment variables for the job
-    env: dict[str, str] = {}
-
-
-class MatrixModel(_Strict):
-    """Axes crossed with every scenario; the command line overrides them."""
-
-    num_gpus: list[PositiveInt] | None = None
-    effective_batch_size: list[PositiveInt] | None = None
-    max_seq_len: list[PositiveInt] | None = None
-    packing: list[bool] | None = None
-    #: how many times each cell runs, each in a fresh process
-    repeats: PositiveInt | None = None
-
-
-class DataProcessingModel(_Strict):
-    """The predecessor's ``data_processing`` stanza: how the training data is prepared."""
-
-    dataset_name: str | None = None
-    dataset_split: str | None = None
-    formatting: str | None = None
-    tokenize: bool | None = None
-    input_field: str | None = None
-    dataset_text_field: str | None = None
-    response_field: str | None = None
-    chat_template: str | None = None
-    response_template: str | None = None
-    additional_dataset_kwargs: dict[str, Any] | None = None
-
-
-class ScenarioModel(_Strict):
-    """One scenario: constants, the models to try, frameworks and sweeps."""
-
-    name: str
-    description: str | None = None
-    #: framework names to cross with (``null`` = no overlay); default ``[null]``
-    framework_config: list[str | None] | None = None
-    #: slow scenarios run only when the filter names them
-    slow: bool = False
-    #: ``gpu`` scenarios are the default on GPU machines, ``cpu`` ones elsewhere
-    device: Literal["gpu", "cpu"] = "gpu"
-    #: restrict the GPU counts of the matrix to these
-    num_gpus: list[PositiveInt] | None = None
-    #: trainer arguments; a list under ``model_name_or_path`` expands
-    arguments: dict[str, Any] = {}
-    #: explicit cartesian sweep: argument name -> values
-    sweep: dict[str, list[Any]] = {}
-
-
-class ScenariosFileModel(_Strict):
-    """The whole scenarios file; a superset of fms-acceleration's format."""
-
-    accelerate_config: str | None = None
-    frameworks: dict[str, FrameworkModel] = {}
-    matrix: MatrixModel = MatrixModel()
-    data_processing: DataProcessingModel | None = None
-    scenarios: list[ScenarioModel]
-
-
-class FrameworksFileModel(_Strict):
-    """A separate file of framework definitions (``--frameworks``)."""
-
-    frameworks: dict[str, FrameworkModel]
-
+from orchestrator.schema import (
+    FrameworkModel,
+    FrameworksFileModel,
+    MatrixModel,
+    ScenarioModel,
+    ScenariosFileModel,
+    validate,
+)
+from orchestrator.values import (
+    AXES,
+    NO_FRAMEWORK,
+    RESERVED_ARGUMENTS,
+    canonical_json,
+    check_model_name,
+    check_name,
+    check_value,
+    type_name,
+)
+from orchestrator.yamlio import Loc, YamlDoc, load_yaml
 
 # ---------------------------------------------------------------------------
 # Resolved configuration (what the matrix is built from)
@@ -285,110 +107,6 @@ class BenchConfig:
 # ---------------------------------------------------------------------------
 
 
-def _pydantic_error(doc: YamlDoc, exc: ValidationError, root: type[BaseModel]) -> ConfigError:
-    # A typo shows up twice: an unknown key and a missing one. The unknown key,
-    # with the allowed names, is the more useful line, so it goes first.
-    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
-    first = errors[0]
-    loc = _data_loc(doc.data, first["loc"], keep_last=first["type"] == "missing")
-    kind = first["type"]
-    if kind == "extra_forbidden":
-        allowed = _allowed_keys(root, loc[:-1])
-        message = f"unknown key '{loc[-1]}'"
-        if allowed:
-            message += f"; allowed: {', '.join(allowed)}"
-        return ConfigError(
-            message + _more(errors),
-            file=doc.file,
-            line=doc.line_of(loc),
-            key=format_loc(loc[:-1]) or None,
-        )
-    if kind == "missing":
-        message = f"missing required key '{loc[-1]}'"
-    else:
-        msg = str(first["msg"]).removeprefix("Value error, ")
-        got = first.get("input")
-        message = f"{msg[0].lower()}{msg[1:]} (got {_type_name(got)} {_short_repr(got)})"
-    return doc.error(message + _more(errors), loc)
-
-
-def _more(errors: Sequence[Any]) -> str:
-    n = len(errors) - 1
-    return f" (and {n} more problem{'s' if n > 1 else ''})" if n else ""
-
-
-def _short_repr(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _data_loc(data: Any, loc: Sequence[Any], keep_last: bool) -> Loc:
-    """The part of a pydantic error location that exists in the data.
-
-    Pydantic appends markers such as ``[key]`` or union member names; the key
-    path shown to the user stops where the data stops.
-    """
-    out: list[str | int] = []
-    node = data
-    for i, part in enumerate(loc):
-        if part == "[key]":
-            break
-        try:
-            node = node[part]
-        except (KeyError, IndexError, TypeError):
-            if keep_last and i == len(loc) - 1:
-                out.append(part)
-            break
-        out.append(part)
-    return tuple(out)
-
-
-def _allowed_keys(root: type[BaseModel], loc: Loc) -> list[str]:
-    """The field names of the model found at ``loc`` inside ``root``."""
-    current: Any = root
-    for part in loc:
-        current = _unwrap(current)
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            field = current.model_fields.get(str(part))
-            if field is None:
-                return []
-            current = field.annotation
-        else:
-            args = typing.get_args(current)
-            current = args[-1] if args else None
-    current = _unwrap(current)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
-
-
-def _unwrap(tp: Any) -> Any:
-    """Strip ``Optional`` and ``Annotated`` from a type."""
-    while True:
-        origin = typing.get_origin(tp)
-        if origin is Annotated:
-            tp = typing.get_args(tp)[0]
-        elif origin in (typing.Union, types.UnionType):
-            members = [a for a in typing.get_args(tp) if a is not type(None)]
-            if len(members) != 1:
-                return tp
-            tp = members[0]
-        else:
-            return tp
-
-
-def _validate(doc: YamlDoc, model: type[_Strict], what: str) -> Any:
-    if not isinstance(doc.data, dict):
-        raise ConfigError(
-            f"{what} must be a YAML mapping at the top level, got {_type_name(doc.data)}",
-            file=doc.file,
-        )
-    try:
-        return model.model_validate(doc.data)
-    except ValidationError as exc:
-        raise _pydantic_error(doc, exc, model) from None
-
-
 def _check_arguments(doc: YamlDoc, arguments: Mapping[str, Any], loc: Loc) -> None:
     for key, value in arguments.items():
         if key in RESERVED_ARGUMENTS:
@@ -432,7 +150,7 @@ def load_accelerate_config(
     doc = load_yaml(path, "accelerate config")
     if not isinstance(doc.data, dict):
         raise ConfigError(
-            f"an accelerate config must be a YAML mapping, got {_type_name(doc.data)}", file=path
+            f"an accelerate config must be a YAML mapping, got {type_name(doc.data)}", file=path
         )
     problem = check_value(doc.data, ())
     if problem:
@@ -583,7 +301,7 @@ def load_defaults(path: Path | None) -> dict[str, Any]:
         return {}
     if not isinstance(doc.data, dict):
         raise ConfigError(
-            f"a defaults file must be a mapping of trainer arguments, got {_type_name(doc.data)}",
+            f"a defaults file must be a mapping of trainer arguments, got {type_name(doc.data)}",
             file=path,
         )
     for key in doc.data:
@@ -620,13 +338,13 @@ def load_config(
     ``accelerate_config:`` key (relative to the file), ``accelerate_fallback``.
     """
     doc = load_yaml(scenarios_file, "scenarios file")
-    model: ScenariosFileModel = _validate(doc, ScenariosFileModel, "a scenarios file")
+    model: ScenariosFileModel = validate(doc, ScenariosFileModel, "a scenarios file")
 
     frameworks: dict[str, Framework] = {}
     _load_frameworks(doc, model.frameworks, frameworks)
     for extra in frameworks_files:
         fdoc = load_yaml(extra, "frameworks file")
-        fmodel: FrameworksFileModel = _validate(fdoc, FrameworksFileModel, "a frameworks file")
+        fmodel: FrameworksFileModel = validate(fdoc, FrameworksFileModel, "a frameworks file")
         _load_frameworks(fdoc, fmodel.frameworks, frameworks)
 
     if not model.scenarios:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.config import canonical_json
+from orchestrator.values import canonical_json
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MODEL_SHORT_MAX = 48

@@ -18,10 +18,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config import NO_FRAMEWORK, BenchConfig, Scenario, canonical_json
+from orchestrator.config import BenchConfig, Scenario
 from orchestrator.errors import ConfigError, UserError
 from orchestrator.experiment import Experiment
 from orchestrator.ids import experiment_id
+from orchestrator.values import NO_FRAMEWORK, canonical_json
 
 DEFAULT_EFFECTIVE_BATCH_SIZE = (4, 8)
 DEFAULT_MAX_SEQ_LEN = (4096,)
