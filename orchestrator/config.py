@@ -36,6 +36,7 @@ from orchestrator.values import (
     type_name,
 )
 from orchestrator.yamlio import Loc, YamlDoc, load_yaml
+from trainer_entry.argnames import unknown_argument
 
 # ---------------------------------------------------------------------------
 # Resolved configuration (what the matrix is built from)
@@ -116,6 +117,9 @@ def _check_arguments(doc: YamlDoc, arguments: Mapping[str, Any], loc: Loc) -> No
                 else "set repeats under matrix: or with --repeats"
             )
             raise doc.error(f"'{key}' is not a trainer argument; {hint}", (*loc, key))
+        unknown = None if key in AXES else unknown_argument(key)
+        if unknown:
+            raise doc.error(unknown, (*loc, key))
         problem = check_value(value, (*loc, key))
         if problem:
             raise doc.error(*problem)
@@ -249,6 +253,9 @@ def _resolve_scenario(
             raise doc.error(f"'{key}' cannot be swept; set it at the scenario level", sl)
         if key in arguments:
             raise doc.error(f"'{key}' is both a constant in arguments and swept; keep one", sl)
+        unknown = None if key in AXES else unknown_argument(key)
+        if unknown:
+            raise doc.error(unknown, sl)
         if not values:
             raise doc.error("empty sweep list; give at least one value", sl)
         bad_value = check_value(values, sl)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,36 @@ compute_environment: LOCAL_MACHINE
 distributed_type: MULTI_GPU
 num_processes: 1
 """
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _hermetic_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One tiny-model cache for the whole session, outside the user's home; no hub."""
+    cache = tmp_path_factory.mktemp("tunematrix-cache")
+    saved = {k: os.environ.get(k) for k in ("TUNEMATRIX_CACHE", "HF_HUB_OFFLINE")}
+    os.environ["TUNEMATRIX_CACHE"] = str(cache)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    yield cache
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def tiny_path(_hermetic_cache: Path) -> Path:
+    """The tiny model, built once per session."""
+    from trainer_entry.tiny import ensure_tiny
+
+    return ensure_tiny()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_path: Path) -> object:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_path)
 
 
 def dedent(text: str) -> str:

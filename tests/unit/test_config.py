@@ -395,9 +395,10 @@ def test_sweep_conflicts(load) -> None:
 
 def test_unsupported_values(load) -> None:
     message = _error(
-        load, "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m, x: .nan}\n"
+        load,
+        "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m, learning_rate: .nan}\n",
     )
-    assert "arguments.x: nan is not a finite number" in message
+    assert "arguments.learning_rate: nan is not a finite number" in message
 
 
 def test_defaults_file_problems(load) -> None:
@@ -425,3 +426,36 @@ def test_config_is_frozen(load) -> None:
     config = load(MINIMAL)
     with pytest.raises(AttributeError):
         config.scenarios[0].name = "b"  # type: ignore[misc]
+
+
+def test_unknown_trainer_argument_is_caught_while_planning(load) -> None:
+    message = _error(
+        load,
+        "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m, learnig_rate: 1e-4}\n",
+    )
+    assert message.endswith(
+        "scenarios.yaml:3: scenarios[0].arguments.learnig_rate: unknown argument 'learnig_rate': "
+        "not a TrainingArguments field nor a tunematrix setting; did you mean 'learning_rate'?"
+    )
+
+
+def test_unknown_argument_in_defaults_sweep_and_framework(load) -> None:
+    assert "defaults.yaml:1: warmup_step: unknown argument 'warmup_step'" in _error(
+        load, MINIMAL, "warmup_step: 3\n"
+    )
+    assert "sweep.lora_rank: unknown argument 'lora_rank'" in _error(
+        load,
+        "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m}\n    sweep: {lora_rank: [8]}\n",
+        "",
+    )
+    assert "frameworks.f.arguments.use_ligr_kernel: unknown argument" in _error(
+        load, "frameworks:\n  f: {arguments: {use_ligr_kernel: true}}\n" + MINIMAL, ""
+    )
+
+
+def test_old_argument_names_are_accepted(load) -> None:
+    config = load(
+        MINIMAL,
+        "gradient_checkpointing: true\ninclude_tokens_per_second: true\nevaluation_strategy: 'no'\n",
+    )
+    assert config.defaults["gradient_checkpointing"] is True

@@ -96,7 +96,7 @@ def _ids(plan, text: str, defaults: str = "", **selection) -> list[str]:
         ("dataset_name: data.jsonl", "dataset_name: other.jsonl"),
         ("- name: s", "- name: t"),
         ("framework_config: [f]", "device: cpu\n    framework_config: [f]"),
-        ("learning_rate: 2e-4", "learning_rate: 2e-4\n      new_argument: 1"),
+        ("learning_rate: 2e-4", "learning_rate: 2e-4\n      max_grad_norm: 0.5"),
     ],
 )
 def test_any_change_of_the_spec_changes_the_id(plan, old: str, new: str) -> None:

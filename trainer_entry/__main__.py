@@ -1,0 +1,122 @@
+"""``python -m trainer_entry --spec SPEC``: one training run, measured.
+
+Normally started by the orchestrator through ``accelerate launch``; it runs by
+hand too. Exit code 0 and ``result.json`` with status ``ok`` on success; on an
+error, a result with status ``failed`` (or ``oom``), a one-line error on
+stderr and a non-zero exit code.
+"""
+
+import time
+
+_WALL_START = time.time()  # before the heavy imports, to time them
+
+import argparse  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+EPILOG = """\
+Examples:
+  python -m trainer_entry --spec results/runs/<experiment_id>/spec.json
+  accelerate launch --cpu --num_processes 1 -m trainer_entry --spec spec.json
+
+A minimal spec, written by hand:
+  {"arguments": {"model_name_or_path": "tiny-llama", "max_steps": 5,
+                 "per_device_train_batch_size": 2, "max_seq_len": 128}}
+The result goes to result.json beside the spec (result_path in the spec).
+"""
+
+
+class Terminated(BaseException):
+    """SIGTERM: the parent (a timeout, Ctrl-C) or the launcher stopping a peer rank."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated("stopped by SIGTERM")
+
+
+def _process_start() -> float:
+    """When this process started (Unix time), to 10 ms.
+
+    From the kernel's start time in clock ticks since boot, compared with the
+    boot-time clock now; the usual route through /proc/stat's boot time is
+    rounded to whole seconds, too coarse for an interpreter that starts in a
+    fraction of one.
+    """
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return _WALL_START
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text and ("cuda" in text or "hip" in text or "device" in text)
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer_entry",
+        description="Train once as a tunematrix spec says, measure, and write result.json.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--spec", required=True, type=Path, help="the run's spec.json")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+    from orchestrator.errors import UserError
+    from orchestrator.spec import read_spec
+
+    try:
+        spec = read_spec(args.spec)
+    except UserError as exc:
+        print(f"trainer_entry: error: {exc}", file=sys.stderr)
+        return 2
+
+    from trainer_entry.failure import write_failure
+
+    process_start = _process_start()
+    timings: dict[str, float] = {"interpreter_start_s": _WALL_START - process_start}
+    try:
+        from trainer_entry.preflight import preflight
+
+        preflight(spec)
+        t = time.perf_counter()
+        from trainer_entry import train
+
+        timings["import_s"] = time.perf_counter() - t
+        train.run(spec, timings, process_start)
+        return 0
+    except KeyboardInterrupt as exc:
+        write_failure(spec, "interrupted", exc, timings)
+        return 130
+    except Terminated as exc:
+        write_failure(spec, "interrupted", exc, timings)
+        return 143
+    except BaseException as exc:
+        from trainer_entry.errors import SpecError
+
+        if not isinstance(exc, SpecError):
+            traceback.print_exc()
+        status = "oom" if _is_oom(exc) else "failed"
+        line = write_failure(spec, status, exc, timings)
+        print(f"trainer_entry: error: {line}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

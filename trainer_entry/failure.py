@@ -1,0 +1,74 @@
+"""The result of a run that did not finish: status, one-line error, which rank."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from orchestrator.result import one_line, read_result, write_result
+from orchestrator.spec import RunSpec
+from trainer_entry.errors import SpecError
+
+
+def describe(exc: BaseException) -> str:
+    """One line: the message alone for bad input, the exception class and message otherwise."""
+    if isinstance(exc, SpecError):
+        return one_line(str(exc))
+    text = str(exc).strip()
+    return one_line(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+def launch_id() -> str:
+    """Shared by the ranks of one launch: their parent (the launcher) and its start time."""
+    ppid = os.getppid()
+    try:
+        import psutil
+
+        return f"{ppid}-{psutil.Process(ppid).create_time():.3f}"
+    except Exception:
+        return str(ppid)
+
+
+def write_failure(spec: RunSpec, status: str, exc: BaseException, timings: dict[str, float]) -> str:
+    """Record the failure in ``result.json`` unless a peer rank of this launch already did.
+
+    When one rank fails, the launcher stops the others with SIGTERM; their
+    "interrupted" must not replace the first rank's report of what went wrong.
+    A failure recorded by an earlier launch is replaced.
+    """
+    message = describe(exc)
+    path = Path(spec.result_path)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    this_launch = launch_id()
+    existing = read_result(path) if world > 1 else None
+    if (
+        existing is not None
+        and existing.get("status") not in (None, "ok")
+        and existing.get("launch_id") == this_launch
+    ):
+        return message
+    result: dict[str, Any] = {
+        "experiment_id": spec.experiment_id,
+        "cell_id": spec.cell_id,
+        "scenario": spec.scenario,
+        "framework_config": spec.framework_config,
+        "model_name_or_path": spec.arguments.get("model_name_or_path", spec.model_name_or_path),
+        "repeat": spec.repeat,
+        "swept": spec.swept,
+        "status": status,
+        "error": message,
+        "error_type": type(exc).__name__,
+        "error_rank": int(os.environ.get("RANK", "0")),
+        "world_size": world,
+        "launch_id": this_launch,
+        "timings": timings,
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        write_result(path, result)
+    except OSError as write_error:
+        print(f"trainer_entry: could not write {path}: {write_error}", file=sys.stderr)
+    return message

@@ -1,0 +1,61 @@
+"""Checks that need no training stack, run before importing it.
+
+Importing torch and transformers takes seconds; a misspelt dataset path, a
+QLoRA run on a CPU or a model that cannot be found offline should fail in a
+fraction of that, with the same one-line error.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from orchestrator.spec import RunSpec
+from trainer_entry.arguments import ParsedArguments, parse_arguments
+from trainer_entry.errors import SpecError
+from trainer_entry.tiny import TINY_NAME
+
+LOCAL_SUFFIXES = (".jsonl", ".json", ".csv")
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get(
+        "TRANSFORMERS_OFFLINE", ""
+    ) not in ("", "0")
+
+
+def _model_is_reachable(name: str) -> bool:
+    """False only when the model is certainly not loadable: offline and in no cache."""
+    if name == TINY_NAME or name.startswith("config:") or Path(name).expanduser().exists():
+        return True
+    if not _offline():
+        return True  # the hub will answer; let the loader say what it says
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return True
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # an invalid repo id, for instance; the loader reports it
+        return True
+
+
+def preflight(spec: RunSpec) -> ParsedArguments:
+    parsed = parse_arguments(spec, check_names=False)
+    if parsed.peft.method == "qlora" and spec.device == "cpu":
+        raise SpecError(
+            "peft_method qlora needs a CUDA GPU (4-bit bitsandbytes); this run is on the CPU"
+        )
+    dataset = parsed.data.dataset
+    if dataset is not None:
+        path = Path(dataset).expanduser()
+        looks_local = path.suffix.lower() in LOCAL_SUFFIXES or dataset.startswith(("/", ".", "~"))
+        if looks_local and not path.is_file():
+            raise SpecError(f"dataset file not found: {path}")
+    if not _model_is_reachable(parsed.model.name):
+        raise SpecError(
+            f"model '{parsed.model.name}' is not a local folder, not in the Hugging Face cache, "
+            f"and the hub is offline (HF_HUB_OFFLINE=1); use {TINY_NAME}, "
+            "config:<architecture>, a local folder, or a hub id when online"
+        )
+    return parsed

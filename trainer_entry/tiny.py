@@ -1,0 +1,147 @@
+"""The embedded default model ``tiny-llama``: built offline, deterministically, once.
+
+A byte-level BPE tokenizer trained on the shipped instruction dataset and a
+two-layer Llama initialised from a fixed seed. Nothing is downloaded. The
+first use builds both into a cache folder in a few seconds; later uses load
+them. The folder name carries a hash of everything the build depends on, so a
+change to the recipe or the dataset builds a new one instead of reusing a
+stale one. Concurrent builders (the ranks of one job, or packed jobs) take a
+file lock; the build happens in a temporary folder renamed into place.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+TINY_NAME = "tiny-llama"
+ASSETS = Path(__file__).resolve().parent / "assets"
+DATASET = ASSETS / "instructions.jsonl"
+
+# The recipe. Changing any of it changes the cache key.
+_RECIPE: dict[str, Any] = {
+    "version": 1,
+    "seed": 1234,
+    "vocab_size": 1024,
+    "special_tokens": ["<pad>", "<s>", "</s>"],
+    "model": {
+        "hidden_size": 64,
+        "intermediate_size": 176,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    },
+}
+
+# A plain chat template so that `formatting: chat` works on the tiny model too.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def cache_root() -> Path:
+    """``$TUNEMATRIX_CACHE``, else ``$XDG_CACHE_HOME/tunematrix``, else ``~/.cache/tunematrix``."""
+    explicit = os.environ.get("TUNEMATRIX_CACHE")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tunematrix"
+
+
+def _key() -> str:
+    h = hashlib.sha256(json.dumps(_RECIPE, sort_keys=True).encode())
+    h.update(DATASET.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def tiny_path() -> Path:
+    """Where the tiny model lives (built or not)."""
+    return cache_root() / f"{TINY_NAME}-{_key()}"
+
+
+def ensure_tiny() -> Path:
+    """The folder of the tiny model and tokenizer, building it on first use."""
+    target = tiny_path()
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").is_file():  # another process built it meanwhile
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            build(tmp)
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
+
+
+def _training_texts() -> Iterator[str]:
+    from trainer_entry.data import INSTRUCT_PROMPT, INSTRUCT_PROMPT_NO_INPUT
+
+    with DATASET.open(encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            template = INSTRUCT_PROMPT if record.get("input") else INSTRUCT_PROMPT_NO_INPUT
+            yield template.format(**record) + record["output"]
+
+
+def build(folder: Path) -> None:
+    """Train the tokenizer, initialise the model, save both to ``folder``."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    pad, bos, eos = _RECIPE["special_tokens"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=_RECIPE["vocab_size"],
+        min_frequency=2,
+        special_tokens=_RECIPE["special_tokens"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_training_texts(), trainer=trainer)
+    bos_id = tok.token_to_id(bos)
+    # Like Llama's tokenizer: a BOS before every encoded text.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=bos,
+        eos_token=eos,
+        pad_token=pad,
+        model_max_length=_RECIPE["model"]["max_position_embeddings"],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=bos_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **_RECIPE["model"],
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_RECIPE["seed"])
+        model = LlamaForCausalLM(config)
+    model.save_pretrained(folder)
