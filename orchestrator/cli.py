@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,17 +221,40 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.plan import format_header, format_table
+    from orchestrator.runner import RunOptions, run_plan
 
     planned = _plan_from_args(args)
-    print(format_header(planned.plan, planned.config.scenarios_file, planned.config.defaults_file))
+    plan = planned.plan
+    print(format_header(plan, planned.config.scenarios_file, planned.config.defaults_file))
     print()
-    print(format_table(planned.plan))
-    print(
-        "\ntunematrix: running experiments is not part of this version yet; "
-        "the table above is the matrix a run would execute. Nothing was written.",
-        file=sys.stderr,
+    print(format_table(plan), flush=True)
+    print()
+    options = RunOptions(
+        timeout_s=args.timeout,
+        resume=args.resume,
+        fail_fast=args.fail_fast,
+        memory_logging=args.memory_logging,
+        no_data_processing=args.no_data_processing,
     )
-    return 0
+    started = time.monotonic()
+    report = run_plan(plan, Path(args.results), options, argv=[PROG, *sys.argv[1:]])
+    counts = ", ".join(f"{status} {n}" for status, n in sorted(report.counts().items()))
+    minutes, seconds = divmod(int(time.monotonic() - started), 60)
+    print(
+        f"\ntunematrix run: {len(plan.experiments)} experiments in {args.results} — {counts} "
+        f"({minutes}:{seconds:02d})"
+    )
+    print(f"  summary: {report.layout.raw_summary}")
+    if report.moved_to is not None:
+        print(f"  the earlier run is in {report.moved_to}")
+    for eid, outcome in report.outcomes.items():
+        if outcome.status not in ("ok", "skipped"):
+            print(f"  {outcome.status}: {eid}: {outcome.error}")
+            if outcome.log:
+                print(f"      log: {outcome.log}")
+    if report.interrupted:
+        print(f"{PROG}: interrupted; finished experiments are kept", file=sys.stderr)
+    return report.exit_code
 
 
 # ---------------------------------------------------------------------------
@@ -300,11 +324,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_selection_args(r)
     g = r.add_argument_group("how to run")
-    g.add_argument("--timeout", type=_positive_int, metavar="SECONDS", help="per-experiment limit")
+    g.add_argument(
+        "--timeout",
+        type=_positive_int,
+        metavar="SECONDS",
+        help="time limit of each experiment (default: the file's timeout_s, else 3600)",
+    )
     g.add_argument(
         "--resume",
         action="store_true",
-        help="skip experiments whose result is already ok (NO_OVERWRITE=true)",
+        help="keep the results folder and skip experiments whose result is already ok "
+        "(NO_OVERWRITE=true); without it an earlier run is moved to RESULTS.<timestamp>",
     )
     g.add_argument("--fail-fast", action="store_true", help="stop at the first failed experiment")
     g.add_argument(

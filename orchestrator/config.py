@@ -82,6 +82,7 @@ class Scenario:
     arguments: Mapping[str, Any]  # without model_name_or_path
     sweep: Mapping[str, tuple[Any, ...]]
     line: int | None
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class BenchConfig:
     matrix: MatrixModel
     data_processing: Mapping[str, Any] | None
     scenarios: tuple[Scenario, ...]
+    timeout_s: float | None = None
 
     def where(self, scenario: Scenario, key: str | None = None) -> dict[str, Any]:
         """Keyword arguments of ``ConfigError`` pointing at ``scenario``."""
@@ -296,6 +298,7 @@ def _resolve_scenario(
         arguments=arguments,
         sweep=sweep,
         line=doc.line_of(loc),
+        timeout_s=sc.timeout_s,
     )
 
 
@@ -413,4 +416,5 @@ def load_config(
         matrix=m,
         data_processing=data,
         scenarios=tuple(scenarios),
+        timeout_s=model.timeout_s,
     )

@@ -38,6 +38,8 @@ class Experiment:
     #: environment overlay of the framework
     env: Mapping[str, str]
     data_processing: Mapping[str, Any] | None
+    #: time limit in seconds (not part of the id: it does not change what is measured)
+    timeout_s: float | None = None
 
     @property
     def peft_method(self) -> str | None:

@@ -7,6 +7,7 @@ Every experiment goes through ``accelerate launch``, one process or many, so a
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +15,19 @@ from orchestrator.experiment import Experiment
 
 #: Shown in a plan, where the real port is picked free at launch.
 PLAN_PORT = 29500
+
+
+def accelerate_command() -> list[str]:
+    """``accelerate launch`` of the interpreter running tunematrix.
+
+    The ``accelerate`` script beside this Python when there is one (a venv);
+    otherwise the same launcher as a module, so a job never picks up another
+    environment's accelerate from the PATH.
+    """
+    script = Path(sys.executable).with_name("accelerate")
+    if script.is_file():
+        return [str(script), "launch"]
+    return [sys.executable, "-m", "accelerate.commands.launch"]
 
 
 def launch_argv(

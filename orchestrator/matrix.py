@@ -469,4 +469,5 @@ def _expand_scenario(
                             accelerate=accelerate,
                             env=env,
                             data_processing=config.data_processing,
+                            timeout_s=scenario.timeout_s or config.timeout_s,
                         )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.experiment import Experiment
-from orchestrator.launcher import PLAN_PORT, job_env, launch_argv
+from orchestrator.launcher import PLAN_PORT, accelerate_command, job_env, launch_argv
 from orchestrator.matrix import Plan
 from orchestrator.paths import ResultsLayout, write_atomic
 
@@ -146,7 +146,12 @@ def command_for(experiment: Experiment, layout: ResultsLayout) -> tuple[dict[str
     """The environment overlay and argv that ``run`` will use (GPUs 0..N-1, plan port)."""
     devices = [str(i) for i in range(experiment.num_gpus)]
     env = job_env(experiment, devices)
-    argv = launch_argv(experiment, layout.run(experiment.experiment_id).spec, port=PLAN_PORT)
+    argv = launch_argv(
+        experiment,
+        layout.run(experiment.experiment_id).spec,
+        port=PLAN_PORT,
+        accelerate=accelerate_command(),
+    )
     return env, argv
 
 

@@ -19,6 +19,7 @@ from orchestrator.values import type_name
 from orchestrator.yamlio import Loc, YamlDoc, format_loc
 
 PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
 
 
 class _Strict(BaseModel):
@@ -80,12 +81,16 @@ class ScenarioModel(_Strict):
     arguments: dict[str, Any] = {}
     #: explicit cartesian sweep: argument name -> values
     sweep: dict[str, list[Any]] = {}
+    #: time limit of each experiment of this scenario, in seconds
+    timeout_s: PositiveFloat | None = None
 
 
 class ScenariosFileModel(_Strict):
     """The whole scenarios file; a superset of fms-acceleration's format."""
 
     accelerate_config: str | None = None
+    #: time limit of each experiment, in seconds (a scenario may set its own)
+    timeout_s: PositiveFloat | None = None
     frameworks: dict[str, FrameworkModel] = {}
     matrix: MatrixModel = MatrixModel()
     data_processing: DataProcessingModel | None = None

@@ -16,6 +16,7 @@ divides it by the number of ranks.
 from __future__ import annotations
 
 import math
+import os
 import resource
 import statistics
 import time
@@ -27,6 +28,7 @@ from typing import Any
 @dataclass
 class RankStats:
     rank: int
+    pid: int = field(default_factory=os.getpid)
     step_times_s: list[float] = field(default_factory=list)
     step_tokens: list[int] = field(default_factory=list)
     step_padded_tokens: list[int] = field(default_factory=list)

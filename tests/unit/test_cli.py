@@ -118,10 +118,14 @@ def test_commands_are_exact_accelerate_launches(capsys) -> None:
     assert len(commands) == 8
     for eid, argv in commands.items():
         assert argv[0] == "env"
-        launch = argv.index("accelerate")
+        launch = next(i for i, word in enumerate(argv) if word.endswith("accelerate"))
         env = dict(word.split("=", 1) for word in argv[1:launch])
         assert env["CUDA_VISIBLE_DEVICES"] == ""
-        assert argv[launch : launch + 2] == ["accelerate", "launch"]
+        # the accelerate of the interpreter running tunematrix, not whatever is on the PATH
+        assert argv[launch : launch + 2] == [
+            str(Path(sys.executable).with_name("accelerate")),
+            "launch",
+        ]
         assert argv[-4:] == ["-m", "trainer_entry", "--spec", f"res/runs/{eid}/spec.json"]
         n = argv[argv.index("--num_processes") + 1]
         assert (".g1." in eid) == (n == "1")

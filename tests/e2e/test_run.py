@@ -1,0 +1,295 @@
+"""Running matrices for real: accelerate launch per experiment, sidecar, statuses, resume, Ctrl-C."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+DEFAULTS = """\
+max_steps: 4
+logging_steps: 1
+learning_rate: 1e-3
+report_to: none
+save_strategy: "no"
+"""
+
+
+def scenarios(*blocks: str, timeout_s: int | None = None) -> str:
+    head = (
+        "frameworks:\n"
+        f"  ddp: {{accelerate_config: {REPO / 'accelerate-ddp.yaml'}}}\n"
+        "matrix:\n  effective_batch_size: [4]\n"
+    )
+    if timeout_s:
+        head += f"timeout_s: {timeout_s}\n"
+    return head + "scenarios:\n" + "".join(blocks)
+
+
+def scenario(
+    name: str, model: str = "tiny-llama", extra: str = "", num_gpus: str = "[1, 2]"
+) -> str:
+    return (
+        f"  - name: {name}\n"
+        "    device: cpu\n"
+        "    framework_config: [ddp]\n"
+        f"    num_gpus: {num_gpus}\n"
+        "    arguments:\n"
+        f"      model_name_or_path: {model}\n"
+        "      max_seq_len: 64\n"
+        f"{extra}"
+    )
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable}
+
+
+def tunematrix(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", "run", *args],
+        cwd=cwd,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def rows(results: Path) -> list[dict[str, str]]:
+    with (results / "raw_summary.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(text in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
+    (tmp_path / "defaults.yaml").write_text(DEFAULTS)
+    (tmp_path / "scenarios.yaml").write_text(
+        scenarios(scenario("full"), scenario("lora", extra="      peft_method: lora\n      r: 4\n"))
+    )
+    proc = subprocess.run(
+        ["bash", str(REPO / "run_benchmarks.sh"), "1 2", "results", "scenarios.yaml"],
+        cwd=tmp_path,
+        env={**env(), "DEVICE": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = tmp_path / "results"
+    table = rows(results)
+    assert len(table) == 4
+    assert {r["status"] for r in table} == {"ok"}
+    assert sorted((r["scenario"], r["num_gpus"]) for r in table) == [
+        ("full", "1"),
+        ("full", "2"),
+        ("lora", "1"),
+        ("lora", "2"),
+    ]
+    for r in table:
+        assert float(r["tokens_per_second_global"]) > 100
+        assert float(r["tokens_per_second_per_device"]) == pytest.approx(
+            float(r["tokens_per_second_global"]) / int(r["num_gpus"])
+        )
+        assert int(r["tokens_total"]) == 4 * 4 * 64  # packed: steps × effective batch × length
+        assert r["world_size"] == r["num_gpus"]
+        assert r["error"] == "" and r["memory_backend"] == "psutil"
+        assert int(r["mem_tree_peak_rss_bytes"]) > int(r["mem_peak_rss_bytes"]) > 50 * 2**20
+        assert r["learning_rate"] == "0.001" and r["max_steps"] == "4"
+    lora = [r for r in table if r["scenario"] == "lora"]
+    assert all(r["peft_method"] == "lora" and r["r"] == "4" for r in lora)
+
+    env_json = json.loads((results / "env.json").read_text())
+    assert env_json["started_at"] and env_json["finished_at"] and env_json["interrupted"] is False
+    assert env_json["versions"]["torch"] and env_json["pip_freeze"]
+    assert (results / "plan.csv").exists()
+
+    for r in table:
+        run = results / "runs" / r["experiment_id"]
+        for name in (
+            "spec.json",
+            "command.sh",
+            "stdout.log",
+            "stderr.log",
+            "memory.csv",
+            "result.json",
+            "outcome.json",
+        ):
+            assert (run / name).exists(), name
+        assert os.access(run / "command.sh", os.X_OK)
+        assert "accelerate" in (run / "command.sh").read_text()
+        # the sidecar's peak RSS of each training process, against the process's own ru_maxrss
+        result = json.loads((run / "result.json").read_text())
+        per_pid = json.loads((run / "outcome.json").read_text())["memory"][
+            "mem_process_peak_rss_bytes"
+        ]
+        for rank in result["ranks"]:
+            sampled = per_pid[str(rank["pid"])]
+            assert sampled == pytest.approx(rank["peak_rss_bytes"], rel=0.15), (rank, sampled)
+
+
+def test_failure_resume_and_a_second_run(tmp_path) -> None:
+    (tmp_path / "defaults.yaml").write_text(DEFAULTS)
+    (tmp_path / "scenarios.yaml").write_text(
+        scenarios(
+            scenario("good", num_gpus="[1]"),
+            scenario("broken", model="no-such-org/no-such-model", num_gpus="[1]"),
+        )
+    )
+    first = tunematrix(
+        tmp_path, "--scenarios", "scenarios.yaml", "--results", "results", "--device", "cpu"
+    )
+    assert first.returncode == 1, first.stderr[-2000:]
+    results = tmp_path / "results"
+    by = {r["scenario"]: r for r in rows(results)}
+    assert by["good"]["status"] == "ok"
+    broken = by["broken"]
+    assert broken["status"] == "failed"
+    assert broken["error"].startswith("model 'no-such-org/no-such-model' is not a local folder")
+    assert broken["log"] == f"runs/{broken['experiment_id']}/stderr.log"
+    assert "failed: broken." in first.stdout and "log: runs/" in first.stdout
+    good_result = results / "runs" / by["good"]["experiment_id"] / "result.json"
+    stamp = good_result.stat().st_mtime_ns
+
+    # resume: the ok experiment is skipped (its result untouched), the failed one runs again
+    second = tunematrix(
+        tmp_path,
+        "--scenarios",
+        "scenarios.yaml",
+        "--results",
+        "results",
+        "--device",
+        "cpu",
+        "--resume",
+    )
+    assert second.returncode == 1
+    by = {r["scenario"]: r for r in rows(results)}
+    assert by["good"]["status"] == "skipped"
+    assert float(by["good"]["tokens_per_second_global"]) > 0  # its measurements stay in the table
+    assert good_result.stat().st_mtime_ns == stamp
+    assert by["broken"]["status"] == "failed" and by["broken"]["attempt"] == "2"
+    assert (
+        results / "runs" / by["broken"]["experiment_id"] / "attempts" / "1" / "stderr.log"
+    ).exists()
+
+    # without resume the earlier run is moved aside, whole
+    third = tunematrix(
+        tmp_path,
+        "--scenarios",
+        "scenarios.yaml",
+        "--results",
+        "results",
+        "--device",
+        "cpu",
+        "--filter",
+        "good",
+    )
+    assert third.returncode == 0, third.stderr[-2000:]
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("results.")]
+    assert len(aside) == 1
+    assert f"the earlier run is in {aside[0].name}" in third.stdout
+    assert (aside[0] / "runs" / by["good"]["experiment_id"] / "result.json").exists()
+    assert {r["status"] for r in rows(aside[0])} == {"skipped", "failed"}
+    assert [r["status"] for r in rows(results)] == ["ok"]
+
+
+def test_timeout_kills_the_whole_group(tmp_path) -> None:
+    (tmp_path / "defaults.yaml").write_text(DEFAULTS)
+    (tmp_path / "scenarios.yaml").write_text(
+        scenarios(scenario("long", extra="      max_steps: 100000\n", num_gpus="[2]"))
+    )
+    start = time.monotonic()
+    proc = tunematrix(
+        tmp_path,
+        "--scenarios",
+        "scenarios.yaml",
+        "--results",
+        "res",
+        "--device",
+        "cpu",
+        "--num-gpus",
+        "2",
+        "--timeout",
+        "12",
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert time.monotonic() - start < 60
+    (row,) = rows(tmp_path / "res")
+    assert row["status"] == "timeout"
+    assert row["error"] == "exceeded the time limit of 12 s; the job's process group was killed"
+    spec = str(tmp_path / "res" / "runs" / row["experiment_id"] / "spec.json")
+    assert processes_mentioning(spec) == []
+
+
+def test_ctrl_c_keeps_finished_rows_and_leaves_no_orphan(tmp_path) -> None:
+    (tmp_path / "defaults.yaml").write_text(DEFAULTS)
+    (tmp_path / "scenarios.yaml").write_text(
+        scenarios(
+            scenario("quick", num_gpus="[1]"),
+            scenario("long", extra="      max_steps: 100000\n", num_gpus="[2]"),
+        )
+    )
+    orchestrator = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            "--scenarios",
+            "scenarios.yaml",
+            "--results",
+            "res",
+            "--device",
+            "cpu",
+            "--num-gpus",
+            "1 2",
+        ],
+        cwd=tmp_path,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    runs = tmp_path / "res" / "runs"
+    deadline = time.monotonic() + 240
+    long_spec: Path | None = None
+    while time.monotonic() < deadline and long_spec is None:
+        time.sleep(0.5)
+        for spec in runs.glob("long.*/spec.json") if runs.exists() else []:
+            long_spec = spec
+    assert long_spec is not None, "the second experiment never started"
+    while time.monotonic() < deadline and not processes_mentioning(str(long_spec)):
+        time.sleep(0.2)
+    time.sleep(3)  # let the training processes get going
+    orchestrator.send_signal(signal.SIGINT)
+    _stdout, stderr = orchestrator.communicate(timeout=60)
+    assert orchestrator.returncode == 130, stderr[-2000:]
+    by = {r["scenario"]: r for r in rows(tmp_path / "res")}
+    assert by["quick"]["status"] == "ok"
+    assert by["long"]["status"] == "interrupted"
+    assert "interrupted; finished experiments are kept" in stderr
+    time.sleep(0.5)
+    assert processes_mentioning(str(long_spec)) == []
+    assert json.loads((tmp_path / "res" / "env.json").read_text())["interrupted"] is True
