@@ -7,6 +7,7 @@ interrupted command exits 130.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -235,6 +236,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         fail_fast=args.fail_fast,
         memory_logging=args.memory_logging,
         no_data_processing=args.no_data_processing,
+        usd_per_gpu_hour=args.usd_per_gpu_hour or planned.config.usd_per_gpu_hour,
+        tokens=args.tokens,
     )
     started = time.monotonic()
     report = run_plan(plan, Path(args.results), options, argv=[PROG, *sys.argv[1:]])
@@ -244,7 +247,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"\ntunematrix run: {len(plan.experiments)} experiments in {args.results} — {counts} "
         f"({minutes}:{seconds:02d})"
     )
-    print(f"  summary: {report.layout.raw_summary}")
+    print(f"  summary: {report.layout.summary_md}")
+    print(f"  tables:  {report.layout.raw_summary}, {report.layout.benchmarks}")
+    if report.history_run_id is not None:
+        print(
+            f"  recorded as run {report.history_run_id} in {report.layout.root / 'history.sqlite'}"
+        )
     if report.moved_to is not None:
         print(f"  the earlier run is in {report.moved_to}")
     for eid, outcome in report.outcomes.items():
@@ -255,6 +263,130 @@ def cmd_run(args: argparse.Namespace) -> int:
     if report.interrupted:
         print(f"{PROG}: interrupted; finished experiments are kept", file=sys.stderr)
     return report.exit_code
+
+
+def _report_output(source: Path, output: str | None) -> Path:
+    if output:
+        return Path(output)
+    if source.is_dir() and ((source / "runs").is_dir() or (source / "plan.csv").is_file()):
+        return source
+    return (source if source.is_dir() else source.parent) / "tunematrix-report"
+
+
+def _positive(value: float | None, flag: str) -> float | None:
+    if value is not None and not value > 0:
+        raise UserError(f"{flag} must be a positive number, got {value:g}")
+    return value
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from orchestrator.report import CostSettings, cost_from_env, write_report
+
+    source = Path(args.source)
+    price = _positive(args.usd_per_gpu_hour, "--usd-per-gpu-hour")
+    if price is None and source.is_dir():
+        price = cost_from_env(source)
+    cost = CostSettings(usd_per_gpu_hour=price, tokens=_positive(args.tokens, "--tokens"))
+    report = write_report(
+        source, _report_output(source, args.output), cost, plots=not args.no_plots
+    )
+    counts = report.rows["status"].value_counts().to_dict()
+    print(
+        f"tunematrix report: {len(report.rows)} experiments, {len(report.cells)} cells — "
+        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    )
+    for path in report.written:
+        print(f"  {path}")
+    return 0
+
+
+def _load_side(value: str, history_db: Path | None) -> tuple[Any, str]:
+    from orchestrator import collect, history
+    from orchestrator.report import CostSettings, add_derived
+
+    if value.startswith("run:"):
+        if history_db is None:
+            raise UserError(f"{value}: no history to look it up in; give --history FILE")
+        try:
+            run_id = int(value.removeprefix("run:"))
+        except ValueError:
+            raise UserError(f"{value}: a run id is a number (see tunematrix history)") from None
+        try:
+            frame = collect.normalise(history.load_run(history_db, run_id))
+        except LookupError as exc:
+            raise UserError(str(exc)) from None
+        return add_derived(frame, CostSettings()), f"{history_db}#{run_id}"
+    path = Path(value)
+    return add_derived(collect.load(path), CostSettings()), str(path)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from orchestrator import compare, history
+
+    if not 0 < args.threshold < 10:
+        raise UserError(f"--threshold must be a fraction such as 0.1, got {args.threshold:g}")
+    for metric in args.metric:
+        try:
+            compare.direction(metric)
+        except ValueError:
+            known = sorted(compare.HIGHER_IS_BETTER | compare.LOWER_IS_BETTER)
+            raise UserError(
+                f"--metric {metric!r} is not a metric compare knows; known: {', '.join(known)}"
+            ) from None
+    new_path = Path(args.new)
+    if args.history:
+        db: Path | None = Path(args.history)
+    else:
+        db = history.path_for(new_path) if new_path.is_dir() else None
+    new, new_label = _load_side(args.new, db)
+    ref, ref_label = _load_side(args.ref, db)
+    try:
+        result = compare.compare(new, ref, metrics=args.metric or None, threshold=args.threshold)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    output = Path(args.output) if args.output else (new_path if new_path.is_dir() else Path("."))
+    written = compare.write(
+        result, output, new_label, ref_label, args.threshold, with_plots=not args.no_plots
+    )
+    regressions = result.regressions
+    matched = result.table[result.keys].drop_duplicates().shape[0] if len(result.table) else 0
+    print(
+        f"tunematrix compare: {matched} matched cells, {len(regressions)} regression(s); "
+        f"{len(result.only_new)} only in new, {len(result.only_ref)} only in the reference"
+    )
+    for note in result.notes:
+        print(f"  note: {note}")
+    for _, row in regressions.iterrows():
+        cell = compare.cell_label(row, result.keys)
+        change = row["change"]
+        shown = "" if change is None or change != change else f" {100 * change:+.1f}%"
+        print(f"  regression: {cell}: {row['metric']}{shown} {row['why']}".rstrip())
+    for path in written:
+        print(f"  {path}")
+    return 1 if len(regressions) else 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from orchestrator import history
+
+    db = history.path_for(Path(args.results))
+    runs = history.runs(db)
+    if not runs:
+        print(f"no runs recorded in {db}")
+        return 0
+    print(
+        f"{'run':>4}  {'started':<26} {'experiments':>11}  {'statuses':<30} {'git':<11} host / GPUs"
+    )
+    for r in runs:
+        counts = ", ".join(f"{k} {v}" for k, v in json.loads(r["counts"] or "{}").items())
+        gpus = ", ".join(sorted(set(json.loads(r["gpus"] or "[]")))) or "CPU"
+        git = (r["git_sha"] or "-")[:10]
+        flag = " (interrupted)" if r["interrupted"] else ""
+        print(
+            f"{r['run_id']:>4}  {r['started_at'] or '-':<26} {r['experiments']:>11}  "
+            f"{counts + flag:<30} {git:<11} {r['host']} / {gpus}"
+        )
+    return 0
 
 
 # ---------------------------------------------------------------------------
@@ -285,6 +417,28 @@ Examples:
   tunematrix run
   tunematrix run --results results/a100 --num-gpus "1 2" --filter standard-peft
   tunematrix run --resume --timeout 3600
+  tunematrix run --usd-per-gpu-hour 2.5 --tokens 1e9
+"""
+
+_REPORT_EPILOG = """\
+Examples:
+  tunematrix report results
+  tunematrix report results --usd-per-gpu-hour 2.5 --tokens 2e9
+  tunematrix report old_benchmarks/raw_summary.csv --output report/
+"""
+
+_COMPARE_EPILOG = """\
+Examples:
+  tunematrix compare results results.20261120-101500
+  tunematrix compare results refs/a100_80gb.csv --metric train_tokens_per_second
+  tunematrix compare results run:3 --threshold 0.05
+  tunematrix history results              (the run ids)
+"""
+
+_HISTORY_EPILOG = """\
+Examples:
+  tunematrix history
+  tunematrix history results/a100
 """
 
 
@@ -348,7 +502,93 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         help="memory measurement: NVML/psutil sidecar, HF metrics, or both (default: all)",
     )
+    g.add_argument(
+        "--usd-per-gpu-hour",
+        type=float,
+        metavar="USD",
+        help="price of a GPU-hour for the report's cost columns (default: the file's cost:)",
+    )
+    g.add_argument(
+        "--tokens",
+        type=float,
+        metavar="N",
+        help="a token budget: the report estimates the time and cost to train it",
+    )
     r.set_defaults(func=cmd_run)
+
+    rep = sub.add_parser(
+        "report",
+        help="write the tables and plots of a results folder",
+        description="Write raw_summary.csv, benchmarks.csv, summary.md and plots/ for a results "
+        "folder (or a summary CSV, ours or fms-acceleration's). Runs after every run; "
+        "needs no training stack.",
+        epilog=_REPORT_EPILOG,
+        formatter_class=_Formatter,
+    )
+    rep.add_argument(
+        "source", metavar="RESULT_DIR", help="results folder, or a raw_summary.csv/benchmarks.csv"
+    )
+    rep.add_argument(
+        "--output",
+        metavar="DIR",
+        help="where to write (default: the results folder itself; for a CSV or a "
+        "predecessor's folder, a tunematrix-report/ folder beside it)",
+    )
+    rep.add_argument(
+        "--usd-per-gpu-hour",
+        type=float,
+        metavar="USD",
+        help="price of a GPU-hour (default: the run's)",
+    )
+    rep.add_argument(
+        "--tokens", type=float, metavar="N", help="estimate time and cost to train N tokens"
+    )
+    rep.add_argument("--no-plots", action="store_true", help="tables only")
+    rep.set_defaults(func=cmd_report)
+
+    cmp_ = sub.add_parser(
+        "compare",
+        help="compare a run against a reference; exit 1 on a regression",
+        description="Match the cells of NEW and REF and flag regressions. NEW and REF are "
+        "results folders, summary CSVs (ours or fms-acceleration's), or run:<id> from the "
+        "history of NEW's results folder.",
+        epilog=_COMPARE_EPILOG,
+        formatter_class=_Formatter,
+    )
+    cmp_.add_argument("new", metavar="NEW")
+    cmp_.add_argument("ref", metavar="REF")
+    cmp_.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="metric to compare; repeatable (default: throughput, step time, peak memory, MFU)",
+    )
+    cmp_.add_argument(
+        "--threshold",
+        type=float,
+        default=0.1,
+        metavar="FRACTION",
+        help="relative change that counts as a regression (default: 0.1)",
+    )
+    cmp_.add_argument(
+        "--output",
+        metavar="DIR",
+        help="where to write compare.csv/.md (default: NEW's folder, else .)",
+    )
+    cmp_.add_argument("--history", metavar="FILE", help="history.sqlite to look run:<id> up in")
+    cmp_.add_argument("--no-plots", action="store_true", help="tables only")
+    cmp_.set_defaults(func=cmd_compare)
+
+    his = sub.add_parser(
+        "history",
+        help="list the runs recorded in a results folder",
+        description="List the runs recorded in RESULT_DIR/history.sqlite.",
+        epilog=_HISTORY_EPILOG,
+        formatter_class=_Formatter,
+    )
+    his.add_argument("results", metavar="RESULT_DIR", nargs="?", default="results")
+    his.set_defaults(func=cmd_history)
     return parser
 
 

@@ -98,6 +98,7 @@ class BenchConfig:
     data_processing: Mapping[str, Any] | None
     scenarios: tuple[Scenario, ...]
     timeout_s: float | None = None
+    usd_per_gpu_hour: float | None = None
 
     def where(self, scenario: Scenario, key: str | None = None) -> dict[str, Any]:
         """Keyword arguments of ``ConfigError`` pointing at ``scenario``."""
@@ -417,4 +418,5 @@ def load_config(
         data_processing=data,
         scenarios=tuple(scenarios),
         timeout_s=model.timeout_s,
+        usd_per_gpu_hour=model.cost.usd_per_gpu_hour if model.cost else None,
     )

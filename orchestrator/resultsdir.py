@@ -4,8 +4,8 @@
   writing one folder; the second gets a one-line error naming the first.
 - Without resume, the outputs of an earlier run are moved aside to
   ``RESULT_DIR.<timestamp>/`` before anything is written, never deleted. The
-  prepared-data cache (``data/``) stays, since later runs reuse it, and so do
-  dotfiles such as ``.gitkeep``.
+  prepared-data cache (``data/``) and the history of runs (``history.sqlite``)
+  stay, since later runs use them, and so do dotfiles such as ``.gitkeep``.
 - A folder that is not empty but holds no tunematrix outputs (``--results .``
   by mistake, say) is refused rather than reorganised.
 """
@@ -34,10 +34,12 @@ RUN_OUTPUTS = (
     "summary.md",
     "plots",
     "runs",
+    "scaling.csv",
     "compare.csv",
     "compare.md",
 )
-KEEP = ("data",)
+#: kept in place across runs: the prepared-data cache and the history of runs
+KEEP = ("data", "history.sqlite")
 
 
 @dataclass(frozen=True)

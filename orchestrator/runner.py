@@ -54,6 +54,11 @@ class RunOptions:
     no_data_processing: bool = False
     sidecar_interval_s: float = 0.1
     grace_s: float = GRACE_S
+    #: for the report: the price of a GPU-hour and a token budget to estimate
+    usd_per_gpu_hour: float | None = None
+    tokens: float | None = None
+    #: write benchmarks.csv, summary.md and plots after the run
+    report: bool = True
 
 
 @dataclass
@@ -396,6 +401,8 @@ class RunReport:
     layout: ResultsLayout
     moved_to: Path | None
     interrupted: bool
+    history_run_id: int | None = None
+    report_error: str | None = None
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -410,13 +417,47 @@ class RunReport:
         return 0 if all(o.status in ACCEPTABLE for o in self.outcomes.values()) else 1
 
 
-def _write_summary(plan: Plan, layout: ResultsLayout, outcomes: dict[str, Outcome]) -> None:
+def _summary_rows(
+    plan: Plan, layout: ResultsLayout, outcomes: dict[str, Outcome]
+) -> list[dict[str, Any]]:
+    """One row per planned experiment, with this run's statuses (skipped, not run...)."""
     rows = []
     for e in plan.experiments:
         outcome = outcomes.get(e.experiment_id) or Outcome(status="interrupted", error="not run")
         result = read_result(layout.run(e.experiment_id).result)
-        rows.append(build_row(e, outcome.as_dict(), result))
-    write_raw_summary(rows, layout.raw_summary)
+        rows.append(build_row(e.spec(), outcome.as_dict(), result))
+    return rows
+
+
+def _write_summary(plan: Plan, layout: ResultsLayout, outcomes: dict[str, Outcome]) -> None:
+    write_raw_summary(_summary_rows(plan, layout, outcomes), layout.raw_summary)
+
+
+def _report_and_record(
+    run_report: RunReport,
+    rows: list[dict[str, Any]],
+    env: dict[str, Any],
+    options: RunOptions,
+    say: Callable[[str], None],
+) -> None:
+    """The full report and the history entry; a failure here never costs the results."""
+    try:
+        from orchestrator import history
+        from orchestrator.report import CostSettings, write_report
+
+        root = run_report.layout.root
+        report = write_report(
+            root,
+            root,
+            CostSettings(usd_per_gpu_hour=options.usd_per_gpu_hour, tokens=options.tokens),
+            rows=rows,
+        )
+        run_report.history_run_id = history.record(history.path_for(root), report.rows, env, root)
+    except Exception as exc:  # the run's files are written; the report can be redone
+        run_report.report_error = f"{type(exc).__name__}: {exc}"
+        say(
+            f"the report failed ({run_report.report_error}); run `tunematrix report {run_report.layout.root}`"
+        )
 
 
 def run_plan(
@@ -452,6 +493,7 @@ def run_plan(
             if opened.moved_to is not None:
                 say(f"the earlier run in {results} was moved to {opened.moved_to}")
             env = envinfo.collect(argv)
+            env["cost"] = {"usd_per_gpu_hour": options.usd_per_gpu_hour}
             write_atomic(layout.env, json.dumps(env, indent=2) + "\n")
             write_plan_csv(plan, layout.plan_csv)
             pool = gpu_pool() if any(e.device == "gpu" for e in plan.experiments) else []
@@ -529,9 +571,14 @@ def run_plan(
                 env["finished_at"] = envinfo.now()
                 env["interrupted"] = interrupted
                 write_atomic(layout.env, json.dumps(env, indent=2) + "\n")
-            return RunReport(
+            run_report = RunReport(
                 outcomes=outcomes, layout=layout, moved_to=opened.moved_to, interrupted=interrupted
             )
+            if options.report:
+                _report_and_record(
+                    run_report, _summary_rows(plan, layout, outcomes), env, options, say
+                )
+            return run_report
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)

@@ -38,6 +38,12 @@ class FrameworkModel(_Strict):
     env: dict[str, str] = {}
 
 
+class CostModel(_Strict):
+    """What the hardware costs, for cost per token and time/cost to train."""
+
+    usd_per_gpu_hour: PositiveFloat
+
+
 class MatrixModel(_Strict):
     """Axes crossed with every scenario; the command line overrides them."""
 
@@ -91,6 +97,7 @@ class ScenariosFileModel(_Strict):
     accelerate_config: str | None = None
     #: time limit of each experiment, in seconds (a scenario may set its own)
     timeout_s: PositiveFloat | None = None
+    cost: CostModel | None = None
     frameworks: dict[str, FrameworkModel] = {}
     matrix: MatrixModel = MatrixModel()
     data_processing: DataProcessingModel | None = None

@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.experiment import Experiment
 from orchestrator.paths import write_atomic
 from orchestrator.plan import KEY_COLUMNS
 
@@ -76,6 +75,7 @@ OUTCOME_COLUMNS = (
     "total_params",
     "time_to_first_step_s",
     "data_cache_hit",
+    "data_tokens",
     "mem_tree_peak_rss_bytes",
     "mem_nvidia_peak_bytes_mean",
     "mem_nvidia_peak_bytes_max",
@@ -86,29 +86,33 @@ OUTCOME_COLUMNS = (
 
 
 def build_row(
-    experiment: Experiment, outcome: Mapping[str, Any], result: Mapping[str, Any] | None
+    spec: Mapping[str, Any], outcome: Mapping[str, Any], result: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """One row: the planned experiment, the parent's outcome, the child's figures."""
+    """One row: the planned experiment (``Experiment.spec()`` or a run's ``spec.json``),
+    the parent's outcome and the child's figures."""
+    arguments = dict(spec.get("arguments") or {})
     row: dict[str, Any] = {
-        "experiment_id": experiment.experiment_id,
-        "scenario": experiment.scenario,
-        "framework_config": experiment.framework,
-        "model_name_or_path": experiment.model_name_or_path,
-        "num_gpus": experiment.num_gpus,
-        "per_device_train_batch_size": experiment.per_device_train_batch_size,
-        "gradient_accumulation_steps": experiment.gradient_accumulation_steps,
-        "effective_batch_size": experiment.effective_batch_size,
-        "max_seq_len": experiment.max_seq_len,
-        "packing": experiment.packing,
-        "peft_method": experiment.peft_method,
-        "torch_dtype": experiment.torch_dtype,
-        "device": experiment.device,
-        "repeat": experiment.repeat,
-        "cell_id": experiment.cell_id,
+        "experiment_id": spec.get("experiment_id"),
+        "scenario": spec.get("scenario"),
+        "framework_config": spec.get("framework_config"),
+        "model_name_or_path": spec.get("model_name_or_path"),
+        "num_gpus": spec.get("num_gpus"),
+        "per_device_train_batch_size": spec.get("per_device_train_batch_size"),
+        "gradient_accumulation_steps": spec.get("gradient_accumulation_steps"),
+        "effective_batch_size": spec.get("effective_batch_size"),
+        "max_seq_len": spec.get("max_seq_len"),
+        "packing": spec.get("packing"),
+        "peft_method": arguments.get("peft_method"),
+        "torch_dtype": arguments.get("torch_dtype"),
+        "device": spec.get("device"),
+        "repeat": spec.get("repeat"),
+        "cell_id": spec.get("cell_id"),
         "status": outcome.get("status"),
         "error": outcome.get("error"),
         "log": outcome.get("log"),
     }
+    for key, value in (spec.get("swept") or {}).items():
+        row.setdefault(key, value)
     metrics = dict((result or {}).get("metrics") or {})
     for key in (*METRIC_COLUMNS, *EXTRA_METRICS):
         if key in metrics and key not in row:
@@ -126,8 +130,10 @@ def build_row(
         row["total_params"] = model.get("total_params")
         row["time_to_first_step_s"] = (result.get("timings") or {}).get("time_to_first_step_s")
         row["data_cache_hit"] = (result.get("data") or {}).get("cache_hit")
+        row["data_tokens"] = (result.get("data") or {}).get("tokens")
     for key in (
         "wall_s",
+        "job_s",
         "returncode",
         "started_at",
         "finished_at",
@@ -137,7 +143,7 @@ def build_row(
     ):
         row[key] = outcome.get(key)
     # every scenario argument, by its own name (those already shown above are not repeated)
-    for key, value in experiment.arguments.items():
+    for key, value in arguments.items():
         row.setdefault(key, value)
     return row
 

@@ -121,6 +121,19 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
     lora = [r for r in table if r["scenario"] == "lora"]
     assert all(r["peft_method"] == "lora" and r["r"] == "4" for r in lora)
 
+    # the report of the real run: tables, plots, the history entry
+    bench = list(csv.DictReader((results / "benchmarks.csv").open()))
+    assert len(bench) == 4 and {b["status"] for b in bench} == {"ok"}
+    summary = (results / "summary.md").read_text()
+    assert "4 experiment(s) in 4 cell(s); ok 4" in summary and "## Scaling" in summary
+    for plot in ("throughput", "memory", "scaling", "loss"):
+        assert (results / "plots" / f"{plot}.png").stat().st_size > 10_000, plot
+    from orchestrator import history
+
+    (recorded,) = history.runs(history.path_for(results))
+    assert recorded["experiments"] == 4 and json.loads(recorded["counts"]) == {"ok": 4}
+    assert "recorded as run 1" in proc.stdout
+
     env_json = json.loads((results / "env.json").read_text())
     assert env_json["started_at"] and env_json["finished_at"] and env_json["interrupted"] is False
     assert env_json["versions"]["torch"] and env_json["pip_freeze"]

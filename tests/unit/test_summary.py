@@ -37,7 +37,7 @@ def test_row_of_an_ok_run(plan) -> None:
         "wall_s": 80.0,
         "memory": {"mem_nvidia_mem_reserved": 1234.5},
     }
-    row = build_row(e, outcome, result)
+    row = build_row(e.spec(), outcome, result)
     assert (
         row["experiment_id"] == e.experiment_id and row["status"] == "ok" and row["error"] is None
     )
@@ -51,7 +51,9 @@ def test_row_of_an_ok_run(plan) -> None:
 
 def test_row_of_a_run_that_left_nothing(plan) -> None:
     (e,) = plan(TEXT, num_gpus=(1,), effective_batch_size=(4,)).experiments
-    row = build_row(e, {"status": "interrupted", "error": "not run: the run was interrupted"}, None)
+    row = build_row(
+        e.spec(), {"status": "interrupted", "error": "not run: the run was interrupted"}, None
+    )
     assert row["status"] == "interrupted" and row["error"] == "not run: the run was interrupted"
     assert row["scenario"] == "a" and row["num_gpus"] == 1
     assert row.get("tokens_per_second_global") is None
@@ -59,7 +61,9 @@ def test_row_of_a_run_that_left_nothing(plan) -> None:
 
 def test_csv_has_the_design_columns_first(plan) -> None:
     experiments = plan(TEXT, num_gpus=(1, 2), effective_batch_size=(4,)).experiments
-    text = to_csv(build_row(e, {"status": "failed", "error": "boom"}, None) for e in experiments)
+    text = to_csv(
+        build_row(e.spec(), {"status": "failed", "error": "boom"}, None) for e in experiments
+    )
     reader = csv.DictReader(io.StringIO(text))
     columns = reader.fieldnames or []
     for name in (

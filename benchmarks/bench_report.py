@@ -1,0 +1,175 @@
+"""How fast are report and compare? Targets (issue: report and compare):
+
+- ``tunematrix report`` over 10,000 experiment folders: under 10 s, without
+  importing torch (checked in the same process);
+- ``tunematrix compare`` of two 10,000-row tables: under 2 s.
+
+Usage: python benchmarks/bench_report.py [--experiments N] [--runs R]
+
+The folders are synthetic but shaped like real ones (spec.json, outcome.json,
+result.json with per-rank step times and a loss history; some failed and
+out-of-memory cells; repeats). Times are wall clock of the CLI in a fresh
+process, median of R runs. Exit code 1 if a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+CHECK = """
+import sys, time
+start = time.perf_counter()
+from orchestrator.cli import main
+code = main(sys.argv[1:])
+bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'peft', 'accelerate', 'trl')]
+assert not bad, bad
+sys.exit(code if code in (0, 1) else code)
+"""
+
+
+def make_folder(root: Path, n: int, seed: int, scale: float = 1.0) -> None:
+    rng = random.Random(seed)
+    runs = root / "runs"
+    runs.mkdir(parents=True)
+    for i in range(n):
+        cell, repeat = divmod(i, 2)
+        eid = f"s{cell % 25}.model-{cell % 7}.fsdp.g{1 + cell % 4}.eb8-{cell:08x}" + (
+            f".r{repeat}" if repeat else ""
+        )
+        run = runs / eid
+        run.mkdir()
+        gpus = 1 + cell % 4
+        spec = {
+            "experiment_id": eid,
+            "cell_id": eid.split(".r")[0],
+            "scenario": f"s{cell % 25}",
+            "framework_config": "fsdp" if cell % 3 else "ddp",
+            "model_name_or_path": f"org/model-{cell % 7}",
+            "device": "gpu",
+            "num_gpus": gpus,
+            "effective_batch_size": 8,
+            "per_device_train_batch_size": 8 // gpus if 8 % gpus == 0 else 1,
+            "gradient_accumulation_steps": 1,
+            "max_seq_len": 2048,
+            "packing": True,
+            "repeat": repeat,
+            "arguments": {
+                "learning_rate": 1e-4,
+                "r": 8 + cell % 5,
+                "target_modules": ["q_proj", "v_proj"],
+            },
+            "swept": {"r": 8 + cell % 5, "seed": cell},
+        }
+        status = "oom" if cell % 50 == 49 else "ok"
+        tps = 1000.0 * gpus * scale * rng.uniform(0.97, 1.03)
+        (run / "spec.json").write_text(json.dumps(spec))
+        (run / "outcome.json").write_text(
+            json.dumps(
+                {
+                    "status": status,
+                    "error": None if status == "ok" else "CUDA out of memory",
+                    "log": f"runs/{eid}/stderr.log",
+                    "job_s": 120.0,
+                    "memory": {"mem_nvidia_peak_bytes_max": 40e9},
+                }
+            )
+        )
+        if status == "ok":
+            steps = [rng.uniform(0.4, 0.5) for _ in range(20)]
+            result = {
+                "status": "ok",
+                "metrics": {
+                    "tokens_per_second_global": tps,
+                    "tokens_per_second_per_device": tps / gpus,
+                    "step_time_median_s": statistics.median(steps),
+                    "train_tokens_per_second": tps / gpus,
+                    "train_loss": 1.2,
+                    "mfu": 0.4,
+                },
+                "ranks": [
+                    {"rank": r, "step_times_s": steps, "step_tokens": [16384] * 20}
+                    for r in range(gpus)
+                ],
+                "loss_history": [[s, 2.0 - 0.01 * s] for s in range(1, 21)],
+                "data": {"tokens": 5_000_000},
+                "gpu_device_name": "NVIDIA H100 80GB HBM3",
+            }
+            (run / "result.json").write_text(json.dumps(result))
+
+
+def wall(argv: list[str], runs: int) -> list[float]:
+    times = []
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for _ in range(runs):
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-c", CHECK, *argv], env=env, capture_output=True, text=True
+        )
+        times.append(time.perf_counter() - start)
+        if proc.returncode not in (0, 1):
+            raise SystemExit(f"{argv[0]} failed: {proc.stderr[-2000:]}")
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiments", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = Path(tmp) / "a", Path(tmp) / "b"
+        start = time.perf_counter()
+        make_folder(a, args.experiments, seed=1)
+        make_folder(b, args.experiments, seed=2, scale=0.97)
+        print(
+            f"built 2 × {args.experiments:,} experiment folders in {time.perf_counter() - start:.1f} s"
+        )
+
+        report = wall(["report", str(a)], args.runs)
+        good = statistics.median(report) < 10
+        ok &= good
+        print(
+            f"report of {args.experiments:,} folders (tables and plots): median {statistics.median(report):.2f} s "
+            f"{[round(t, 2) for t in report]}  target < 10 s: {'met' if good else 'MISSED'}; torch not imported"
+        )
+        wall(["report", str(b), "--no-plots"], 1)
+
+        tables = wall(
+            [
+                "compare",
+                str(a / "raw_summary.csv"),
+                str(b / "raw_summary.csv"),
+                "--no-plots",
+                "--output",
+                tmp,
+            ],
+            args.runs,
+        )
+        good = statistics.median(tables) < 2
+        ok &= good
+        print(
+            f"compare of two {args.experiments:,}-row tables: median {statistics.median(tables):.2f} s "
+            f"{[round(t, 2) for t in tables]}  target < 2 s: {'met' if good else 'MISSED'}"
+        )
+        with_plots = wall(
+            ["compare", str(a / "raw_summary.csv"), str(b / "raw_summary.csv"), "--output", tmp],
+            args.runs,
+        )
+        print(f"  the same with its plots: median {statistics.median(with_plots):.2f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

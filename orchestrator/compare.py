@@ -1,0 +1,471 @@
+"""Compare a run against a reference and flag regressions.
+
+Rows are matched on the key columns both sides have (scenario, framework,
+model, GPUs, per-device batch, PEFT method, sequence length); a predecessor's
+table has no scenario or sequence length, so those drop out of the match, and
+the report says so. Per matched cell and metric: the medians, their ratio, and
+a regression flag when the change goes past the threshold in the bad
+direction. Where both sides have at least 3 repeats, the flag also needs a
+one-sided Mann–Whitney U test at p < 0.05 (in the bad direction), so a change
+within the run-to-run noise is not called a regression. With 3 repeats on each
+side the smallest p the test can give is 0.05, so confirming a change takes a
+fourth repeat on one side. A cell that was ``ok`` and is not any more is a
+regression too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from orchestrator.paths import write_atomic
+from orchestrator.stats import mann_whitney_u
+
+KEYS = (
+    "scenario",
+    "framework_config",
+    "model_name_or_path",
+    "num_gpus",
+    "per_device_train_batch_size",
+    "peft_method",
+    "max_seq_len",
+)
+HIGHER_IS_BETTER = {
+    "tokens_per_second_global",
+    "tokens_per_second_per_device",
+    "train_tokens_per_second",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "mfu",
+    "achieved_tflops_per_device",
+}
+LOWER_IS_BETTER = {
+    "step_time_median_s",
+    "train_runtime",
+    "peak_memory_bytes",
+    "mem_nvidia_mem_reserved",
+    "mem_peak_torch_mem_alloc_in_bytes",
+    "mem_torch_mem_alloc_in_bytes",
+    "mem_peak_rss_bytes",
+    "torch_max_memory_reserved_bytes",
+    "cost_per_1m_tokens_usd",
+    "time_to_first_step_s",
+    "train_loss",
+}
+DEFAULT_METRICS = (
+    "tokens_per_second_global",
+    "tokens_per_second_per_device",
+    "train_tokens_per_second",
+    "step_time_median_s",
+    "peak_memory_bytes",
+    "mfu",
+)
+MIN_REPEATS_FOR_TEST = 3
+ALPHA = 0.05
+OK_STATUSES = ("ok", "skipped")
+BAD_STATUSES = ("oom", "failed", "timeout")
+
+
+@dataclass
+class Comparison:
+    table: pd.DataFrame
+    keys: list[str]
+    only_new: pd.DataFrame
+    only_ref: pd.DataFrame
+    metrics: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> pd.DataFrame:
+        if self.table.empty:
+            return self.table
+        return self.table[self.table["regression"]]
+
+
+def direction(metric: str) -> str:
+    if metric in HIGHER_IS_BETTER:
+        return "higher"
+    if metric in LOWER_IS_BETTER:
+        return "lower"
+    raise ValueError(f"no direction known for metric {metric!r}")
+
+
+def _key_frame(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    out = df.copy()
+    for k in keys:
+        if k in ("num_gpus", "per_device_train_batch_size", "max_seq_len"):
+            out[k] = pd.to_numeric(out[k], errors="coerce").astype("Int64").astype(str)
+        else:
+            out[k] = out[k].fillna("none").astype(str)
+    return out
+
+
+def _present(frame: pd.DataFrame, key: str) -> bool:
+    """Whether a side has values in ``key`` (an empty label counts as none)."""
+    if key not in frame.columns:
+        return False
+    values = frame[key]
+    return bool((values.notna() & (values.astype(str) != "")).any())
+
+
+def _sweep_keys(new: pd.DataFrame, ref: pd.DataFrame) -> list[str]:
+    """Argument columns that vary within a side (swept values) and that both sides have.
+
+    Cells that differ only in a swept argument (say the LoRA rank) are different
+    experiments, so they join the match keys.
+    """
+    from orchestrator.report import argument_columns
+
+    both = [c for c in argument_columns(new) if c in ref.columns and c not in KEYS]
+    extra = (
+        ["effective_batch_size"]
+        if _present(new, "effective_batch_size") and _present(ref, "effective_batch_size")
+        else []
+    )
+    varying = [c for c in both if new[c].map(str).nunique() > 1 or ref[c].map(str).nunique() > 1]
+    return extra + varying
+
+
+def _ok_values(frame: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
+    ok = frame[frame["status"].isin(OK_STATUSES)]
+    values = ok[metrics].apply(pd.to_numeric, errors="coerce")
+    for k in keys:
+        values[k] = ok[k]
+    return values
+
+
+def compare(
+    new: pd.DataFrame,
+    ref: pd.DataFrame,
+    *,
+    metrics: list[str] | None = None,
+    threshold: float = 0.1,
+) -> Comparison:
+    """Match ``new`` rows to ``ref`` rows and compare each metric (see the module docstring).
+
+    Medians and counts come from one groupby per side; the rank test runs only
+    for the few cells whose change passes the threshold.
+    """
+    notes: list[str] = []
+    keys = [k for k in KEYS if _present(new, k) and _present(ref, k)]
+    dropped = [k for k in KEYS if k not in keys]
+    if dropped:
+        notes.append(f"matched without {', '.join(dropped)} (missing on one side)")
+    if not keys:
+        raise ValueError("the two tables share no key column to match rows on")
+    keys += _sweep_keys(new, ref)
+    wanted = list(metrics) if metrics else list(DEFAULT_METRICS)
+    for m in wanted:
+        direction(m)  # unknown metrics are an error before any work
+    usable = [m for m in wanted if m in new.columns and m in ref.columns]
+    skipped = [m for m in wanted if m not in usable]
+    if skipped and metrics:
+        notes.append(f"not on both sides, so not compared: {', '.join(skipped)}")
+
+    n, r = _key_frame(new, keys), _key_frame(ref, keys)
+    cells_new = n.groupby(keys, sort=False).size().rename("rows_new")
+    cells_ref = r.groupby(keys, sort=False).size().rename("rows_ref")
+    matched = cells_new.to_frame().join(cells_ref, how="inner")
+    only_new = cells_new.index.difference(cells_ref.index, sort=False).to_frame(index=False)
+    only_ref = cells_ref.index.difference(cells_new.index, sort=False).to_frame(index=False)
+
+    records: list[dict[str, Any]] = []
+    # status: was ok in the reference, none ok now, and at least one failed or ran out of memory
+    ok_new = n[n["status"].isin(OK_STATUSES)].groupby(keys, sort=False).size()
+    ok_ref = r[r["status"].isin(OK_STATUSES)].groupby(keys, sort=False).size()
+    bad_new = (
+        n[n["status"].isin(BAD_STATUSES)]
+        .groupby(keys, sort=False)
+        .agg(status=("status", "first"), error=("error", "first"))
+    )
+    broken = (
+        matched.index.intersection(bad_new.index)
+        .intersection(ok_ref.index)
+        .difference(ok_new.index)
+    )
+    for key in broken:
+        status, error = bad_new.loc[key, "status"], bad_new.loc[key, "error"]
+        records.append(
+            {
+                **dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True)),
+                "metric": "status",
+                "ref": "ok",
+                "new": status,
+                "ratio": None,
+                "change": None,
+                "n_ref": int(matched.loc[key, "rows_ref"]),
+                "n_new": int(matched.loc[key, "rows_new"]),
+                "p_value": None,
+                "regression": True,
+                "why": f"was ok, now {status}"
+                + (f": {error}" if isinstance(error, str) and error else ""),
+            }
+        )
+
+    values_new = _ok_values(n, keys, usable)
+    values_ref = _ok_values(r, keys, usable)
+    grouped_new = values_new.groupby(keys, sort=False)
+    grouped_ref = values_ref.groupby(keys, sort=False)
+    frames = [pd.DataFrame(records)] if records else []
+    for metric in usable:
+        side = pd.DataFrame(
+            {"new": grouped_new[metric].median(), "n_new": grouped_new[metric].count()}
+        ).join(
+            pd.DataFrame(
+                {"ref": grouped_ref[metric].median(), "n_ref": grouped_ref[metric].count()}
+            ),
+            how="inner",
+        )
+        side = side[(side["n_new"] > 0) & (side["n_ref"] > 0)]
+        if side.empty:
+            continue
+        side["ratio"] = side["new"] / side["ref"].where(side["ref"] != 0)
+        side["change"] = side["ratio"] - 1
+        higher = direction(metric) == "higher"
+        worse = side["change"] < -threshold if higher else side["change"] > threshold
+        side["regression"] = worse
+        side["p_value"] = math.nan
+        side["why"] = ""
+        tested = (
+            worse
+            & (side["n_new"] >= MIN_REPEATS_FOR_TEST)
+            & (side["n_ref"] >= MIN_REPEATS_FOR_TEST)
+        )
+        for key in side.index[tested]:
+            x = grouped_new.get_group(key)[metric].dropna().tolist()
+            y = grouped_ref.get_group(key)[metric].dropna().tolist()
+            _, p = mann_whitney_u(x, y, "less" if higher else "greater")
+            side.loc[key, "p_value"] = p
+            side.loc[key, "regression"] = p < ALPHA
+            side.loc[key, "why"] = f"p = {p:.3g}" + (
+                "" if p < ALPHA else f" ≥ {ALPHA}: within the noise"
+            )
+        alone = worse & ~tested
+        side.loc[alone, "why"] = (
+            side.loc[alone, "n_ref"].astype(str)
+            + " vs "
+            + side.loc[alone, "n_new"].astype(str)
+            + " repeats: threshold alone"
+        )
+        side["metric"] = metric
+        frames.append(side.reset_index())
+    columns = [
+        *keys,
+        "metric",
+        "ref",
+        "new",
+        "ratio",
+        "change",
+        "n_ref",
+        "n_new",
+        "p_value",
+        "regression",
+        "why",
+    ]
+    table = (
+        pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+    )
+    if len(table):
+        table["regression"] = table["regression"].astype(bool)
+        # cells in the order of the new run, each cell's metrics together
+        order = matched.reset_index()[keys].assign(_order=range(len(matched)))
+        table = table.merge(order, on=keys, how="left").sort_values("_order", kind="stable")
+        table = table.drop(columns="_order").reset_index(drop=True)
+    return Comparison(
+        table=table, keys=keys, only_new=only_new, only_ref=only_ref, metrics=usable, notes=notes
+    )
+
+
+_LABELS = {
+    "num_gpus": "{} GPU",
+    "per_device_train_batch_size": "bs {}/dev",
+    "max_seq_len": "seq {}",
+    "effective_batch_size": "eb {}",
+}
+
+
+def cell_label(row: Any, keys: list[str]) -> str:
+    """A short name for a matched cell: ``s · fsdp · org/model · 2 GPU · bs 4/dev · seq 1024``."""
+    parts = []
+    for k in keys:
+        value = str(row[k])
+        if value in ("none", "", "nan", "<NA>") and k in ("peft_method", "scenario"):
+            continue
+        if k in _LABELS:
+            parts.append(_LABELS[k].format(value))
+        elif k in KEYS:
+            parts.append(value)
+        else:
+            parts.append(f"{k}={value}")
+    return " · ".join(parts)
+
+
+def _md(headers: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"] + [
+        "| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows
+    ]
+
+
+def _num(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, str):
+        return value
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4g}"
+
+
+FULL_TABLE_ROWS = 300  # beyond this, compare.md summarises and compare.csv has every row
+
+
+def _rows_md(table: pd.DataFrame, keys: list[str]) -> list[str]:
+    headers = ["cell", "metric", "reference", "new", "change", "repeats", "verdict"]
+    body = []
+    for row in table.to_dict("records"):
+        change = row["change"]
+        verdict = "**regression**" if row["regression"] else "ok"
+        if row["why"]:
+            verdict += f" ({row['why']})"
+        body.append(
+            [
+                cell_label(row, keys),
+                str(row["metric"]),
+                _num(row["ref"]),
+                _num(row["new"]),
+                "–"
+                if change is None or (isinstance(change, float) and math.isnan(change))
+                else f"{100 * change:+.1f}%",
+                f"{row['n_ref']} → {row['n_new']}",
+                verdict,
+            ]
+        )
+    return _md(headers, body)
+
+
+def markdown(result: Comparison, new_label: str, ref_label: str, threshold: float) -> str:
+    t = result.table
+    regressions = result.regressions
+    matched = t[list(result.keys)].drop_duplicates().shape[0] if len(t) else 0
+    lines = [
+        "# Comparison",
+        "",
+        f"New: `{new_label}`; reference: `{ref_label}`. Matched on {', '.join(result.keys)}; "
+        f"a regression is a change past {100 * threshold:g}% in the bad direction (with ≥ "
+        f"{MIN_REPEATS_FOR_TEST} repeats on both sides, also a one-sided Mann–Whitney U p < {ALPHA}).",
+        "",
+        f"**{len(regressions)} regression(s)** in {matched} matched cell(s).",
+    ]
+    if result.notes:
+        lines += ["", *[f"- {n}" for n in result.notes]]
+    if len(regressions):
+        lines += ["", "## Regressions", "", *_rows_md(regressions, result.keys)]
+    if len(t):
+        numeric = t[t["metric"] != "status"]
+        summary = []
+        for metric, group in numeric.groupby("metric", sort=False):
+            change = pd.to_numeric(group["change"], errors="coerce")
+            summary.append(
+                [
+                    str(metric),
+                    str(len(group)),
+                    f"{100 * change.median():+.1f}%",
+                    f"{100 * change.min():+.1f}%",
+                    f"{100 * change.max():+.1f}%",
+                    str(int(group["regression"].sum())),
+                ]
+            )
+        lines += [
+            "",
+            "## By metric",
+            "",
+            *_md(["metric", "cells", "median change", "min", "max", "regressions"], summary),
+        ]
+        if len(t) <= FULL_TABLE_ROWS:
+            lines += ["", "## Every cell", "", *_rows_md(t, result.keys)]
+        else:
+            lines += ["", f"Every cell and metric ({len(t):,} rows) is in compare.csv."]
+    for label, frame in (
+        ("Only in the new run", result.only_new),
+        ("Only in the reference", result.only_ref),
+    ):
+        if len(frame):
+            shown = frame.head(FULL_TABLE_ROWS)
+            lines += [
+                "",
+                f"## {label} ({len(frame)})",
+                "",
+                *_md(["cell"], [[cell_label(r, result.keys)] for r in shown.to_dict("records")]),
+            ]
+            if len(frame) > len(shown):
+                lines.append(f"... and {len(frame) - len(shown)} more")
+    return "\n".join(lines) + "\n"
+
+
+def plots(result: Comparison, folder: Path, threshold: float) -> list[Path]:
+    """One scatter per metric: reference (x) against new (y), the threshold band around y = x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    t = result.table
+    for metric in result.metrics:
+        sub = t[t["metric"] == metric]
+        if sub.empty:
+            continue
+        x = sub["ref"].astype(float)
+        y = sub["new"].astype(float)
+        fig, ax = plt.subplots(figsize=(6.5, 6), dpi=110)
+        hi = float(max(x.max(), y.max())) * 1.08
+        lo = 0.0
+        line = [lo, hi]
+        ax.plot(line, line, color="grey", linewidth=1, label="no change")
+        ax.fill_between(
+            line,
+            [v * (1 - threshold) for v in line],
+            [v * (1 + threshold) for v in line],
+            color="grey",
+            alpha=0.12,
+            label=f"±{100 * threshold:g}%",
+        )
+        colors = ["firebrick" if r else "tab:blue" for r in sub["regression"]]
+        ax.scatter(x, y, c=colors, s=28, zorder=3)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel(f"reference: {metric}")
+        ax.set_ylabel(f"new: {metric}")
+        better = "higher is better" if direction(metric) == "higher" else "lower is better"
+        ax.set_title(f"{metric} ({better}); red: regression", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+        fig.tight_layout()
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"compare-{metric}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write(
+    result: Comparison,
+    output: Path,
+    new_label: str,
+    ref_label: str,
+    threshold: float,
+    *,
+    with_plots: bool = True,
+) -> list[Path]:
+    output.mkdir(parents=True, exist_ok=True)
+    csv_path = output / "compare.csv"
+    write_atomic(csv_path, result.table.to_csv(index=False))
+    md_path = output / "compare.md"
+    write_atomic(md_path, markdown(result, new_label, ref_label, threshold))
+    written = [csv_path, md_path]
+    if with_plots:
+        written += plots(result, output / "plots", threshold)
+    return written

@@ -1,0 +1,215 @@
+"""The report over results folders built on disk: every table value against hand-computed figures."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import struct
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from fakeruns import write_run
+
+from orchestrator.cli import main
+from orchestrator.report import CostSettings, build_report, write_report
+
+GIB = 2**30
+
+
+def _folder(tmp_path: Path) -> Path:
+    root = tmp_path / "results"
+    # a cell run three times
+    for i, (tps, step) in enumerate(((900.0, 0.50), (1000.0, 0.45), (1200.0, 0.40))):
+        write_run(
+            root,
+            f"a.g1.r{i}",
+            cell_id="a.g1",
+            repeat=i,
+            tps=tps,
+            step_time=step,
+            memory=(10 + i) * GIB,
+        )
+    # the same family on 2 and 4 GPUs
+    write_run(root, "a.g2", num_gpus=2, tps=1800.0, memory=6 * GIB)
+    write_run(root, "a.g4", num_gpus=4, tps=3000.0, memory=4 * GIB)
+    # another framework, one that ran out of memory, one that failed
+    write_run(root, "b.g1", framework="ddp", tps=1100.0)
+    write_run(
+        root,
+        "b.g2",
+        framework="ddp",
+        num_gpus=2,
+        status="oom",
+        error="CUDA out of memory. Tried to allocate 2 GiB",
+    )
+    write_run(
+        root,
+        "c.g1",
+        scenario="lora",
+        peft_method="lora",
+        status="failed",
+        error="target_modules ['x'] match no module",
+    )
+    return root
+
+
+def test_cells_aggregate_repeats(tmp_path) -> None:
+    report = build_report(_folder(tmp_path), CostSettings())
+    assert len(report.rows) == 8 and len(report.cells) == 6
+    a = report.cells.set_index("cell_id").loc["a.g1"]
+    assert a["repeats"] == 3 and a["repeats_ok"] == 3 and a["status"] == "ok"
+    assert a["tokens_per_second_global"] == 1000.0  # the median
+    assert (
+        a["tokens_per_second_global_min"] == 900.0 and a["tokens_per_second_global_max"] == 1200.0
+    )
+    mean = (900 + 1000 + 1200) / 3
+    std = (((900 - mean) ** 2 + (1000 - mean) ** 2 + (1200 - mean) ** 2) / 3) ** 0.5
+    assert a["tokens_per_second_global_cv"] == pytest.approx(std / mean)
+    assert a["step_time_median_s"] == 0.45
+    assert a["peak_memory_bytes"] == 11 * GIB  # NVML peak, median of 10, 11, 12 GiB
+    oom = report.cells.set_index("cell_id").loc["b.g2"]
+    assert oom["status"] == "oom" and oom["error"].startswith("CUDA out of memory")
+    assert pd.isna(oom["tokens_per_second_global"])
+
+
+def test_mixed_repeats_show_the_mix(tmp_path) -> None:
+    root = tmp_path / "r"
+    write_run(root, "x.r0", cell_id="x", repeat=0, tps=100.0)
+    write_run(root, "x.r1", cell_id="x", repeat=1, status="oom", error="OOM")
+    write_run(root, "x.r2", cell_id="x", repeat=2, tps=300.0)
+    cell = build_report(root, CostSettings()).cells.iloc[0]
+    assert cell["status"] == "ok×2 oom×1"
+    assert cell["tokens_per_second_global"] == 200.0 and cell["repeats_ok"] == 2
+
+
+def test_scaling_against_the_smallest_count(tmp_path) -> None:
+    table = build_report(_folder(tmp_path), CostSettings()).scaling
+    fsdp = table[table["framework_config"] == "fsdp"].set_index("num_gpus")
+    assert fsdp.loc[1, "speedup"] == 1.0
+    assert fsdp.loc[2, "speedup"] == pytest.approx(1.8)  # 1800 / 1000 (the median of the repeats)
+    assert fsdp.loc[2, "scaling_efficiency"] == pytest.approx(0.9)
+    assert fsdp.loc[4, "scaling_efficiency"] == pytest.approx(3.0 / 4)
+    assert set(table["framework_config"]) == {"fsdp"}  # ddp has one ok count only
+
+
+def test_cost_and_time_to_train(tmp_path) -> None:
+    report = build_report(_folder(tmp_path), CostSettings(usd_per_gpu_hour=3.6, tokens=3.6e9))
+    g2 = report.cells.set_index("cell_id").loc["a.g2"]
+    # 3.6 $/GPU-h × 2 GPUs = 0.002 $/s; 1e6 tokens at 1800 tokens/s = 555.6 s
+    assert g2["cost_per_1m_tokens_usd"] == pytest.approx(0.002 * 1e6 / 1800)
+    assert g2["cost_per_run_usd"] == pytest.approx(0.002 * 100)  # job of 100 s
+    assert g2["time_per_epoch_s"] == pytest.approx(1e6 / 1800)  # 1M tokens of data
+    assert g2["cost_per_epoch_usd"] == pytest.approx(0.002 * 1e6 / 1800)
+    assert g2["time_to_train_s"] == pytest.approx(3.6e9 / 1800)
+    assert g2["cost_to_train_usd"] == pytest.approx(0.002 * 3.6e9 / 1800)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_written_files(tmp_path) -> None:
+    root = _folder(tmp_path)
+    report = write_report(root, root, CostSettings(usd_per_gpu_hour=2.0))
+    names = {p.relative_to(root).as_posix() for p in report.written}
+    assert {"raw_summary.csv", "benchmarks.csv", "summary.md", "scaling.csv"} <= names
+    for plot in ("plots/throughput.png", "plots/memory.png", "plots/scaling.png", "plots/loss.png"):
+        assert plot in names
+        width, height = _png_size(root / plot)
+        assert width > 500 and height > 200
+
+    bench = list(csv.DictReader((root / "benchmarks.csv").open()))
+    assert len(bench) == 6
+    # constant columns are dropped, keys stay even when constant
+    assert "learning_rate" not in bench[0] and "model_name_or_path" in bench[0]
+    assert [(r["scenario"], r["framework_config"], r["num_gpus"]) for r in bench][:4] == [
+        ("lora", "fsdp", "1"),
+        ("s", "ddp", "1"),
+        ("s", "ddp", "2"),
+        ("s", "fsdp", "1"),
+    ]
+
+    raw = list(csv.DictReader((root / "raw_summary.csv").open()))
+    assert len(raw) == 8
+    assert {r["status"] for r in raw} == {"ok", "oom", "failed"}
+
+    md = (root / "summary.md").read_text()
+    assert "8 experiment(s) in 6 cell(s)" in md
+    # CV of 900, 1000, 1200: population std 124.7 over mean 1033.3
+    assert "| org/model | fsdp | 1 | 8 × 1 | 1,000 ±12.1% | 1,000 ±12.1% | 11.00 |" in md
+    assert (
+        "- oom: org/model, ddp, 2 GPU(s): CUDA out of memory. Tried to allocate 2 GiB (log: `runs/b.g2/stderr.log`)"
+        in md
+    )
+    assert "- failed: org/model, fsdp, 1 GPU(s): target_modules ['x'] match no module" in md
+    assert "| 2 | 1.80 (90%) |" in md and "| 4 | 3.00 (75%) |" in md
+    assert "## Cost and time to train" in md and "At $2 per GPU-hour" in md
+
+
+def test_predecessor_table_reads(tmp_path) -> None:
+    path = tmp_path / "a100_80gb.csv"
+    path.write_text(
+        "acceleration_framework_config_file,framework_config,index,model_name_or_path,num_gpus,"
+        "nvidia_mem_reserved,peak_torch_mem_alloc_in_bytes,peft_method,per_device_train_batch_size,"
+        "torch_mem_alloc_in_bytes,train_loss,train_runtime,train_tokens_per_second,target_modules\n"
+        ",none,0,mistralai/Mistral-7B-v0.1,1,77705.0,72971724288.0,,4,44004763136.0,0.92,177.1,2775.2,\n"
+        ",none,1,mistralai/Mixtral-8x7B-Instruct-v0.1,1,81043.0,,,4,,,,,\n"
+        ",none,2,mistralai/Mistral-7B-v0.1,1,29731.0,26108963328.0,lora,4,15119590912.0,0.90,136.6,3597.6,q_proj k_proj\n"
+    )
+    report = write_report(path, tmp_path / "out", CostSettings(), plots=False)
+    rows = report.rows
+    assert list(rows["status"]) == ["ok", "failed", "ok"]
+    assert rows.loc[1, "error"].startswith("no metrics in the predecessor's table")
+    assert rows.loc[0, "mem_nvidia_mem_reserved"] == 77705.0  # MiB, its unit kept
+    assert rows.loc[0, "peak_memory_bytes"] == 72971724288.0  # HF peak, before the MiB figure
+    assert list(rows["peft_method"]) == ["none", "none", "lora"]
+    assert (tmp_path / "out" / "summary.md").exists()
+
+
+def test_cli_report(tmp_path, capsys) -> None:
+    root = _folder(tmp_path)
+    assert main(["report", str(root), "--no-plots", "--tokens", "1e9"]) == 0
+    out = capsys.readouterr().out
+    assert "tunematrix report: 8 experiments, 6 cells — failed 1, ok 6, oom 1" in out
+    assert not (root / "plots").exists()
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert main(["report", str(root), "--usd-per-gpu-hour", "-1"]) == 2
+
+
+def test_report_does_not_import_the_training_stack(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    root = _folder(tmp_path)
+    code = (
+        "import sys\n"
+        "from orchestrator.cli import main\n"
+        f"assert main(['report', {str(root)!r}]) == 0\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'peft', 'accelerate')]\n"
+        "assert not bad, bad\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=repo, capture_output=True)
+
+
+def test_plan_status_for_experiments_without_folders(tmp_path) -> None:
+    root = tmp_path / "r"
+    write_run(root, "done")
+    (root / "plan.csv").write_text(
+        "experiment_id,scenario,status\ndone,s,planned\nlater,s,planned\n"
+    )
+    rows = build_report(root, CostSettings()).rows.set_index("experiment_id")
+    assert rows.loc["done", "status"] == "ok" and rows.loc["later", "status"] == "planned"
+
+
+def test_raw_summary_is_json_safe(tmp_path) -> None:
+    root = tmp_path / "r"
+    write_run(root, "x", extra_arguments={"target_modules": ["q_proj", "v_proj"]})
+    write_report(root, root, CostSettings(), plots=False)
+    row = next(csv.DictReader(io.StringIO((root / "raw_summary.csv").read_text())))
+    assert json.loads(row["target_modules"]) == ["q_proj", "v_proj"]
