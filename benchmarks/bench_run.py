@@ -136,8 +136,8 @@ def sidecar_cpu_share(seconds: float = 20.0) -> float:
 
 def ab_throughput(folder: Path, pairs: int) -> tuple[list[float], list[float]]:
     """Steady-state tokens/s of the same cell with and without the sidecar, interleaved A B B A ..."""
+    from orchestrator.jobs import run_experiment
     from orchestrator.resultsdir import open_results
-    from orchestrator.runner import run_experiment
 
     config = load_config(folder / "scenarios.yaml", defaults_file=None)
     (experiment, *_) = build_plan(

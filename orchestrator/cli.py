@@ -238,7 +238,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         no_data_processing=args.no_data_processing,
         usd_per_gpu_hour=args.usd_per_gpu_hour or planned.config.usd_per_gpu_hour,
         tokens=args.tokens,
+        pack=args.pack,
+        slots=args.slots,
     )
+    if args.slots > 1 and not args.pack:
+        raise UserError("--slots only has a meaning with --pack")
     started = time.monotonic()
     report = run_plan(plan, Path(args.results), options, argv=[PROG, *sys.argv[1:]])
     counts = ", ".join(f"{status} {n}" for status, n in sorted(report.counts().items()))
@@ -501,6 +505,19 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("all", "nvidia", "huggingface"),
         default="all",
         help="memory measurement: NVML/psutil sidecar, HF metrics, or both (default: all)",
+    )
+    g.add_argument(
+        "--pack",
+        action="store_true",
+        help="run experiments side by side while GPUs are free (largest first). Off by "
+        "default: jobs side by side share CPU, PCIe and NVLink, which changes their numbers",
+    )
+    g.add_argument(
+        "--slots",
+        type=_positive_int,
+        default=1,
+        metavar="K",
+        help="with --pack, how many CPU processes may run at once (default: 1)",
     )
     g.add_argument(
         "--usd-per-gpu-hour",

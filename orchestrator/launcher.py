@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.experiment import Experiment
@@ -30,20 +31,33 @@ def accelerate_command() -> list[str]:
     return [sys.executable, "-m", "accelerate.commands.launch"]
 
 
+@dataclass(frozen=True)
+class LaunchSite:
+    """Where this launch sits in a job: one machine, or one of several (SLURM)."""
+
+    num_machines: int = 1
+    machine_rank: int = 0
+    #: the first machine's address; None on one machine
+    main_process_ip: str | None = None
+
+
 def launch_argv(
     experiment: Experiment,
     spec: Path,
     *,
     port: int,
     accelerate: Sequence[str] = ("accelerate", "launch"),
+    site: LaunchSite | None = None,
 ) -> list[str]:
     """``accelerate launch [flags] -m trainer_entry --spec SPEC`` as an argument list.
 
     On GPUs the accelerate config decides the distributed type (FSDP, DDP,
     DeepSpeed). On the CPU one process runs with ``--cpu``; several run as
     gloo DDP through ``--multi_gpu``, which is accelerate's multi-process
-    launcher whatever the device.
+    launcher whatever the device. Across machines, ``--num_processes`` is the
+    total, and each machine passes its rank and the first machine's address.
     """
+    site = site or LaunchSite()
     argv = list(accelerate)
     if experiment.accelerate is not None:
         argv += ["--config_file", str(experiment.accelerate.path)]
@@ -51,12 +65,17 @@ def launch_argv(
         "--num_processes",
         str(experiment.num_gpus),
         "--num_machines",
-        "1",
+        str(site.num_machines),
         "--main_process_port",
         str(port),
     ]
+    if site.num_machines > 1:
+        argv += ["--machine_rank", str(site.machine_rank)]
+        if site.main_process_ip:
+            argv += ["--main_process_ip", site.main_process_ip]
     if experiment.device == "cpu":
-        argv.append("--cpu" if experiment.num_gpus == 1 else "--multi_gpu")
+        single = experiment.num_gpus == 1 and site.num_machines == 1
+        argv.append("--cpu" if single else "--multi_gpu")
     argv += ["-m", "trainer_entry", "--spec", str(spec)]
     return argv
 

@@ -1,362 +1,48 @@
-"""Run a plan: each experiment an ``accelerate launch`` subprocess, watched by a sidecar.
+"""Run a plan: every experiment once (per repeat), one at a time or packed, then report.
 
-One job at a time (the default: co-running jobs share CPU, PCIe and NVLink).
-Each job runs in its own process group with an explicit environment and a
-time limit; whatever happens — a timeout, Ctrl-C, an exception in here — the
-``finally`` blocks stop the job's whole group (TERM, a grace period, KILL) and
-the sidecar. After every job its outcome is written, and ``raw_summary.csv``
-is rewritten, so an interrupted run keeps everything it finished.
+Exclusive (the default) runs one job at a time, because jobs side by side
+share CPU, PCIe and NVLink and disturb each other's numbers. ``--pack`` hands
+each job the GPUs it needs from a pool and runs jobs side by side while GPUs
+are free (on the CPU, ``--slots K`` processes), largest first; each records
+whether it ran alone or packed, and with whom. After every job its outcome is
+written and ``raw_summary.csv`` rewritten, so an interrupted run keeps
+everything it finished.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from orchestrator import envinfo
 from orchestrator.experiment import Experiment
-from orchestrator.launcher import accelerate_command, job_env, launch_argv
+from orchestrator.jobs import (
+    DEFAULT_TIMEOUT_S,
+    Interrupted,
+    Outcome,
+    RunOptions,
+    _relative,
+    run_experiment,
+    write_outcome,
+)
 from orchestrator.matrix import Plan
 from orchestrator.paths import ResultsLayout, RunPaths, write_atomic
 from orchestrator.progress import Progress
 from orchestrator.result import read_result
 from orchestrator.resultsdir import keep_previous_attempt, open_results
-from orchestrator.sidecar import parse_ready, read_samples, summarize
-from orchestrator.spec import spec_for, write_spec
-from orchestrator.status import classify
+from orchestrator.scheduler import DevicePool, PackQueue
 from orchestrator.summary import build_row, write_raw_summary
 
-DEFAULT_TIMEOUT_S = 3600.0
-GRACE_S = 10.0
-STDERR_TAIL_BYTES = 64 * 1024
+__all__ = ["DEFAULT_TIMEOUT_S", "Outcome", "RunOptions", "RunReport", "run_plan"]
 
 #: statuses after which a run still exits 0: a benchmark may legitimately run out of memory
 ACCEPTABLE = ("ok", "oom", "skipped")
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    timeout_s: float | None = None
-    resume: bool = False
-    fail_fast: bool = False
-    #: ``all``, ``nvidia`` (sidecar only) or ``huggingface`` (HF metrics only)
-    memory_logging: str = "all"
-    no_data_processing: bool = False
-    sidecar_interval_s: float = 0.1
-    grace_s: float = GRACE_S
-    #: for the report: the price of a GPU-hour and a token budget to estimate
-    usd_per_gpu_hour: float | None = None
-    tokens: float | None = None
-    #: write benchmarks.csv, summary.md and plots after the run
-    report: bool = True
-
-
-@dataclass
-class Outcome:
-    status: str
-    error: str | None = None
-    log: str | None = None
-    returncode: int | None = None
-    #: from the experiment's start to the end of its cleanup (spec, sidecar, job, stop)
-    wall_s: float | None = None
-    #: from launching the job to its exit: the child's own lifetime
-    job_s: float | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
-    memory: dict[str, Any] = field(default_factory=dict)
-    memory_backend: str | None = None
-    gpu_device_name: str | None = None
-    devices: list[str] = field(default_factory=list)
-    attempt: int = 1
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-class Interrupted(Exception):
-    """Ctrl-C or SIGTERM reached the orchestrator."""
-
-
-# ---------------------------------------------------------------------------
-# Processes
-# ---------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port free right now (the kernel's pick), for the job's rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stop_group(proc: subprocess.Popen[Any], grace_s: float) -> None:
-    """TERM the whole process group, wait ``grace_s``, then KILL what is left."""
-    pgid = proc.pid  # start_new_session: the leader's pid is the group id
-    if not _group_alive(pgid):
-        proc.poll()
-        return
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        proc.poll()
-        if not _group_alive(pgid):
-            return
-        time.sleep(0.1)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-@dataclass
-class Sidecar:
-    proc: subprocess.Popen[str]
-    backend: str
-    devices: str | None
-
-    def watch(self, pid: int) -> None:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(f"{pid}\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass
-
-    def stop(self) -> None:
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()  # EOF: the sidecar flushes and exits
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def start_sidecar(
-    out: Path, devices: Sequence[str], interval: float, log: IO[str]
-) -> Sidecar | None:
-    argv = [
-        sys.executable,
-        "-m",
-        "orchestrator.sidecar",
-        "--out",
-        str(out),
-        "--devices",
-        ",".join(devices),
-        "--interval",
-        str(interval),
-    ]
-    env = {**os.environ, "PYTHONPATH": _pythonpath()}
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    ready = proc.stdout.readline()  # after the baseline; EOF if it died
-    if not ready.startswith("ready"):
-        proc.kill()
-        proc.wait()
-        return None
-    backend, extra = parse_ready(ready)
-    return Sidecar(proc=proc, backend=backend, devices=extra.get("devices"))
-
-
-def _pythonpath() -> str:
-    """The orchestrator's own import path first, so children run this same code."""
-    from orchestrator.paths import PROJECT_ROOT
-
-    current = os.environ.get("PYTHONPATH")
-    return str(PROJECT_ROOT) + (os.pathsep + current if current else "")
-
-
-def _tail(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - STDERR_TAIL_BYTES))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def write_command_script(path: Path, env: dict[str, str], argv: Sequence[str], cwd: Path) -> None:
-    """``command.sh``: the exact environment overlay and command, runnable by hand."""
-    lines = [
-        "#!/usr/bin/env bash",
-        "# Re-run this experiment by hand (the port may need changing).",
-        "set -euo pipefail",
-    ]
-    lines.append(f"cd {shlex.quote(str(cwd))}")
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
-    lines.append(shlex.join(argv))
-    write_atomic(path, "\n".join(lines) + "\n")
-    path.chmod(0o755)
-
-
-# ---------------------------------------------------------------------------
-# One experiment
-# ---------------------------------------------------------------------------
-
-
-def _hub_free(model: str) -> bool:
-    return model == "tiny-llama" or model.startswith("config:")
-
-
-def child_environment(
-    experiment: Experiment, devices: Sequence[str]
-) -> tuple[dict[str, str], dict[str, str]]:
-    """(the overlay written to command.sh, the full environment of the job)."""
-    overlay = job_env(experiment, devices)
-    overlay["PYTHONPATH"] = _pythonpath()
-    if experiment.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        overlay["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // experiment.num_gpus))
-    if _hub_free(experiment.model_name_or_path):
-        # the built-in models never need the hub: fail in seconds if anything asks
-        overlay["HF_HUB_OFFLINE"] = "1"
-    return overlay, {**os.environ, **overlay}
-
-
-def run_experiment(
-    experiment: Experiment,
-    run: RunPaths,
-    layout: ResultsLayout,
-    options: RunOptions,
-    devices: Sequence[str],
-    *,
-    attempt: int = 1,
-    on_tick: Callable[[], None] = lambda: None,
-) -> Outcome:
-    """Launch one experiment and wait for it; always leaves no process behind."""
-    run.dir.mkdir(parents=True, exist_ok=True)
-    spec = spec_for(
-        experiment,
-        run,
-        layout.data,
-        hf_memory_metrics=options.memory_logging in ("all", "huggingface"),
-        no_data_processing=options.no_data_processing,
-    )
-    write_spec(spec, run.spec)
-    port = free_port()
-    argv = launch_argv(experiment, run.spec.resolve(), port=port, accelerate=accelerate_command())
-    overlay, env = child_environment(experiment, devices)
-    write_command_script(run.command, overlay, argv, Path.cwd())
-
-    timeout = options.timeout_s or experiment.timeout_s or DEFAULT_TIMEOUT_S
-    outcome = Outcome(
-        status="failed", log=_relative(run.stderr, layout), devices=list(devices), attempt=attempt
-    )
-    proc: subprocess.Popen[Any] | None = None
-    sidecar: Sidecar | None = None
-    timed_out = interrupted = False
-    start = time.monotonic()
-    outcome.started_at = envinfo.now()
-    with (
-        run.stdout.open("w") as out,
-        run.stderr.open("w") as err,
-        (run.dir / "sidecar.log").open("w") as side,
-    ):
-        try:
-            if options.memory_logging in ("all", "nvidia"):
-                sidecar = start_sidecar(run.memory, devices, options.sidecar_interval_s, side)
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            launched = time.monotonic()
-            if sidecar is not None:
-                sidecar.watch(proc.pid)
-            deadline = launched + timeout
-            while True:
-                # wake once a second for the progress line; no busy waiting
-                try:
-                    proc.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-                    outcome.job_s = time.monotonic() - launched
-                    break
-                except subprocess.TimeoutExpired:
-                    if time.monotonic() >= deadline:
-                        timed_out = True
-                        outcome.job_s = time.monotonic() - launched
-                        break
-                    on_tick()
-        except (KeyboardInterrupt, Interrupted):
-            interrupted = True
-        finally:
-            if proc is not None:
-                # after Ctrl-C the user is waiting: a shorter grace before KILL
-                stop_group(proc, min(options.grace_s, 5.0) if interrupted else options.grace_s)
-            if sidecar is not None:
-                sidecar.stop()
-    outcome.wall_s = time.monotonic() - start
-    outcome.finished_at = envinfo.now()
-    outcome.returncode = proc.returncode if proc is not None else None
-    result = read_result(run.result)
-    classified = classify(
-        returncode=outcome.returncode,
-        result=result,
-        stderr_tail=_tail(run.stderr),
-        timed_out=timed_out,
-        interrupted=interrupted,
-        timeout_s=timeout,
-    )
-    outcome.status, outcome.error = classified.status, classified.error
-    if sidecar is not None:
-        outcome.memory_backend = sidecar.backend
-        outcome.gpu_device_name = sidecar.devices
-        outcome.memory = summarize(read_samples(run.memory))
-    elif options.memory_logging in ("all", "nvidia"):
-        outcome.memory_backend = "unavailable (the sidecar did not start; see stderr.log)"
-    write_atomic(
-        run.dir / "outcome.json", json.dumps(outcome.as_dict(), indent=2, sort_keys=True) + "\n"
-    )
-    if interrupted:
-        raise Interrupted(outcome)
-    return outcome
-
-
-# ---------------------------------------------------------------------------
-# The matrix
-# ---------------------------------------------------------------------------
 
 
 def gpu_pool() -> list[str]:
@@ -368,14 +54,6 @@ def gpu_pool() -> list[str]:
     if visible is not None:
         return visible[:count]
     return [str(i) for i in range(count)]
-
-
-def _relative(path: Path, layout: ResultsLayout) -> str:
-    """A path inside the results folder, relative to it (the folder may move)."""
-    try:
-        return str(path.relative_to(layout.root))
-    except ValueError:
-        return str(path)
 
 
 def _previous_ok(run: RunPaths) -> bool:
@@ -456,8 +134,180 @@ def _report_and_record(
     except Exception as exc:  # the run's files are written; the report can be redone
         run_report.report_error = f"{type(exc).__name__}: {exc}"
         say(
-            f"the report failed ({run_report.report_error}); run `tunematrix report {run_report.layout.root}`"
+            f"the report failed ({run_report.report_error}); "
+            f"run `tunematrix report {run_report.layout.root}`"
         )
+
+
+# ---------------------------------------------------------------------------
+# Before a job: resume, earlier attempts, impossible requests
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Ready:
+    experiment: Experiment
+    run: RunPaths
+    attempt: int
+
+
+def _prepare(
+    experiment: Experiment, layout: ResultsLayout, options: RunOptions, gpus: int
+) -> _Ready | Outcome:
+    """What to run, or the outcome an experiment gets without running."""
+    run = layout.run(experiment.experiment_id)
+    if options.resume and _previous_ok(run):
+        return _skipped_outcome(run, layout)
+    attempt = 1
+    if run.dir.exists():
+        kept = keep_previous_attempt(run.dir)
+        if kept is not None:
+            attempt = int(kept.name) + 1
+    if experiment.device == "gpu" and experiment.num_gpus > gpus:
+        outcome = Outcome(
+            status="failed",
+            error=f"needs {experiment.num_gpus} GPU(s); {gpus} visible to the orchestrator",
+            attempt=attempt,
+        )
+        run.dir.mkdir(parents=True, exist_ok=True)
+        write_outcome(run, outcome)
+        return outcome
+    return _Ready(experiment=experiment, run=run, attempt=attempt)
+
+
+# ---------------------------------------------------------------------------
+# Executors
+# ---------------------------------------------------------------------------
+
+
+class _Context:
+    """What the executors share: the plan, the folder, the outcomes so far."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        layout: ResultsLayout,
+        options: RunOptions,
+        progress: Progress,
+        say: Callable[[str], None],
+    ) -> None:
+        self.plan = plan
+        self.layout = layout
+        self.options = options
+        self.progress = progress
+        self.say = say
+        self.outcomes: dict[str, Outcome] = {}
+        self.pool = gpu_pool() if any(e.device == "gpu" for e in plan.experiments) else []
+
+    def record(self, eid: str, outcome: Outcome, counted: bool = True) -> None:
+        self.outcomes[eid] = outcome
+        note = outcome.error or ("already ok" if outcome.status == "skipped" else "")
+        self.progress.finish(eid, outcome.status, outcome.wall_s or 0.0, note, counted=counted)
+        _write_summary(self.plan, self.layout, self.outcomes)
+
+    def stop_after_failure(self, eid: str) -> bool:
+        if self.options.fail_fast and self.outcomes[eid].status not in ACCEPTABLE:
+            self.say(f"stopping: --fail-fast and {eid} ended {self.outcomes[eid].status}")
+            self.fill(f"not run: --fail-fast stopped after {eid}")
+            return True
+        return False
+
+    def fill(self, why: str) -> None:
+        for e in self.plan.experiments:
+            self.outcomes.setdefault(e.experiment_id, Outcome(status="interrupted", error=why))
+
+
+def _run_exclusive(ctx: _Context, stopping: list[int]) -> None:
+    """One job at a time, each on the first GPUs it needs."""
+    for experiment in ctx.plan.experiments:
+        eid = experiment.experiment_id
+        ready = _prepare(experiment, ctx.layout, ctx.options, len(ctx.pool))
+        if isinstance(ready, Outcome):
+            ctx.record(eid, ready, counted=False)
+        else:
+            devices = ctx.pool[: experiment.num_gpus] if experiment.device == "gpu" else []
+            ctx.progress.begin(eid)
+            outcome = run_experiment(
+                experiment,
+                ready.run,
+                ctx.layout,
+                ctx.options,
+                devices,
+                attempt=ready.attempt,
+                on_tick=ctx.progress.tick,
+            )
+            ctx.record(eid, outcome)
+            if stopping:
+                raise Interrupted("stopped")
+        if ctx.stop_after_failure(eid):
+            return
+
+
+def _run_packed(ctx: _Context, stopping: list[int]) -> None:
+    """Jobs side by side while devices are free, largest first (see orchestrator.scheduler)."""
+    options = ctx.options
+    cpu_slots = [f"slot{i}" for i in range(max(1, options.slots))]
+    gpu_jobs: list[tuple[int, _Ready]] = []
+    cpu_jobs: list[tuple[int, _Ready]] = []
+    for experiment in ctx.plan.experiments:
+        ready = _prepare(experiment, ctx.layout, options, len(ctx.pool))
+        if isinstance(ready, Outcome):
+            ctx.record(experiment.experiment_id, ready, counted=False)
+            continue
+        if experiment.device == "cpu" and experiment.num_gpus > len(cpu_slots):
+            # more processes than slots: it runs alone, on every slot
+            cpu_jobs.append((len(cpu_slots), ready))
+        else:
+            (gpu_jobs if experiment.device == "gpu" else cpu_jobs).append(
+                (experiment.num_gpus, ready)
+            )
+    gpu_queue = PackQueue.of(gpu_jobs, DevicePool(ctx.pool))
+    cpu_queue = PackQueue.of(cpu_jobs, DevicePool(cpu_slots))
+
+    stop = threading.Event()
+    running: dict[Future[Outcome], tuple[_Ready, list[str], PackQueue[_Ready], set[str]]] = {}
+    workers = max(1, len(ctx.pool)) + len(cpu_slots)
+    failed_fast = False
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="job") as executor:
+        try:
+            while running or ((len(gpu_queue) or len(cpu_queue)) and not failed_fast):
+                if not failed_fast:
+                    for queue in (gpu_queue, cpu_queue):
+                        for ready, devices in queue.start():
+                            eid = ready.experiment.experiment_id
+                            together: set[str] = set()
+                            for _, (other, _, _, other_with) in running.items():
+                                other_with.add(eid)
+                                together.add(other.experiment.experiment_id)
+                            ctx.progress.begin(eid)
+                            future = executor.submit(
+                                run_experiment,
+                                ready.experiment,
+                                ready.run,
+                                ctx.layout,
+                                options,
+                                devices if ready.experiment.device == "gpu" else [],
+                                attempt=ready.attempt,
+                                stop=stop,
+                                packed_with=together,
+                                cpu_share=len(cpu_slots) if ready.experiment.device == "cpu" else 1,
+                            )
+                            running[future] = (ready, devices, queue, together)
+                done, _ = wait(list(running), timeout=1.0, return_when=FIRST_COMPLETED)
+                ctx.progress.tick()
+                for future in done:
+                    ready, devices, queue, _ = running.pop(future)
+                    queue.pool.give(devices)
+                    eid = ready.experiment.experiment_id
+                    ctx.record(eid, future.result())
+                    if ctx.stop_after_failure(eid):
+                        failed_fast = True
+        except (KeyboardInterrupt, Interrupted):
+            # stop every running job (each stops its own process group), keep their outcomes
+            stop.set()
+            for future, (ready, _, _, _) in running.items():
+                ctx.record(ready.experiment.experiment_id, future.result())
+            raise Interrupted("stopped") from None
 
 
 def run_plan(
@@ -468,15 +318,21 @@ def run_plan(
     argv: list[str],
     progress: Progress | None = None,
     log: Callable[[str], None] | None = None,
+    executor: Callable[[Any, list[int]], None] | None = None,
 ) -> RunReport:
-    """Run every experiment of ``plan`` into ``results``; return what happened."""
+    """Run every experiment of ``plan`` into ``results``; return what happened.
+
+    ``executor`` runs the experiments (default: exclusive, or packed with
+    ``options.pack``); the SLURM executor plugs in here.
+    """
     from orchestrator.plan import write_plan_csv
 
-    progress = progress or Progress(len(plan.experiments))
+    parallel = 1
+    if options.pack:
+        parallel = max(len(gpu_pool()) or 1, options.slots)
+    progress = progress or Progress(len(plan.experiments), parallel=parallel)
     say = log or progress.message
-    outcomes: dict[str, Outcome] = {}
     interrupted = False
-
     stopping: list[int] = []
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -494,89 +350,30 @@ def run_plan(
                 say(f"the earlier run in {results} was moved to {opened.moved_to}")
             env = envinfo.collect(argv)
             env["cost"] = {"usd_per_gpu_hour": options.usd_per_gpu_hour}
+            env["mode"] = "packed" if options.pack else "exclusive"
             write_atomic(layout.env, json.dumps(env, indent=2) + "\n")
             write_plan_csv(plan, layout.plan_csv)
-            pool = gpu_pool() if any(e.device == "gpu" for e in plan.experiments) else []
+            ctx = _Context(plan, layout, options, progress, say)
+            chosen = executor or (_run_packed if options.pack else _run_exclusive)
             try:
-                for experiment in plan.experiments:
-                    eid = experiment.experiment_id
-                    run = layout.run(eid)
-                    if options.resume and _previous_ok(run):
-                        outcomes[eid] = _skipped_outcome(run, layout)
-                        progress.finish(eid, "skipped", 0.0, "already ok", counted=False)
-                        continue
-                    attempt = 1
-                    if run.dir.exists():
-                        kept = keep_previous_attempt(run.dir)
-                        if kept is not None:
-                            attempt = int(kept.name) + 1
-                    if experiment.device == "gpu" and experiment.num_gpus > len(pool):
-                        outcome = Outcome(
-                            status="failed",
-                            error=f"needs {experiment.num_gpus} GPU(s); {len(pool)} visible to the orchestrator",
-                            attempt=attempt,
-                        )
-                        run.dir.mkdir(parents=True, exist_ok=True)
-                        write_atomic(
-                            run.dir / "outcome.json", json.dumps(outcome.as_dict(), indent=2) + "\n"
-                        )
-                        outcomes[eid] = outcome
-                        progress.finish(
-                            eid, outcome.status, 0.0, outcome.error or "", counted=False
-                        )
-                    else:
-                        devices = pool[: experiment.num_gpus] if experiment.device == "gpu" else []
-                        progress.begin(eid)
-                        outcome = run_experiment(
-                            experiment,
-                            run,
-                            layout,
-                            options,
-                            devices,
-                            attempt=attempt,
-                            on_tick=progress.tick,
-                        )
-                        outcomes[eid] = outcome
-                        progress.finish(
-                            eid, outcome.status, outcome.wall_s or 0.0, outcome.error or ""
-                        )
-                    _write_summary(plan, layout, outcomes)
-                    if options.fail_fast and outcomes[eid].status not in ACCEPTABLE:
-                        say(f"stopping: --fail-fast and {eid} ended {outcomes[eid].status}")
-                        for rest in plan.experiments:
-                            outcomes.setdefault(
-                                rest.experiment_id,
-                                Outcome(
-                                    status="interrupted",
-                                    error=f"not run: --fail-fast stopped after {eid}",
-                                ),
-                            )
-                        break
-            except Interrupted as exc:
+                chosen(ctx, stopping)
+            except (Interrupted, KeyboardInterrupt):
                 interrupted = True
-                current = exc.args[0] if exc.args and isinstance(exc.args[0], Outcome) else None
-                if current is not None:
-                    for e in plan.experiments:
-                        if e.experiment_id not in outcomes:
-                            outcomes[e.experiment_id] = current
-                            progress.finish(e.experiment_id, "interrupted", current.wall_s or 0.0)
-                            break
-                for e in plan.experiments:
-                    outcomes.setdefault(
-                        e.experiment_id,
-                        Outcome(status="interrupted", error="not run: the run was interrupted"),
-                    )
+                ctx.fill("not run: the run was interrupted")
             finally:
-                _write_summary(plan, layout, outcomes)
+                _write_summary(plan, layout, ctx.outcomes)
                 env["finished_at"] = envinfo.now()
                 env["interrupted"] = interrupted
                 write_atomic(layout.env, json.dumps(env, indent=2) + "\n")
             run_report = RunReport(
-                outcomes=outcomes, layout=layout, moved_to=opened.moved_to, interrupted=interrupted
+                outcomes=ctx.outcomes,
+                layout=layout,
+                moved_to=opened.moved_to,
+                interrupted=interrupted,
             )
             if options.report:
                 _report_and_record(
-                    run_report, _summary_rows(plan, layout, outcomes), env, options, say
+                    run_report, _summary_rows(plan, layout, ctx.outcomes), env, options, say
                 )
             return run_report
     finally:

@@ -82,6 +82,10 @@ OUTCOME_COLUMNS = (
     "memory_backend",
     "devices",
     "attempt",
+    "run_mode",
+    "packed_with",
+    "executor",
+    "slurm_job_id",
 )
 
 
@@ -140,6 +144,10 @@ def build_row(
         "memory_backend",
         "devices",
         "attempt",
+        "run_mode",
+        "packed_with",
+        "executor",
+        "slurm_job_id",
     ):
         row[key] = outcome.get(key)
     # every scenario argument, by its own name (those already shown above are not repeated)

@@ -1,0 +1,99 @@
+"""Packing for real on the CPU: four tiny jobs on two slots, against one at a time."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCENARIOS = f"""\
+frameworks:
+  ddp: {{accelerate_config: {REPO / "accelerate-ddp.yaml"}}}
+matrix:
+  effective_batch_size: [4]
+scenarios:
+  - name: packed
+    device: cpu
+    framework_config: [ddp]
+    arguments:
+      model_name_or_path: tiny-llama
+      max_seq_len: 64
+      max_steps: 4
+    sweep:
+      learning_rate: [1e-4, 2e-4, 3e-4, 4e-4]
+"""
+
+
+def _run(tmp: Path, results: str, *extra: str) -> tuple[float, list[dict[str, str]]]:
+    start = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            "--scenarios",
+            "scenarios.yaml",
+            "--defaults",
+            str(REPO / "defaults.yaml"),
+            "--results",
+            results,
+            "--device",
+            "cpu",
+            *extra,
+        ],
+        cwd=tmp,
+        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    wall = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with (tmp / results / "raw_summary.csv").open() as f:
+        return wall, list(csv.DictReader(f))
+
+
+@pytest.mark.skipif(
+    (os.cpu_count() or 1) < 2, reason="packing two jobs needs two cores to gain anything"
+)
+def test_four_jobs_on_two_slots_beat_one_at_a_time(tmp_path) -> None:
+    (tmp_path / "scenarios.yaml").write_text(SCENARIOS)
+    packed_wall, packed = _run(tmp_path, "packed", "--pack", "--slots", "2")
+    exclusive_wall, exclusive = _run(tmp_path, "exclusive")
+    assert [r["status"] for r in packed] == ["ok"] * 4
+    assert [r["status"] for r in exclusive] == ["ok"] * 4
+    assert packed_wall < 0.85 * exclusive_wall, (packed_wall, exclusive_wall)
+    # each packed job says it was packed, and with whom
+    ids = {r["experiment_id"] for r in packed}
+    for row in packed:
+        outcome = json.loads(
+            (tmp_path / "packed" / "runs" / row["experiment_id"] / "outcome.json").read_text()
+        )
+        assert outcome["run_mode"] == "packed"
+        assert outcome["packed_with"] and set(outcome["packed_with"]) <= ids - {
+            row["experiment_id"]
+        }
+    for row in exclusive:
+        outcome = json.loads(
+            (tmp_path / "exclusive" / "runs" / row["experiment_id"] / "outcome.json").read_text()
+        )
+        assert outcome["run_mode"] == "alone" and outcome["packed_with"] == []
+    # no two jobs share a port, so none failed to rendezvous
+    ports = set()
+    for row in packed:
+        command = (tmp_path / "packed" / "runs" / row["experiment_id"] / "command.sh").read_text()
+        ports.add(command.split("--main_process_port ")[1].split()[0])
+    assert len(ports) == 4
+    env = json.loads((tmp_path / "packed" / "env.json").read_text())
+    assert env["mode"] == "packed"
