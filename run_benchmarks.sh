@@ -17,12 +17,15 @@
 #   MEMORY_LOGGING=all|nvidia|huggingface   what measures memory (default: all)
 #   EFFECTIVE_BS_MATRIX="4 8" effective batch sizes (default: the scenarios file's)
 #   DEVICE=auto|gpu|cpu       plan for GPUs or the CPU (default: auto)
+#   EXECUTOR=local|slurm      run here one job at a time (default), or submit each
+#                             experiment as a SLURM job (options: the file's slurm:)
 #   PYTHON                    the interpreter to use (default: python3)
 #
 # examples:
 #   DRY_RUN=true bash run_benchmarks.sh
 #   bash run_benchmarks.sh "1 2" results scenarios.yaml standard-peft
 #   NO_OVERWRITE=true bash run_benchmarks.sh "1 2" results
+#   EXECUTOR=slurm DEVICE=gpu bash run_benchmarks.sh "1 2 4 8" results
 #   tox -e run-benches -- "1 2" results scenarios.yaml standard-peft
 #
 # This script is a thin wrapper over `python -m orchestrator plan|run`; see
@@ -76,11 +79,16 @@ fi
 export PYTHONPATH="$SCRIPT_DIR${PYTHONPATH:+:$PYTHONPATH}"
 PYTHON=${PYTHON:-python3}
 
+case "${EXECUTOR:-local}" in
+    local | slurm) ;;
+    *) die "EXECUTOR must be local or slurm, got '${EXECUTOR}'" ;;
+esac
+
 if flag DRY_RUN; then
     exec "$PYTHON" -m orchestrator plan "${args[@]}" --commands
 fi
 
-run_args=(--memory-logging "${MEMORY_LOGGING:-all}")
+run_args=(--memory-logging "${MEMORY_LOGGING:-all}" --executor "${EXECUTOR:-local}")
 if flag NO_OVERWRITE; then run_args+=(--resume); fi
 if flag NO_DATA_PROCESSING; then run_args+=(--no-data-processing); fi
 exec "$PYTHON" -m orchestrator run "${args[@]}" "${run_args[@]}"

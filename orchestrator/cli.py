@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -178,7 +178,15 @@ def _plan_from_args(args: argparse.Namespace) -> _Planned:
     )
     # Detecting GPUs costs a few milliseconds; only the default axes need it.
     needs_count = args.device == "auto" or (args.device == "gpu" and selection.num_gpus is None)
-    gpus = _gpu_count() if needs_count else 0
+    gpus = 0
+    if needs_count and getattr(args, "executor", "local") == "slurm":
+        # the jobs run on the cluster's nodes, not here: count a node's GPUs there
+        from orchestrator.slurm import cluster_gpus
+
+        partition = args.slurm_partition or (config.slurm or {}).get("partition")
+        gpus = cluster_gpus(partition)
+    elif needs_count:
+        gpus = _gpu_count()
     plan = build_plan(config, selection, gpus)
     return _Planned(config=config, plan=plan, layout=ResultsLayout(Path(args.results)))
 
@@ -226,10 +234,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     planned = _plan_from_args(args)
     plan = planned.plan
-    print(format_header(plan, planned.config.scenarios_file, planned.config.defaults_file))
-    print()
-    print(format_table(plan), flush=True)
-    print()
     options = RunOptions(
         timeout_s=args.timeout,
         resume=args.resume,
@@ -240,19 +244,52 @@ def cmd_run(args: argparse.Namespace) -> int:
         tokens=args.tokens,
         pack=args.pack,
         slots=args.slots,
+        report=not args.no_report,
     )
     if args.slots > 1 and not args.pack:
         raise UserError("--slots only has a meaning with --pack")
+    executor = None
+    if args.executor == "slurm":
+        if args.pack:
+            raise UserError("--pack is for one machine; SLURM schedules the jobs itself")
+        from orchestrator.jobs import timeout_for
+        from orchestrator.slurm import check_cluster, make_executor
+
+        settings = _slurm_settings(args, planned.config.slurm or {})
+        # everything SLURM would refuse, refused here, before a folder is touched
+        cluster = check_cluster(
+            plan.experiments, settings, planned.layout, lambda e: timeout_for(e, options)
+        )
+        executor = make_executor(settings, cluster)
+    else:
+        given = [
+            "--" + name.replace("_", "-")
+            for name in SLURM_FLAGS
+            if getattr(args, name) not in (None, False, [])
+        ]
+        if given:
+            raise UserError(f"{', '.join(given)}: only with --executor slurm")
+    _settle_earlier_jobs(planned.layout)
+    print(format_header(plan, planned.config.scenarios_file, planned.config.defaults_file))
+    print()
+    print(format_table(plan), flush=True)
+    print()
     started = time.monotonic()
-    report = run_plan(plan, Path(args.results), options, argv=[PROG, *sys.argv[1:]])
+    report = run_plan(
+        plan, Path(args.results), options, argv=[PROG, *sys.argv[1:]], executor=executor
+    )
     counts = ", ".join(f"{status} {n}" for status, n in sorted(report.counts().items()))
     minutes, seconds = divmod(int(time.monotonic() - started), 60)
     print(
         f"\ntunematrix run: {len(plan.experiments)} experiments in {args.results} — {counts} "
         f"({minutes}:{seconds:02d})"
     )
-    print(f"  summary: {report.layout.summary_md}")
-    print(f"  tables:  {report.layout.raw_summary}, {report.layout.benchmarks}")
+    if report.reported:
+        print(f"  summary: {report.layout.summary_md}")
+        print(f"  tables:  {report.layout.raw_summary}, {report.layout.benchmarks}")
+    else:
+        print(f"  table:   {report.layout.raw_summary}")
+        print(f"  report:  not written; `{PROG} report {args.results}` writes it")
     if report.history_run_id is not None:
         print(
             f"  recorded as run {report.history_run_id} in {report.layout.root / 'history.sqlite'}"
@@ -260,13 +297,79 @@ def cmd_run(args: argparse.Namespace) -> int:
     if report.moved_to is not None:
         print(f"  the earlier run is in {report.moved_to}")
     for eid, outcome in report.outcomes.items():
-        if outcome.status not in ("ok", "skipped"):
+        if outcome.status not in ("ok", "skipped", "planned"):
             print(f"  {outcome.status}: {eid}: {outcome.error}")
             if outcome.log:
                 print(f"      log: {outcome.log}")
+    if args.no_wait:
+        print(f"  submitted; when the jobs are done: tunematrix report {args.results}")
     if report.interrupted:
         print(f"{PROG}: interrupted; finished experiments are kept", file=sys.stderr)
     return report.exit_code
+
+
+SLURM_FLAGS = (
+    "slurm_partition",
+    "slurm_account",
+    "slurm_time",
+    "slurm_gpus_per_node",
+    "slurm_cpus_per_task",
+    "slurm_mem",
+    "slurm_option",
+    "array",
+    "array_parallelism",
+    "no_wait",
+)
+
+
+def _ids(jobs: Sequence[str], most: int = 5) -> str:
+    return ", ".join(jobs[:most]) + (f" and {len(jobs) - most} more" if len(jobs) > most else "")
+
+
+def _settle_earlier_jobs(layout: Any) -> None:
+    """Collect the earlier SLURM jobs of this folder; refuse while some still run.
+
+    Without this, a resumed run would run again what finished on the cluster
+    after ``--no-wait``, and a fresh run would move aside a folder that
+    running jobs still write into.
+    """
+    if not (layout.runs.is_dir() and any(layout.runs.glob("*/slurm.json"))):
+        return
+    from orchestrator.slurm import settle
+
+    collected, running = settle(layout)
+    if collected:
+        print(f"collected {collected} finished SLURM job(s) of the earlier run")
+    if running:
+        raise UserError(
+            f"{len(running)} SLURM job(s) of an earlier run still write into {layout.root} "
+            f"({_ids(running)}); wait for them (`tunematrix report {layout.root}`) or scancel them"
+        )
+
+
+def _slurm_settings(args: argparse.Namespace, file: Mapping[str, Any]) -> Any:
+    """The file's slurm: section with the command line on top."""
+    from orchestrator.slurm import SlurmSettings, parse_time
+
+    options = dict(file.get("options") or {})
+    for item in args.slurm_option:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UserError(f"--slurm-option {item!r}: write it as NAME=VALUE (qos=high)")
+        options[name.strip().lstrip("-")] = value
+    time_value = args.slurm_time if args.slurm_time is not None else file.get("time")
+    return SlurmSettings(
+        partition=args.slurm_partition or file.get("partition"),
+        account=args.slurm_account or file.get("account"),
+        time_min=parse_time(str(time_value)) if time_value is not None else None,
+        gpus_per_node=args.slurm_gpus_per_node or file.get("gpus_per_node"),
+        cpus_per_task=args.slurm_cpus_per_task or file.get("cpus_per_task"),
+        mem=args.slurm_mem or file.get("mem"),
+        options=options,
+        array=args.array or bool(file.get("array")),
+        array_parallelism=args.array_parallelism or file.get("array_parallelism") or 256,
+        wait=not args.no_wait,
+    )
 
 
 def _report_output(source: Path, output: str | None) -> Path:
@@ -291,6 +394,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     if price is None and source.is_dir():
         price = cost_from_env(source)
     cost = CostSettings(usd_per_gpu_hour=price, tokens=_positive(args.tokens, "--tokens"))
+    if source.is_dir() and (source / "runs").is_dir():
+        from orchestrator.paths import ResultsLayout
+        from orchestrator.slurm import settle
+
+        collected, running = settle(ResultsLayout(source))
+        if collected:
+            print(f"collected {collected} finished SLURM job(s)")
+        if running:
+            print(
+                f"{len(running)} SLURM job(s) still queued or running ({_ids(running)}); "
+                "the report shows them as not run yet"
+            )
     report = write_report(
         source, _report_output(source, args.output), cost, plots=not args.no_plots
     )
@@ -422,6 +537,9 @@ Examples:
   tunematrix run --results results/a100 --num-gpus "1 2" --filter standard-peft
   tunematrix run --resume --timeout 3600
   tunematrix run --usd-per-gpu-hour 2.5 --tokens 1e9
+  tunematrix run --pack --num-gpus "1 2 4"          # side by side on this node's GPUs
+  tunematrix run --executor slurm --slurm-partition gpu --slurm-time 2:00:00
+  tunematrix run --executor slurm --array --array-parallelism 8 --no-wait
 """
 
 _REPORT_EPILOG = """\
@@ -496,6 +614,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--fail-fast", action="store_true", help="stop at the first failed experiment")
     g.add_argument(
+        "--no-report",
+        action="store_true",
+        help="skip the tables and plots at the end (`tunematrix report RESULT_DIR` makes them)",
+    )
+    g.add_argument(
         "--no-data-processing",
         action="store_true",
         help="train on the dataset file as it is (NO_DATA_PROCESSING=true)",
@@ -524,6 +647,49 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="USD",
         help="price of a GPU-hour for the report's cost columns (default: the file's cost:)",
+    )
+    sl = r.add_argument_group("SLURM (--executor slurm; defaults from the file's slurm: section)")
+    sl.add_argument(
+        "--executor",
+        choices=("local", "slurm"),
+        default="local",
+        help="run here (default) or submit every experiment as a SLURM job (EXECUTOR=)",
+    )
+    sl.add_argument("--slurm-partition", metavar="NAME", help="partition (default: the cluster's)")
+    sl.add_argument("--slurm-account", metavar="NAME", help="account to charge")
+    sl.add_argument(
+        "--slurm-time",
+        metavar="TIME",
+        help="time limit per job: minutes or [D-]HH:MM:SS (default: --timeout + 5 min)",
+    )
+    sl.add_argument(
+        "--slurm-gpus-per-node",
+        type=_positive_int,
+        metavar="N",
+        help="GPUs per node; a job needing more spans nodes (default: a node's GPUs)",
+    )
+    sl.add_argument(
+        "--slurm-cpus-per-task",
+        type=_positive_int,
+        metavar="N",
+        help="CPUs per node of a job (default: 4 per GPU; a CPU job: its processes)",
+    )
+    sl.add_argument("--slurm-mem", metavar="SIZE", help="memory per node, e.g. 200G")
+    sl.add_argument(
+        "--slurm-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any further sbatch option (--slurm-option qos=high); repeatable",
+    )
+    sl.add_argument("--array", action="store_true", help="submit the matrix as job arrays")
+    sl.add_argument(
+        "--array-parallelism", type=_positive_int, metavar="N", help="at most N array tasks at once"
+    )
+    sl.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="return after submitting; `tunematrix report RESULT_DIR` collects the results",
     )
     g.add_argument(
         "--tokens",

@@ -99,6 +99,7 @@ class BenchConfig:
     scenarios: tuple[Scenario, ...]
     timeout_s: float | None = None
     usd_per_gpu_hour: float | None = None
+    slurm: Mapping[str, Any] | None = None
 
     def where(self, scenario: Scenario, key: str | None = None) -> dict[str, Any]:
         """Keyword arguments of ``ConfigError`` pointing at ``scenario``."""
@@ -419,4 +420,5 @@ def load_config(
         scenarios=tuple(scenarios),
         timeout_s=model.timeout_s,
         usd_per_gpu_hour=model.cost.usd_per_gpu_hour if model.cost else None,
+        slurm=model.slurm.model_dump(exclude_none=True) if model.slurm else None,
     )

@@ -29,8 +29,9 @@ PACKAGES = (
 )
 
 
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+def now(timespec: str = "seconds") -> str:
+    """UTC now, ISO 8601 (``timespec="milliseconds"`` where latencies are read from it)."""
+    return datetime.now(timezone.utc).isoformat(timespec=timespec)
 
 
 def _version(name: str) -> str | None:

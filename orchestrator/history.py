@@ -144,3 +144,17 @@ def load_run(db: Path, run_id: int) -> pd.DataFrame:
             )
         ]
     return pd.DataFrame(rows)
+
+
+def longest_ok_job(db: Path, cell_id: str) -> float | None:
+    """The longest job time (s) of an ok run of ``cell_id`` on record, or None."""
+    if not db.is_file():
+        return None
+    with _connect(db) as conn:
+        rows = conn.execute(
+            "SELECT row FROM experiments WHERE cell_id = ? AND status IN ('ok', 'skipped')",
+            (cell_id,),
+        ).fetchall()
+    times = [json.loads(r[0]).get("job_s") for r in rows]
+    values = [float(t) for t in times if isinstance(t, (int, float))]
+    return max(values) if values else None

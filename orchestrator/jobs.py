@@ -293,6 +293,7 @@ def run_experiment(
     cpu_share: int = 1,
     site: LaunchSite | None = None,
     port: int | None = None,
+    slurm_job_id: str | None = None,
 ) -> Outcome:
     """Launch one experiment and wait for it; always leaves no process behind.
 
@@ -306,14 +307,7 @@ def run_experiment(
     primary = site.machine_rank == 0
     run.dir.mkdir(parents=True, exist_ok=True)
     if primary:
-        spec = spec_for(
-            experiment,
-            run,
-            layout.data,
-            hf_memory_metrics=options.memory_logging in ("all", "huggingface"),
-            no_data_processing=options.no_data_processing,
-        )
-        write_spec(spec, run.spec)
+        write_experiment_spec(experiment, run, layout, options)
     port = port or free_port()
     argv = launch_argv(
         experiment, run.spec.resolve(), port=port, accelerate=accelerate_command(), site=site
@@ -326,15 +320,20 @@ def run_experiment(
     stderr_path = run.dir / f"stderr{suffix}.log" if suffix else run.stderr
     memory_path = run.dir / f"memory{suffix}.csv" if suffix else run.memory
 
-    timeout = options.timeout_s or experiment.timeout_s or DEFAULT_TIMEOUT_S
+    timeout = timeout_for(experiment, options)
     outcome = Outcome(
-        status="failed", log=_relative(run.stderr, layout), devices=list(devices), attempt=attempt
+        status="failed",
+        log=_relative(run.stderr, layout),
+        devices=list(devices),
+        attempt=attempt,
+        executor="slurm" if slurm_job_id else "local",
+        slurm_job_id=slurm_job_id,
     )
     proc: subprocess.Popen[Any] | None = None
     sidecar: Sidecar | None = None
     timed_out = interrupted = False
     start = time.monotonic()
-    outcome.started_at = envinfo.now()
+    outcome.started_at = envinfo.now("milliseconds")
     with (
         stdout_path.open("w") as out,
         stderr_path.open("w") as err,
@@ -379,7 +378,7 @@ def run_experiment(
             if sidecar is not None:
                 sidecar.stop()
     outcome.wall_s = time.monotonic() - start
-    outcome.finished_at = envinfo.now()
+    outcome.finished_at = envinfo.now("milliseconds")
     outcome.returncode = proc.returncode if proc is not None else None
     result = read_result(run.result) if primary else None
     classified = classify(
@@ -402,6 +401,25 @@ def run_experiment(
     if primary:
         write_outcome(run, outcome)
     return outcome
+
+
+def timeout_for(experiment: Experiment, options: RunOptions) -> float:
+    """An experiment's time limit: the command line's, else the file's, else the default."""
+    return options.timeout_s or experiment.timeout_s or DEFAULT_TIMEOUT_S
+
+
+def write_experiment_spec(
+    experiment: Experiment, run: RunPaths, layout: ResultsLayout, options: RunOptions
+) -> None:
+    """The child's spec.json (also written at submission, before other nodes read it)."""
+    spec = spec_for(
+        experiment,
+        run,
+        layout.data,
+        hf_memory_metrics=options.memory_logging in ("all", "huggingface"),
+        no_data_processing=options.no_data_processing,
+    )
+    write_spec(spec, run.spec)
 
 
 def write_outcome(run: RunPaths, outcome: Outcome) -> None:

@@ -42,7 +42,7 @@ from orchestrator.summary import build_row, write_raw_summary
 __all__ = ["DEFAULT_TIMEOUT_S", "Outcome", "RunOptions", "RunReport", "run_plan"]
 
 #: statuses after which a run still exits 0: a benchmark may legitimately run out of memory
-ACCEPTABLE = ("ok", "oom", "skipped")
+ACCEPTABLE = ("ok", "oom", "skipped", "planned")  # planned: submitted, not run yet
 
 
 def gpu_pool() -> list[str]:
@@ -81,6 +81,7 @@ class RunReport:
     interrupted: bool
     history_run_id: int | None = None
     report_error: str | None = None
+    reported: bool = False  # summary.md and benchmarks.csv were written by this run
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -130,6 +131,7 @@ def _report_and_record(
             CostSettings(usd_per_gpu_hour=options.usd_per_gpu_hour, tokens=options.tokens),
             rows=rows,
         )
+        run_report.reported = True
         run_report.history_run_id = history.record(history.path_for(root), report.rows, env, root)
     except Exception as exc:  # the run's files are written; the report can be redone
         run_report.report_error = f"{type(exc).__name__}: {exc}"
@@ -371,7 +373,8 @@ def run_plan(
                 moved_to=opened.moved_to,
                 interrupted=interrupted,
             )
-            if options.report:
+            finished = any(o.status != "planned" for o in ctx.outcomes.values())
+            if options.report and finished:  # nothing to report while jobs are only submitted
                 _report_and_record(
                     run_report, _summary_rows(plan, layout, ctx.outcomes), env, options, say
                 )

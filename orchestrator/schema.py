@@ -44,6 +44,23 @@ class CostModel(_Strict):
     usd_per_gpu_hour: PositiveFloat
 
 
+class SlurmModel(_Strict):
+    """Where and how ``--executor slurm`` submits; the command line overrides each key."""
+
+    partition: str | None = None
+    account: str | None = None
+    #: time limit per job: minutes, or SLURM's HH:MM:SS / D-HH:MM:SS
+    time: int | str | None = None
+    gpus_per_node: PositiveInt | None = None
+    cpus_per_task: PositiveInt | None = None
+    mem: str | None = None
+    #: further sbatch options, e.g. {qos: high, constraint: a100}
+    options: dict[str, str] = {}
+    #: submit job arrays (one per resource shape) with at most this many tasks at once
+    array: bool = False
+    array_parallelism: PositiveInt | None = None
+
+
 class MatrixModel(_Strict):
     """Axes crossed with every scenario; the command line overrides them."""
 
@@ -98,6 +115,7 @@ class ScenariosFileModel(_Strict):
     #: time limit of each experiment, in seconds (a scenario may set its own)
     timeout_s: PositiveFloat | None = None
     cost: CostModel | None = None
+    slurm: SlurmModel | None = None
     frameworks: dict[str, FrameworkModel] = {}
     matrix: MatrixModel = MatrixModel()
     data_processing: DataProcessingModel | None = None

@@ -118,3 +118,21 @@ def plan(load: Callable[..., BenchConfig]) -> Callable[..., Plan]:
         return build_plan(config, Selection(**selection), gpu_count)  # type: ignore[arg-type]
 
     return _plan
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A real one-node SLURM cluster for the session; the environment that reaches it.
+
+    Skips (with the reason, shown by ``-ra``) where SLURM cannot be installed
+    or started. The daemons are stopped by their pids at the end.
+    """
+    import slurmcluster
+
+    started = slurmcluster.start(tmp_path_factory.mktemp("slurm"))
+    if isinstance(started, str):
+        pytest.skip(f"no SLURM cluster: {started}")
+    try:
+        yield started.env
+    finally:
+        started.stop()

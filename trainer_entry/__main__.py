@@ -11,6 +11,7 @@ import time
 _WALL_START = time.time()  # before the heavy imports, to time them
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
@@ -45,7 +46,6 @@ def _process_start() -> float:
     rounded to whole seconds, too coarse for an interpreter that starts in a
     fraction of one.
     """
-    import os
 
     try:
         with open("/proc/self/stat") as f:
@@ -68,6 +68,29 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def main(argv: "list[str] | None" = None) -> int:
+    code = _main(argv)
+    _exit_if_distributed(code)
+    return code
+
+
+def _exit_if_distributed(code: int) -> None:
+    """End a distributed rank here, without tearing its process group down.
+
+    Everything a run owes is on disk by now (the result is written atomically
+    by rank 0 after all ranks reported). Tearing gloo down at interpreter exit
+    can abort a rank ("terminate called without an active exception") or
+    deadlock in the process group's destructor, which would turn a finished
+    run into a failed or hung one; leaving with ``os._exit`` skips it.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _main(argv: "list[str] | None") -> int:
     parser = argparse.ArgumentParser(
         prog="python -m trainer_entry",
         description="Train once as a tunematrix spec says, measure, and write result.json.",

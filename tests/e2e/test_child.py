@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,29 @@ def child_env() -> dict[str, str]:
         "PYTHONPATH": str(REPO),
         "CUDA_VISIBLE_DEVICES": "",
     }
+
+
+def run_in_own_group(
+    argv: list[str], *, env: dict[str, str], cwd: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run argv in its own process group; on a timeout, kill the whole group, so
+    no rank outlives a hung test."""
+    with subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def run_child(
@@ -52,9 +76,7 @@ def run_child(
             "--spec",
             str(spec_path),
         ]
-    proc = subprocess.run(
-        argv, capture_output=True, text=True, env=child_env(), cwd=tmp, timeout=300
-    )
+    proc = run_in_own_group(argv, env=child_env(), cwd=tmp, timeout=300)
     result_path = tmp / "result.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
     return proc, result
