@@ -232,6 +232,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.plan import format_header, format_table
     from orchestrator.runner import RunOptions, run_plan
 
+    if args.slots > 1 and not args.pack:
+        raise UserError("--slots only has a meaning with --pack")
+    if args.executor == "slurm" and args.pack:
+        raise UserError("--pack is for one machine; SLURM schedules the jobs itself")
     planned = _plan_from_args(args)
     plan = planned.plan
     options = RunOptions(
@@ -246,12 +250,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         slots=args.slots,
         report=not args.no_report,
     )
-    if args.slots > 1 and not args.pack:
-        raise UserError("--slots only has a meaning with --pack")
     executor = None
     if args.executor == "slurm":
-        if args.pack:
-            raise UserError("--pack is for one machine; SLURM schedules the jobs itself")
         from orchestrator.jobs import timeout_for
         from orchestrator.slurm import check_cluster, make_executor
 
@@ -394,6 +394,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if price is None and source.is_dir():
         price = cost_from_env(source)
     cost = CostSettings(usd_per_gpu_hour=price, tokens=_positive(args.tokens, "--tokens"))
+    collected: int = 0
+    running: list[str] = []
     if source.is_dir() and (source / "runs").is_dir():
         from orchestrator.paths import ResultsLayout
         from orchestrator.slurm import settle
@@ -416,7 +418,33 @@ def cmd_report(args: argparse.Namespace) -> int:
     )
     for path in report.written:
         print(f"  {path}")
+    if source.is_dir() and not running:
+        run_id = _record_awaited_run(source, report.rows)
+        if run_id is not None:
+            print(f"  recorded as run {run_id} in {source / 'history.sqlite'}")
     return 0
+
+
+def _record_awaited_run(source: Path, rows: Any) -> int | None:
+    """A run submitted with --no-wait ends when its last job has: it enters the
+    history then, as a waited-for run does (later runs check time limits against
+    it). Once: env.json says whether it is still awaited."""
+    import json
+
+    from orchestrator import envinfo, history
+    from orchestrator.paths import write_atomic
+
+    try:
+        env = json.loads((source / "env.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(env, dict) or env.get("awaiting_jobs") is not True:
+        return None
+    env["finished_at"] = envinfo.now()
+    env["awaiting_jobs"] = False
+    run_id = history.record(history.path_for(source), rows, env, source)
+    write_atomic(source / "env.json", json.dumps(env, indent=2) + "\n")
+    return run_id
 
 
 def _load_side(value: str, history_db: Path | None) -> tuple[Any, str]:

@@ -366,6 +366,8 @@ def run_plan(
                 _write_summary(plan, layout, ctx.outcomes)
                 env["finished_at"] = envinfo.now()
                 env["interrupted"] = interrupted
+                # submitted without waiting: `tunematrix report` records the run once they end
+                env["awaiting_jobs"] = any(o.status == "planned" for o in ctx.outcomes.values())
                 write_atomic(layout.env, json.dumps(env, indent=2) + "\n")
             run_report = RunReport(
                 outcomes=ctx.outcomes,

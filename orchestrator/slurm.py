@@ -116,9 +116,17 @@ def parse_time(text: str) -> int:
 
 
 def _run(argv: Sequence[str]) -> str:
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{argv[0]} did not answer in 60 s; is the SLURM controller up?") from None
     if proc.returncode != 0:
-        raise UserError(f"{argv[0]} failed: {' '.join(proc.stderr.split())[:300]}")
+        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+        last = lines[-1][:300] if lines else f"exit code {proc.returncode}"
+        raise UserError(
+            f"{argv[0]} failed ({last}); is this machine a node of a SLURM cluster "
+            "(its slurm.conf, or SLURM_CONF)?"
+        )
     return proc.stdout
 
 

@@ -218,6 +218,16 @@ def test_array_without_waiting_then_report_collects(tmp_path, slurm_cluster) -> 
     table = rows(tmp_path / "results")
     assert [r["status"] for r in table] == ["ok", "ok"], table
     assert sorted(r["slurm_job_id"] for r in table) == ids
+    # the run ends here (unless the --resume run above found the jobs ended and
+    # ran itself), so it enters the history like a waited-for run, once
+    db = history.path_for(tmp_path / "results")
+    if busy.returncode == 2:
+        assert "recorded as run 1 in" in report.stdout, report.stdout
+    for row in table:
+        job_s = history.longest_ok_job(db, row["cell_id"])
+        assert job_s is not None and job_s > 0, row["cell_id"]
+    again = tunematrix(tmp_path, slurm_cluster, command("report", "results", "--no-plots"))
+    assert again.returncode == 0 and "recorded as run" not in again.stdout, again.stdout
 
 
 def _expect_refusal(tmp: Path, cluster: dict[str, str], argv: list[str], expected: str) -> None:

@@ -257,6 +257,32 @@ def test_no_sbatch_on_the_path_is_one_line_before_anything_is_written(
     assert not (tmp_path / "results").exists()
 
 
+def test_a_cluster_that_does_not_answer_is_one_line_before_anything_is_written(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    # sbatch and sinfo exist, but this machine has no slurm.conf (a fake sinfo
+    # saying what Debian's says; the real cluster is used end to end)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake(bin_dir, "sbatch", "exit 1\n")
+    _fake(
+        bin_dir,
+        "sinfo",
+        "echo 'sinfo: error: fetch_config: DNS SRV lookup failed' >&2\n"
+        "echo 'sinfo: fatal: Could not establish a configuration source' >&2; exit 1\n",
+    )
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)
+    code = main(["run", "--device", "cpu", "--executor", "slurm", "--results", "results"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err == (
+        "tunematrix: error: sinfo failed (sinfo: fatal: Could not establish a configuration "
+        "source); is this machine a node of a SLURM cluster (its slurm.conf, or SLURM_CONF)?\n"
+    )
+    assert not (tmp_path / "results").exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
