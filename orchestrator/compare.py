@@ -6,10 +6,10 @@ table has no scenario or sequence length, so those drop out of the match, and
 the report says so. Per matched cell and metric: the medians, their ratio, and
 a regression flag when the change goes past the threshold in the bad
 direction. Where both sides have at least 3 repeats, the flag also needs a
-one-sided Mann–Whitney U test at p < 0.05 (in the bad direction), so a change
+one-sided Mann–Whitney U test at p ≤ 0.05 (in the bad direction), so a change
 within the run-to-run noise is not called a regression. With 3 repeats on each
-side the smallest p the test can give is 0.05, so confirming a change takes a
-fourth repeat on one side. A cell that was ``ok`` and is not any more is a
+side the smallest p the test can give is exactly 0.05, reached only when every
+new run is worse than every reference run. A cell that was ``ok`` and is not any more is a
 regression too.
 """
 
@@ -240,9 +240,9 @@ def compare(
             y = grouped_ref.get_group(key)[metric].dropna().tolist()
             _, p = mann_whitney_u(x, y, "less" if higher else "greater")
             side.loc[key, "p_value"] = p
-            side.loc[key, "regression"] = p < ALPHA
+            side.loc[key, "regression"] = p <= ALPHA
             side.loc[key, "why"] = f"p = {p:.3g}" + (
-                "" if p < ALPHA else f" ≥ {ALPHA}: within the noise"
+                "" if p <= ALPHA else f" > {ALPHA}: within the noise"
             )
         alone = worse & ~tested
         side.loc[alone, "why"] = (
@@ -354,7 +354,7 @@ def markdown(result: Comparison, new_label: str, ref_label: str, threshold: floa
         "",
         f"New: `{new_label}`; reference: `{ref_label}`. Matched on {', '.join(result.keys)}; "
         f"a regression is a change past {100 * threshold:g}% in the bad direction (with ≥ "
-        f"{MIN_REPEATS_FOR_TEST} repeats on both sides, also a one-sided Mann–Whitney U p < {ALPHA}).",
+        f"{MIN_REPEATS_FOR_TEST} repeats on both sides, also a one-sided Mann–Whitney U p ≤ {ALPHA}).",
         "",
         f"**{len(regressions)} regression(s)** in {matched} matched cell(s).",
     ]

@@ -57,6 +57,27 @@ def test_an_injected_regression_is_caught(tmp_path) -> None:
     assert row["n_ref"] == row["n_new"] == 5
 
 
+def test_three_against_three_fully_separated_is_confirmed(tmp_path) -> None:
+    # the smallest p with 3 vs 3 is 1/20 = 0.05: the common repeat count must be
+    # able to confirm a clear regression, and an overlapping one must not pass
+    ref = _results(tmp_path / "ref", repeats=3)
+    new = _results(tmp_path / "new", repeats=3, scale=0.8)
+    result = compare(_load(new), _load(ref), metrics=["tokens_per_second_global"])
+    assert len(result.regressions) == 2
+    assert list(result.regressions["p_value"]) == pytest.approx([1 / 20, 1 / 20])
+    ref_root, new_root = tmp_path / "ref2", tmp_path / "new2"
+    for r, (a, b) in enumerate(((1000, 1010), (1200, 850), (900, 800))):
+        write_run(ref_root, f"x.r{r}", cell_id="x", repeat=r, tps=float(a))
+        write_run(new_root, f"x.r{r}", cell_id="x", repeat=r, tps=float(b))
+    result = compare(_load(new_root), _load(ref_root), metrics=["tokens_per_second_global"])
+    (row,) = result.table.itertuples()
+    assert row.change == pytest.approx(850 / 1000 - 1)
+    assert row.p_value == pytest.approx(
+        mann_whitney_u([1010, 850, 800], [1000, 1200, 900], "less")[1]
+    )
+    assert row.p_value > 0.05 and not row.regression and "within the noise" in row.why
+
+
 def test_noise_is_not_a_regression(tmp_path) -> None:
     ref = _results(tmp_path / "ref")
     new = _results(tmp_path / "new", scale=0.97)
