@@ -429,21 +429,15 @@ def _record_awaited_run(source: Path, rows: Any) -> int | None:
     """A run submitted with --no-wait ends when its last job has: it enters the
     history then, as a waited-for run does (later runs check time limits against
     it). Once: env.json says whether it is still awaited."""
-    import json
-
     from orchestrator import envinfo, history
-    from orchestrator.paths import write_atomic
 
-    try:
-        env = json.loads((source / "env.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(env, dict) or env.get("awaiting_jobs") is not True:
+    env = envinfo.read(source)
+    if env is None or env.get("awaiting_jobs") is not True:
         return None
     env["finished_at"] = envinfo.now()
     env["awaiting_jobs"] = False
     run_id = history.record(history.path_for(source), rows, env, source)
-    write_atomic(source / "env.json", json.dumps(env, indent=2) + "\n")
+    envinfo.write(source / "env.json", env)
     return run_id
 
 

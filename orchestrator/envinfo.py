@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -11,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from orchestrator.paths import PROJECT_ROOT
+from orchestrator.paths import PROJECT_ROOT, write_atomic
 
 PACKAGES = (
     "torch",
@@ -27,6 +28,19 @@ PACKAGES = (
     "nvidia-ml-py",
     "pandas",
 )
+
+
+def read(root: Path) -> dict[str, Any] | None:
+    """A results folder's env.json; None where it is missing or unreadable."""
+    try:
+        env = json.loads((root / "env.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return env if isinstance(env, dict) else None
+
+
+def write(path: Path, env: dict[str, Any]) -> None:
+    write_atomic(path, json.dumps(env, indent=2) + "\n")
 
 
 def now(timespec: str = "seconds") -> str:

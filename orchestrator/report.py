@@ -12,7 +12,6 @@ or the mix (``ok×2 oom×1``). Failed cells stay in every table.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator import collect
+from orchestrator import collect, envinfo
 from orchestrator.paths import write_atomic
 from orchestrator.plan import KEY_COLUMNS
 from orchestrator.summary import EXTRA_METRICS, METRIC_COLUMNS, OUTCOME_COLUMNS, to_csv
@@ -29,20 +28,9 @@ from orchestrator.summary import EXTRA_METRICS, METRIC_COLUMNS, OUTCOME_COLUMNS,
 GIB = 2**30
 MIB = 2**20
 
-#: what a cell is, besides its id (repeats share these)
-CELL_KEYS = (
-    "scenario",
-    "framework_config",
-    "model_name_or_path",
-    "num_gpus",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "effective_batch_size",
-    "max_seq_len",
-    "packing",
-    "peft_method",
-    "torch_dtype",
-    "device",
+#: what a cell is, besides its id: the key columns its repeats share
+CELL_KEYS = tuple(
+    k for k in KEY_COLUMNS if k not in ("experiment_id", "repeat", "cell_id", "status")
 )
 #: aggregated to median, CV, min and max over repeats
 SPREAD_METRICS = ("tokens_per_second_global", "tokens_per_second_per_device", "step_time_median_s")
@@ -550,9 +538,8 @@ def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
 
 def cost_from_env(root: Path) -> float | None:
     """The price a run recorded in its env.json (from the scenarios file's ``cost:``)."""
-    try:
-        env = json.loads((root / "env.json").read_text())
-    except (OSError, ValueError):
+    env = envinfo.read(root)
+    if env is None:
         return None
     value = (env.get("cost") or {}).get("usd_per_gpu_hour")
     return float(value) if isinstance(value, (int, float)) else None
@@ -560,9 +547,8 @@ def cost_from_env(root: Path) -> float | None:
 
 def capacity_from_env(source: Path, cells: pd.DataFrame) -> float | None:
     """The memory of one device of the run: a GPU's, or the machine's for CPU runs."""
-    try:
-        env = json.loads((source / "env.json").read_text())
-    except (OSError, ValueError):
+    env = envinfo.read(source)
+    if env is None:
         return None
     devices = (env.get("gpus") or {}).get("devices") or []
     on_gpu = "device" in cells.columns and (cells["device"].astype(str) == "gpu").any()

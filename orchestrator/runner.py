@@ -11,7 +11,6 @@ everything it finished.
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from orchestrator.jobs import (
     write_outcome,
 )
 from orchestrator.matrix import Plan
-from orchestrator.paths import ResultsLayout, RunPaths, write_atomic
+from orchestrator.paths import ResultsLayout, RunPaths
 from orchestrator.progress import Progress
 from orchestrator.result import read_result
 from orchestrator.resultsdir import keep_previous_attempt, open_results
@@ -353,7 +352,7 @@ def run_plan(
             env = envinfo.collect(argv)
             env["cost"] = {"usd_per_gpu_hour": options.usd_per_gpu_hour}
             env["mode"] = "packed" if options.pack else "exclusive"
-            write_atomic(layout.env, json.dumps(env, indent=2) + "\n")
+            envinfo.write(layout.env, env)
             write_plan_csv(plan, layout.plan_csv)
             ctx = _Context(plan, layout, options, progress, say)
             chosen = executor or (_run_packed if options.pack else _run_exclusive)
@@ -368,7 +367,7 @@ def run_plan(
                 env["interrupted"] = interrupted
                 # submitted without waiting: `tunematrix report` records the run once they end
                 env["awaiting_jobs"] = any(o.status == "planned" for o in ctx.outcomes.values())
-                write_atomic(layout.env, json.dumps(env, indent=2) + "\n")
+                envinfo.write(layout.env, env)
             run_report = RunReport(
                 outcomes=ctx.outcomes,
                 layout=layout,
