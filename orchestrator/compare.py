@@ -1,16 +1,25 @@
 """Compare a run against a reference and flag regressions.
 
-Rows are matched on the key columns both sides have (scenario, framework,
-model, GPUs, per-device batch, PEFT method, sequence length); a predecessor's
-table has no scenario or sequence length, so those drop out of the match, and
-the report says so. Per matched cell and metric: the medians, their ratio, and
-a regression flag when the change goes past the threshold in the bad
-direction. Where both sides have at least 3 repeats, the flag also needs a
-one-sided Mann–Whitney U test at p ≤ 0.05 (in the bad direction), so a change
-within the run-to-run noise is not called a regression. With 3 repeats on each
-side the smallest p the test can give is exactly 0.05, reached only when every
-new run is worse than every reference run. A cell that was ``ok`` and is not any more is a
-regression too.
+Rows are matched on the key columns both sides have: scenario, trainer, task,
+framework, model, GPUs, per-device batch, PEFT method, sequence length,
+packing, dtype and device (``KEYS``), plus the effective batch and any
+scenario argument swept on either side. A key one side lacks (a
+predecessor's table has no scenario, sequence length, packing or device)
+drops out of the match, and the report says so. Measured outputs (``epoch``,
+``train_*``, ``mem_*``, any metric) are never keys, whatever varies in them.
+
+Per matched cell and metric: the medians, their ratio, and a regression flag
+when the change goes past the threshold in the bad direction. Where both
+sides have at least 3 repeats, the flag also needs a one-sided Mann–Whitney U
+test at p ≤ 0.05 (in the bad direction), so a change within the run-to-run
+noise is not called a regression. With 3 repeats on each side the smallest p
+the test can give is exactly 0.05, reached only when every new run is worse
+than every reference run. A cell that was ``ok`` and is not any more (failed,
+out of memory, timed out or interrupted) is a regression too.
+
+A matched cell whose sides ran under different conditions (GPU model, memory
+source, run mode: ``ANNOTATED``) is still compared, and marked: the table's
+``differs`` and ``mismatch`` columns, ``≠`` in its label.
 """
 
 from __future__ import annotations
@@ -20,20 +29,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from orchestrator.paths import write_atomic
 from orchestrator.stats import mann_whitney_u
 
+#: what makes two rows the same experiment; each is used where both sides have it
 KEYS = (
     "scenario",
+    "trainer",
+    "task",
     "framework_config",
     "model_name_or_path",
     "num_gpus",
     "per_device_train_batch_size",
     "peft_method",
     "max_seq_len",
+    "packing",
+    "torch_dtype",
+    "device",
 )
+#: conditions of a run that are not part of the experiment but change its figures:
+#: a matched cell whose sides differ in one of them is marked
+ANNOTATED = ("gpu_device_name", "peak_memory_source", "memory_backend", "run_mode")
 HIGHER_IS_BETTER = {
     "tokens_per_second_global",
     "tokens_per_second_per_device",
@@ -51,6 +70,7 @@ LOWER_IS_BETTER = {
     "mem_peak_torch_mem_alloc_in_bytes",
     "mem_torch_mem_alloc_in_bytes",
     "mem_peak_rss_bytes",
+    "mem_tree_peak_pss_bytes",
     "torch_max_memory_reserved_bytes",
     "cost_per_1m_tokens_usd",
     "time_to_first_step_s",
@@ -67,7 +87,23 @@ DEFAULT_METRICS = (
 MIN_REPEATS_FOR_TEST = 3
 ALPHA = 0.05
 OK_STATUSES = ("ok", "skipped")
-BAD_STATUSES = ("oom", "failed", "timeout")
+#: a cell that was ok in the reference and has only these now is lost: a regression
+BAD_STATUSES = ("oom", "failed", "timeout", "interrupted")
+#: the predecessor's columns that are no configuration and that no list of ours names:
+#: measured outputs, and bookkeeping (its row position, output folder, config file path)
+PREDECESSOR_NOT_CONFIG = frozenset(
+    {
+        "epoch",
+        "error_messages",
+        "index",
+        "output_dir",
+        "framework_config_file",
+        "acceleration_framework_config_file",
+    }
+)
+#: name patterns of measured outputs (HF's ``train_*``/``eval_*`` metrics, memory, cost, time)
+OUTPUT_PREFIXES = ("train_", "eval_", "mem_", "loss_", "cost_", "time_", "tokens_", "step_time")
+OUTPUT_SUFFIXES = ("_per_second", "_bytes", "_usd", "_tflops_per_device")
 
 
 @dataclass
@@ -94,14 +130,93 @@ def direction(metric: str) -> str:
     raise ValueError(f"no direction known for metric {metric!r}")
 
 
-def _key_frame(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    out = df.copy()
+def is_output(column: str) -> bool:
+    """Whether ``column`` is a measured output or bookkeeping (so never a key), not configuration.
+
+    That is: every figure our tables declare (metrics, outcome columns,
+    aggregates), the predecessor's ``epoch``, ``error_messages``, ``index``,
+    ``output_dir`` and config file path, and names shaped like outputs
+    (``train_*``, ``mem_*``, ``*_per_second``, ``*_bytes``…).
+    """
+    from orchestrator.report import MEDIAN_METRICS, SPREAD_METRICS
+    from orchestrator.summary import EXTRA_METRICS, METRIC_COLUMNS, OUTCOME_COLUMNS
+
+    if column in HIGHER_IS_BETTER or column in LOWER_IS_BETTER or column in ANNOTATED:
+        return True
+    if column in PREDECESSOR_NOT_CONFIG or column in ("peak_memory_source", "usd_per_gpu_hour"):
+        return True
+    known = (*METRIC_COLUMNS, *EXTRA_METRICS, *OUTCOME_COLUMNS, *MEDIAN_METRICS, *SPREAD_METRICS)
+    if column in known:
+        return True
+    return column.startswith(OUTPUT_PREFIXES) or column.endswith(OUTPUT_SUFFIXES)
+
+
+#: yes/no keys, and their labels
+_FLAG_LABELS = {"packing": ("packed", "unpacked")}
+_TRUE = {"true", "1", "1.0", "yes"}
+_FALSE = {"false", "0", "0.0", "no"}
+
+
+def _number_text(value: float) -> str:
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def _canonical(value: Any) -> str:
+    """One spelling per value, so both sides' labels compare equal.
+
+    ``2.00E-05``, ``2e-05`` and ``0.00002`` are one number; ``16``, ``16.0``
+    and ``"16"`` another; an empty cell is ``none``.
+    """
+    if value is None or value is pd.NA:
+        return "none"
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)) or hasattr(value, "dtype"):  # numpy scalars too
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return str(value)
+        return "none" if math.isnan(number) else _number_text(number)
+    text = str(value).strip()
+    if text.lower() in ("", "nan", "none", "<na>", "null"):
+        return "none"
+    if text.lower() in ("true", "false"):
+        return text.lower()
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return text if math.isnan(number) or math.isinf(number) else _number_text(number)
+
+
+def _is_flag(key: str, values: set[str]) -> bool:
+    """A yes/no column: only true/false (and 1/0, as a CSV reader may turn them) and none."""
+    present = values - {"none"}
+    named = key in _FLAG_LABELS or bool(present & {"true", "false"})
+    return named and present <= _TRUE | _FALSE
+
+
+def _key_frames(
+    new: pd.DataFrame, ref: pd.DataFrame, keys: list[str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Both sides with their key columns in one spelling (see ``_canonical``).
+
+    Only the distinct values are spelled out, so this stays fast for large tables.
+    """
+    out_new, out_ref = new.copy(), ref.copy()
     for k in keys:
-        if k in ("num_gpus", "per_device_train_batch_size", "max_seq_len"):
-            out[k] = pd.to_numeric(out[k], errors="coerce").astype("Int64").astype(str)
-        else:
-            out[k] = out[k].fillna("none").astype(str)
-    return out
+        spelled = [
+            frame[k].map({v: _canonical(v) for v in frame[k].dropna().unique()}).fillna("none")
+            for frame in (new, ref)
+        ]
+        if _is_flag(k, set(spelled[0]) | set(spelled[1])):
+            # a CSV reader turns a yes/no column with blanks into 1.0/NaN on one side only
+            spelled = [
+                s.map(lambda v: "true" if v in _TRUE else "false" if v in _FALSE else v)
+                for s in spelled
+            ]
+        out_new[k], out_ref[k] = spelled
+    return out_new, out_ref
 
 
 def _present(frame: pd.DataFrame, key: str) -> bool:
@@ -112,11 +227,17 @@ def _present(frame: pd.DataFrame, key: str) -> bool:
     return bool((values.notna() & (values.astype(str) != "")).any())
 
 
-def _sweep_keys(new: pd.DataFrame, ref: pd.DataFrame) -> list[str]:
-    """Argument columns that vary within a side (swept values) and that both sides have.
+def _varies(frame: pd.DataFrame, column: str) -> bool:
+    return frame[column].map(str).nunique() > 1
+
+
+def _sweep_keys(new: pd.DataFrame, ref: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """Argument columns that vary within a side (swept values) and that both sides have,
+    and the output columns that would have been taken for such arguments.
 
     Cells that differ only in a swept argument (say the LoRA rank) are different
-    experiments, so they join the match keys.
+    experiments, so they join the match keys. A measured output (the
+    predecessor's ``epoch``) varies too, but is never a key.
     """
     from orchestrator.report import argument_columns
 
@@ -126,8 +247,50 @@ def _sweep_keys(new: pd.DataFrame, ref: pd.DataFrame) -> list[str]:
         if _present(new, "effective_batch_size") and _present(ref, "effective_batch_size")
         else []
     )
-    varying = [c for c in both if new[c].map(str).nunique() > 1 or ref[c].map(str).nunique() > 1]
-    return extra + varying
+    varying = [c for c in both if _varies(new, c) or _varies(ref, c)]
+    return extra + [c for c in varying if not is_output(c)], [c for c in varying if is_output(c)]
+
+
+def _conditions(frame: pd.DataFrame, keys: list[str], column: str) -> pd.Series:
+    """Per cell, the distinct values of ``column`` on one side (``A / B`` for a mix)."""
+    values = frame[[*keys, column]].dropna(subset=[column])
+    values = values[values[column].astype(str).str.strip() != ""]
+    values[column] = values[column].astype(str)
+    values = values.drop_duplicates().sort_values(column, kind="stable")
+    return values.groupby(keys, sort=False)[column].agg(" / ".join)
+
+
+def _mismatches(
+    n: pd.DataFrame, r: pd.DataFrame, keys: list[str], cells: pd.Index
+) -> tuple[pd.DataFrame, list[str]]:
+    """For each matched cell, which ``ANNOTATED`` conditions differ between the sides.
+
+    A condition one side does not record is not compared (and noted).
+    """
+    differs = pd.Series([""] * len(cells), index=cells, dtype=object)
+    detail = pd.Series([""] * len(cells), index=cells, dtype=object)
+    notes = []
+    for column in ANNOTATED:
+        has_new, has_ref = _present(n, column), _present(r, column)
+        if has_new != has_ref:
+            side = "reference" if has_new else "new run"
+            notes.append(f"{column} is not recorded in the {side}, so it is not checked")
+        if not (has_new and has_ref):
+            continue
+        both = pd.DataFrame(
+            {"new": _conditions(n, keys, column), "ref": _conditions(r, keys, column)}
+        ).reindex(cells)
+        different = both["new"].notna() & both["ref"].notna() & (both["new"] != both["ref"])
+        if not different.any():
+            continue
+        text = f"{column}: " + both["ref"] + " (ref) vs " + both["new"] + " (new)"
+        differs[different] = differs[different].map(lambda v: v + ", " if v else v) + column
+        detail[different] = detail[different].map(lambda v: v + "; " if v else v) + text
+        notes.append(
+            f"{column} differs between the sides in {int(different.sum())} matched cell(s), "
+            "marked ≠ (columns differs and mismatch)"
+        )
+    return pd.DataFrame({"differs": differs, "mismatch": detail}), notes
 
 
 def _ok_values(frame: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
@@ -152,12 +315,16 @@ def compare(
     """
     notes: list[str] = []
     keys = [k for k in KEYS if _present(new, k) and _present(ref, k)]
-    dropped = [k for k in KEYS if k not in keys]
+    # a key neither side has (the trainer, before there was a choice) changes nothing
+    dropped = [k for k in KEYS if k not in keys and (_present(new, k) or _present(ref, k))]
     if dropped:
         notes.append(f"matched without {', '.join(dropped)} (missing on one side)")
     if not keys:
         raise ValueError("the two tables share no key column to match rows on")
-    keys += _sweep_keys(new, ref)
+    swept, outputs = _sweep_keys(new, ref)
+    keys += swept
+    if outputs:
+        notes.append(f"outputs and bookkeeping, not used to match rows: {', '.join(outputs)}")
     wanted = list(metrics) if metrics else list(DEFAULT_METRICS)
     for m in wanted:
         direction(m)  # unknown metrics are an error before any work
@@ -166,15 +333,17 @@ def compare(
     if skipped and metrics:
         notes.append(f"not on both sides, so not compared: {', '.join(skipped)}")
 
-    n, r = _key_frame(new, keys), _key_frame(ref, keys)
+    n, r = _key_frames(new, ref, keys)
     cells_new = n.groupby(keys, sort=False).size().rename("rows_new")
     cells_ref = r.groupby(keys, sort=False).size().rename("rows_ref")
     matched = cells_new.to_frame().join(cells_ref, how="inner")
     only_new = cells_new.index.difference(cells_ref.index, sort=False).to_frame(index=False)
     only_ref = cells_ref.index.difference(cells_new.index, sort=False).to_frame(index=False)
+    conditions, condition_notes = _mismatches(n, r, keys, matched.index)
+    notes += condition_notes
 
     records: list[dict[str, Any]] = []
-    # status: was ok in the reference, none ok now, and at least one failed or ran out of memory
+    # status: was ok in the reference, none ok now, and at least one lost (BAD_STATUSES)
     ok_new = n[n["status"].isin(OK_STATUSES)].groupby(keys, sort=False).size()
     ok_ref = r[r["status"].isin(OK_STATUSES)].groupby(keys, sort=False).size()
     bad_new = (
@@ -265,12 +434,17 @@ def compare(
         "p_value",
         "regression",
         "why",
+        "differs",
+        "mismatch",
     ]
     table = (
-        pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+        pd.concat(frames, ignore_index=True)[columns[:-2]]
+        if frames
+        else pd.DataFrame(columns=columns)
     )
     if len(table):
         table["regression"] = table["regression"].astype(bool)
+        table = table.merge(conditions.reset_index(names=keys), on=keys, how="left")
         # cells in the order of the new run, each cell's metrics together
         order = matched.reset_index()[keys].assign(_order=range(len(matched)))
         table = table.merge(order, on=keys, how="left").sort_values("_order", kind="stable")
@@ -289,7 +463,10 @@ _LABELS = {
 
 
 def cell_label(row: Any, keys: list[str]) -> str:
-    """A short name for a matched cell: ``s · fsdp · org/model · 2 GPU · bs 4/dev · seq 1024``."""
+    """A short name for a matched cell: ``s · fsdp · org/model · 2 GPU · bs 4/dev · seq 1024``.
+
+    A cell whose sides ran under different conditions ends in ``(≠ gpu_device_name)``.
+    """
     parts = []
     for k in keys:
         value = str(row[k])
@@ -297,11 +474,17 @@ def cell_label(row: Any, keys: list[str]) -> str:
             continue
         if k in _LABELS:
             parts.append(_LABELS[k].format(value))
+        elif k in _FLAG_LABELS and value in ("true", "false"):
+            parts.append(_FLAG_LABELS[k][0 if value == "true" else 1])
         elif k in KEYS:
             parts.append(value)
         else:
             parts.append(f"{k}={value}")
-    return " · ".join(parts)
+    label = " · ".join(parts)
+    differs = row.get("differs") if hasattr(row, "get") else None
+    if isinstance(differs, str) and differs:
+        label += f" (≠ {differs})"
+    return label
 
 
 def _md(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -329,6 +512,8 @@ def _rows_md(table: pd.DataFrame, keys: list[str]) -> list[str]:
         verdict = "**regression**" if row["regression"] else "ok"
         if row["why"]:
             verdict += f" ({row['why']})"
+        if isinstance(row.get("mismatch"), str) and row["mismatch"]:
+            verdict += f"; ≠ {row['mismatch']}"
         body.append(
             [
                 cell_label(row, keys),

@@ -51,6 +51,7 @@ MEDIAN_METRICS = (
     "mem_torch_mem_alloc_in_bytes",
     "mem_peak_rss_bytes",
     "torch_max_memory_reserved_bytes",
+    "mem_tree_peak_pss_bytes",
     "mem_tree_peak_rss_bytes",
     "time_to_first_step_s",
     "job_s",
@@ -198,7 +199,8 @@ def aggregate(rows: pd.DataFrame) -> pd.DataFrame:
     if spread:
         count = grouped[spread].count().reindex(cells.index)
         mean = grouped[spread].mean().reindex(cells.index)
-        std = grouped[spread].std(ddof=0).reindex(cells.index)
+        # the sample standard deviation (ddof=1): repeats are a sample of the run-to-run spread
+        std = grouped[spread].std(ddof=1).reindex(cells.index)
         lo = grouped[spread].min().reindex(cells.index)
         hi = grouped[spread].max().reindex(cells.index)
         for metric in spread:

@@ -7,7 +7,17 @@ samples every ``--interval`` seconds until stdin closes or it gets SIGTERM:
 - ``nvml`` backend (``nvidia-ml-py``): memory used on each of the job's GPUs,
   and each job process's use of them;
 - ``psutil`` backend (always, and alone where NVML is missing): the resident
-  memory of every process of the job's tree, and their sum.
+  memory (RSS) of every process of the job's tree and their sum, every
+  sample; and the proportional set size (PSS, from ``/proc/<pid>/smaps_rollup``)
+  of every process and their sum, at least every ``--pss-every`` seconds.
+
+Summed RSS counts a page shared by several processes (the libraries and
+model files every rank maps) once per process; summed PSS splits each shared
+page between the processes that map it, so the tree's PSS is the memory the
+job really holds. Reading PSS walks the page tables, which costs far more
+than RSS (a few ms per torch process here, growing with its resident size),
+so it is read at least every ``--pss-every`` seconds and whenever the tree's
+RSS passes its previous high, but never more than ``PSS_BUDGET`` of the time.
 
 Samples go to a CSV file as they are taken (``timestamp,kind,source,bytes``),
 so a crash of anything loses nothing already sampled. ``summarize`` turns
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import os
 import signal
 import sys
@@ -33,6 +44,12 @@ from typing import Any, TextIO
 
 CSV_HEADER = ("timestamp", "kind", "source", "bytes")
 MIB = 1024 * 1024
+#: the largest share of the sidecar's time spent reading PSS
+PSS_BUDGET = 0.05
+#: ``mem_tree_peak_measure``: how the tree's peak was measured
+MEASURE_PSS = "pss"
+MEASURE_MIXED = "pss+rss"  # RSS stood in for processes whose PSS could not be read
+MEASURE_RSS_ONLY = "rss only"  # PSS could not be read at all: no PSS figure
 
 # ---------------------------------------------------------------------------
 # Mapping CUDA device entries to NVML devices (pure)
@@ -97,8 +114,11 @@ def summarize(rows: Iterable[tuple[float, str, str, int]]) -> dict[str, Any]:
 
     GPU: each device's peak used memory minus its baseline before the job;
     the mean and the max over devices (the mean in MiB is the predecessor's
-    ``mem_nvidia_mem_reserved``). CPU: the peak of the tree's summed RSS, and
-    each process's own peak RSS.
+    ``mem_nvidia_mem_reserved``). CPU: the peak of the tree's summed PSS
+    (``mem_tree_peak_pss_bytes``, with ``mem_tree_peak_measure`` saying
+    whether RSS stood in for a process whose PSS could not be read, or that
+    there is no PSS at all), the peak of its summed RSS (which counts shared
+    pages once per process), and each process's own peak RSS and PSS.
     """
     baseline: dict[str, int] = {}
     device_peak: dict[str, int] = {}
@@ -106,6 +126,8 @@ def summarize(rows: Iterable[tuple[float, str, str, int]]) -> dict[str, Any]:
     gpu_process_peak: dict[str, int] = {}
     tree_peak = 0
     samples = 0
+    process_pss_peak: dict[str, int] = {}
+    tree_pss_peak, tree_pss_measure, pss_samples = 0, MEASURE_PSS, 0
     for _, kind, source, value in rows:
         if kind == "device_baseline":
             baseline[source] = value
@@ -119,6 +141,12 @@ def summarize(rows: Iterable[tuple[float, str, str, int]]) -> dict[str, Any]:
         elif kind == "tree_rss":
             tree_peak = max(tree_peak, value)
             samples += 1
+        elif kind == "process_pss":
+            process_pss_peak[source] = max(process_pss_peak.get(source, 0), value)
+        elif kind == "tree_pss":
+            pss_samples += 1
+            if value > tree_pss_peak:
+                tree_pss_peak, tree_pss_measure = value, source
     out: dict[str, Any] = {"mem_sidecar_samples": samples}
     if device_peak:
         deltas = [max(0, device_peak[d] - baseline.get(d, 0)) for d in sorted(device_peak)]
@@ -133,8 +161,16 @@ def summarize(rows: Iterable[tuple[float, str, str, int]]) -> dict[str, Any]:
         out["mem_nvidia_process_peak_bytes"] = gpu_process_peak
     if tree_peak:
         out["mem_tree_peak_rss_bytes"] = tree_peak
+    if tree_pss_peak:
+        out["mem_tree_peak_pss_bytes"] = tree_pss_peak
+        out["mem_tree_peak_measure"] = tree_pss_measure
+        out["mem_tree_pss_samples"] = pss_samples
+    elif tree_peak:
+        out["mem_tree_peak_measure"] = MEASURE_RSS_ONLY
     if process_peak:
         out["mem_process_peak_rss_bytes"] = process_peak
+    if process_pss_peak:
+        out["mem_process_peak_pss_bytes"] = process_pss_peak
     return out
 
 
@@ -190,8 +226,31 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+@dataclass
+class PssSchedule:
+    """When to read the tree's PSS: at least every ``every_s`` seconds and whenever the
+    tree's RSS passes its high at the last read (a peak is forming), but spaced so that
+    reading takes at most ``budget`` of the time (a read that took 10 ms waits 0.2 s)."""
+
+    every_s: float = 1.0
+    budget: float = PSS_BUDGET
+    last: float = -math.inf
+    cost_s: float = 0.0
+    high: int = 0
+
+    def due(self, now: float, tree_rss: int) -> bool:
+        since = now - self.last
+        if since < self.cost_s / self.budget:
+            return False
+        return since >= self.every_s or tree_rss > self.high
+
+    def done(self, now: float, cost_s: float, tree_rss: int) -> None:
+        self.last, self.cost_s, self.high = now, cost_s, max(self.high, tree_rss)
+
+
 class _Tree:
-    """The job's processes: membership refreshed each second, RSS read each sample."""
+    """The job's processes: membership refreshed each second, RSS read each sample,
+    PSS when asked."""
 
     def __init__(self, pid: int) -> None:
         import psutil
@@ -217,12 +276,40 @@ class _Tree:
                 continue
         return out
 
+    def pss(self, pids: Iterable[int]) -> tuple[dict[int, int], list[int]]:
+        """PSS of each of ``pids`` where it can be read, and the pids where it cannot
+        (access denied, or no PSS on this system); processes gone meanwhile are in neither."""
+        by_pid = {proc.pid: proc for proc in self.members}
+        out: dict[int, int] = {}
+        unreadable: list[int] = []
+        for pid in pids:
+            proc = by_pid.get(pid)
+            if proc is None:
+                continue
+            try:
+                pss = getattr(proc.memory_full_info(), "pss", None)
+            except self.psutil.NoSuchProcess:
+                continue
+            except (self.psutil.Error, OSError):
+                pss = None
+            if pss is None:
+                unreadable.append(pid)
+            else:
+                out[pid] = int(pss)
+        return out, unreadable
+
 
 def _sample_loop(
-    out: TextIO, nvml: _Nvml | None, pid_holder: list[int], stop: threading.Event, interval: float
+    out: TextIO,
+    nvml: _Nvml | None,
+    pid_holder: list[int],
+    stop: threading.Event,
+    interval: float,
+    pss_every: float = 1.0,
 ) -> None:
     writer = csv.writer(out, lineterminator="\n")
     tree: _Tree | None = None
+    schedule = PssSchedule(every_s=pss_every)
     last_flush = time.monotonic()
     while not stop.is_set():
         now = time.time()
@@ -240,6 +327,16 @@ def _sample_loop(
                 writer.writerow((f"{now:.3f}", "process_rss", pid, value))
             if rss:
                 writer.writerow((f"{now:.3f}", "tree_rss", "tree", sum(rss.values())))
+            if rss and schedule.due(time.monotonic(), sum(rss.values())):
+                began = time.monotonic()
+                pss, unreadable = tree.pss(rss)
+                schedule.done(began, time.monotonic() - began, sum(rss.values()))
+                for pid, value in pss.items():
+                    writer.writerow((f"{now:.3f}", "process_pss", pid, value))
+                if pss:  # with no PSS at all, a "PSS" total would only be the RSS again
+                    total = sum(pss.values()) + sum(rss[pid] for pid in unreadable)
+                    measure = MEASURE_MIXED if unreadable else MEASURE_PSS
+                    writer.writerow((f"{now:.3f}", "tree_pss", measure, total))
             if nvml is not None:
                 for pid, used in nvml.processes().items():
                     if pid in rss:
@@ -259,6 +356,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--devices", default="", help="the job's CUDA_VISIBLE_DEVICES entries (empty: CPU)"
     )
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between samples")
+    parser.add_argument(
+        "--pss-every",
+        type=float,
+        default=1.0,
+        help="read the process tree's PSS at least this often, in seconds (RSS: every sample)",
+    )
     args = parser.parse_args(argv)
 
     stop = threading.Event()
@@ -296,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         threading.Thread(target=read_stdin, daemon=True).start()
         try:
-            _sample_loop(out, nvml, pid_holder, stop, args.interval)
+            _sample_loop(out, nvml, pid_holder, stop, args.interval, args.pss_every)
         finally:
             out.flush()
             os.fsync(out.fileno())

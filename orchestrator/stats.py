@@ -96,11 +96,17 @@ def mann_whitney_u(
 
 
 def cv(values: Sequence[float]) -> float | None:
-    """Coefficient of variation (population standard deviation over the mean)."""
+    """Coefficient of variation: the sample standard deviation (ddof=1) over the mean.
+
+    The repeats are a sample of the run-to-run spread, so the sample standard
+    deviation (as pandas' ``std()``) estimates it; the population one (numpy's
+    default) understates it, by a factor of sqrt((n - 1) / n), about 18% for 3 repeats.
+    ``None`` for fewer than two values or a zero mean.
+    """
     if len(values) < 2:
         return None
     mean = sum(values) / len(values)
     if mean == 0:
         return None
-    var = sum((v - mean) ** 2 for v in values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
     return math.sqrt(var) / abs(mean)

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakeruns import write_run
 
 from orchestrator import collect, history
 from orchestrator.cli import main
-from orchestrator.compare import compare
+from orchestrator.compare import cell_label, compare, markdown
 from orchestrator.report import CostSettings, add_derived
 from orchestrator.stats import mann_whitney_u
 
 NOISE = (0.98, 1.01, 1.00, 0.99, 1.02)  # ±2% run-to-run
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def _edit(run: Path, name: str, **fields: Any) -> None:
+    """Change fields of one of a run folder's JSON records (spec, outcome, result)."""
+    path = run / name
+    data = json.loads(path.read_text())
+    data.update(fields)
+    path.write_text(json.dumps(data))
 
 
 def _results(
@@ -148,7 +159,10 @@ def test_predecessor_reference(tmp_path) -> None:
         "per_device_train_batch_size",
         "peft_method",
     ]
-    assert "matched without scenario, max_seq_len (missing on one side)" in result.notes
+    # keys both sides lack (torch_dtype, trainer, task) are not worth a note
+    assert "matched without scenario, max_seq_len, packing, device (missing on one side)" in (
+        result.notes
+    )
     assert len(result.table) == 2
     # ours (first repeat, noise 0.98): 1.1 × 980 / 1 GPU = 1078 vs 1100; 1.1 × 1960 / 2 = 1078 vs 1000
     assert sorted(round(c, 4) for c in result.table["change"]) == [
@@ -165,8 +179,8 @@ def test_cli_exit_codes_and_files(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "tunematrix compare: 2 matched cells, 2 regression(s)" in out
     assert (
-        "regression: s · fsdp · org/model · 1 GPU · bs 8/dev · seq 1024 · eb 8: tokens_per_second_global -20.0% p = 0.00397"
-        in out
+        "regression: s · fsdp · org/model · 1 GPU · bs 8/dev · seq 1024 · packed · gpu · eb 8: "
+        "tokens_per_second_global -20.0% p = 0.00397" in out
     )
     rows = list(csv.DictReader((new / "compare.csv").open()))
     assert len(rows) == 2 and {r["regression"] for r in rows} == {"True"}
@@ -210,3 +224,216 @@ def test_history_and_run_ids(tmp_path, capsys) -> None:
     assert "run 9 is not in" in capsys.readouterr().err
     with pytest.raises(LookupError):
         history.load_run(tmp_path / "none.sqlite", 1)
+
+
+# --- what makes two rows the same cell ------------------------------------------------------
+
+
+def _two_kinds(root: Path, field: str, values: tuple[Any, Any]) -> Path:
+    """3 repeats at about 1000 tok/s with ``values[0]`` and 3 at about 600 with ``values[1]``."""
+    for value, tps in zip(values, (1000.0, 600.0), strict=True):
+        for r in range(3):
+            eid = f"{field}-{value}.r{r}"
+            if field == "device":
+                run = write_run(root, eid, repeat=r, device=value, tps=tps * NOISE[r])
+            elif field == "torch_dtype":
+                run = write_run(
+                    root, eid, repeat=r, tps=tps * NOISE[r], extra_arguments={field: value}
+                )
+            else:
+                run = write_run(root, eid, repeat=r, tps=tps * NOISE[r])
+                _edit(run / ".." / eid, "spec.json", **{field: value})
+    return root
+
+
+@pytest.mark.parametrize(
+    ("field", "values", "label"),
+    [
+        ("packing", (True, False), ("packed", "unpacked")),
+        ("torch_dtype", ("bfloat16", "float32"), ("bfloat16", "float32")),
+        ("device", ("gpu", "cpu"), ("gpu", "cpu")),
+    ],
+)
+def test_packing_dtype_and_device_are_separate_cells(tmp_path, field, values, label) -> None:
+    # reproduced from the issue: 3 packed runs at ~1000 tok/s and 3 unpacked at ~600
+    # became one cell with n = 6 and a median between the two
+    new = _load(_two_kinds(tmp_path / "new", field, values))
+    ref = _load(_two_kinds(tmp_path / "ref", field, values))
+    result = compare(new, ref, metrics=["tokens_per_second_global"])
+    assert field in result.keys
+    assert len(result.table) == 2 and set(result.table["n_new"]) == {3}
+    assert set(result.table["n_ref"]) == {3}
+    medians = {
+        next(word for word in cell_label(row, result.keys).split(" · ") if word in label): row[
+            "new"
+        ]
+        for row in result.table.to_dict("records")
+    }
+    assert medians == {label[0]: pytest.approx(1000.0), label[1]: pytest.approx(600.0)}
+    assert result.regressions.empty
+
+
+def test_trainer_and_task_are_keys_when_both_sides_have_them(tmp_path) -> None:
+    for side, trainer in (("new", "trl"), ("ref", "hf"), ("bare", None)):
+        for r in range(2):
+            extra = {"trainer": trainer, "task": "sft"} if trainer else {}
+            write_run(tmp_path / side, f"x.r{r}", repeat=r, extra_arguments=extra)
+    new, ref, bare = (_load(tmp_path / side) for side in ("new", "ref", "bare"))
+    different = compare(new, ref)
+    assert {"trainer", "task"} <= set(different.keys)
+    assert different.table.empty and len(different.only_new) == len(different.only_ref) == 1
+    same = compare(new, new)
+    assert len(same.table) > 0 and "trainer" in same.keys
+    one_sided = compare(new, bare)  # a reference from before there was a choice of trainer
+    assert "trainer" not in one_sided.keys and len(one_sided.table) > 0
+    assert any("matched without" in n and "trainer, task" in n for n in one_sided.notes)
+
+
+def test_outputs_and_bookkeeping_are_never_keys(tmp_path) -> None:
+    # the predecessor's epoch is measured (it varies with the data and the batch), and its
+    # index is the row's position in the matrix: neither says which experiment a row is
+    header = "epoch,index,framework_config,model_name_or_path,num_gpus,per_device_train_batch_size,r,train_runtime,train_tokens_per_second\n"
+    ref = tmp_path / "ref.csv"
+    ref.write_text(
+        header + "0.15,0,none,org/model,1,4,16,100,1000\n0.29,1,none,org/model,1,8,16,100,1100\n"
+    )
+    new = tmp_path / "new.csv"
+    new.write_text(
+        header + "0.3,0,none,org/model,1,8,16,100,1000\n0.16,1,none,org/model,1,4,16,100,900\n"
+    )
+    result = compare(_load(new), _load(ref), metrics=["train_tokens_per_second"])
+    assert "epoch" not in result.keys and "index" not in result.keys
+    assert "per_device_train_batch_size" in result.keys
+    assert "outputs and bookkeeping, not used to match rows: epoch, index" in result.notes
+    by_batch = result.table.set_index("per_device_train_batch_size")
+    assert by_batch.loc["4", "change"] == pytest.approx(900 / 1000 - 1)
+    assert by_batch.loc["8", "change"] == pytest.approx(1000 / 1100 - 1)
+
+
+#: the predecessor's configuration columns in these two tables (everything else is measured,
+#: or bookkeeping: epoch, index, train_*, memory)
+FMS_CONFIG = (
+    "framework_config",
+    "model_name_or_path",
+    "num_gpus",
+    "per_device_train_batch_size",
+    "peft_method",
+    "fp16",
+    "learning_rate",
+    "lora_alpha",
+    "lora_dropout",
+    "r",
+    "target_modules",
+)
+
+
+def _fms_cells(path: Path) -> dict[tuple[Any, ...], bool]:
+    """Configuration -> whether the run has metrics, read with the csv module alone."""
+
+    def spell(value: str) -> Any:
+        try:
+            return float(value)  # 2e-5 and 2.00E-05, 16 and 16.0
+        except ValueError:
+            return value.strip()
+
+    cells: dict[tuple[Any, ...], bool] = {}
+    for row in csv.DictReader(path.open()):
+        key = tuple(spell(row.get(c) or "") for c in FMS_CONFIG)
+        assert key not in cells  # one run per configuration in these tables
+        cells[key] = bool(row["train_runtime"].strip())
+    return cells
+
+
+def test_two_published_predecessor_tables(tmp_path) -> None:
+    # fms-acceleration scripts/benchmarks/refs/a100_80gb.csv as published at 735cac8
+    # (2024-06-07) and at f1895b7 (2024-05-27). With epoch as a key nothing matched:
+    # the May run's epochs (0.04, 0.07) are not the June run's (0.15, 0.29).
+    new_path = FIXTURES / "fms_a100_80gb_2024-06-07.csv"
+    ref_path = FIXTURES / "fms_a100_80gb_2024-05-27.csv"
+    result = compare(_load(new_path), _load(ref_path), metrics=["train_tokens_per_second"])
+    assert set(result.keys) == set(FMS_CONFIG)
+    new_cells, ref_cells = _fms_cells(new_path), _fms_cells(ref_path)
+    both = new_cells.keys() & ref_cells.keys()
+    assert len(new_cells) - len(result.only_new) == len(both)
+    assert len(ref_cells) - len(result.only_ref) == len(both)
+    # the table: every cell with metrics on both sides (no cell was ok and is lost now)
+    compared = [k for k in both if new_cells[k] and ref_cells[k]]
+    assert len(result.table) == len(compared) >= 40
+    assert "outputs and bookkeeping, not used to match rows: epoch" in result.notes
+    assert any("matched without torch_dtype" in n for n in result.notes)
+
+
+def test_key_spellings_agree(tmp_path) -> None:
+    # a column with blanks is read as floats (16.0), one without as integers (16);
+    # learning rates come as 2.00E-04 or 0.0002
+    header = "framework_config,model_name_or_path,num_gpus,peft_method,r,learning_rate,train_runtime,train_tokens_per_second\n"
+    ref = tmp_path / "ref.csv"
+    ref.write_text(
+        header + "none,m,1,lora,16,2.00E-04,100,1000\n"
+        "none,m,1,lora,8,2.00E-04,100,2000\n"
+        "none,m,1,,,2.00E-05,100,3000\n"
+    )
+    new = tmp_path / "new.csv"
+    new.write_text(header + "none,m,1,lora,16,0.0002,100,1000\nnone,m,1,lora,8,0.0002,100,2000\n")
+    result = compare(_load(new), _load(ref), metrics=["train_tokens_per_second"])
+    assert {"r", "learning_rate"} <= set(result.keys)
+    assert len(result.table) == 2 and result.only_new.empty and len(result.only_ref) == 1
+    assert sorted(result.table["r"]) == ["16", "8"]
+    assert set(result.table["learning_rate"]) == {"0.0002"}
+    # a yes/no column with blanks becomes 1.0/NaN when read from a CSV file
+    ours = _load(_results(tmp_path / "ours", repeats=1))
+    assert ours["packing"].tolist() == [True, True]
+    as_read = ours.assign(packing=1.0)
+    result = compare(ours, as_read, metrics=["tokens_per_second_global"])
+    assert len(result.table) == 2 and set(result.table["packing"]) == {"true"}
+
+
+# --- conditions that differ between the sides ------------------------------------------------
+
+
+def test_different_gpus_memory_sources_and_run_modes_are_marked(tmp_path, capsys) -> None:
+    ref = _results(tmp_path / "ref", repeats=3)
+    new = _results(tmp_path / "new", repeats=3, scale=0.8)
+    for run in (ref / "runs").iterdir():
+        _edit(run, "result.json", gpu_device_name="NVIDIA A100-SXM4-80GB")
+        _edit(run, "outcome.json", run_mode="alone")
+        if run.name.startswith("b."):  # no sidecar figures: the peak comes from the RSS
+            _edit(run, "outcome.json", memory=None)
+    for run in (new / "runs").iterdir():
+        _edit(run, "outcome.json", run_mode="packed" if run.name.startswith("a.") else "alone")
+    result = compare(_load(new), _load(ref), metrics=["tokens_per_second_global"])
+    table = result.table.set_index("num_gpus")
+    assert table.loc["1", "differs"] == "gpu_device_name, run_mode"
+    assert table.loc["2", "differs"] == "gpu_device_name, peak_memory_source"
+    assert (
+        "peak_memory_source: resident memory of a training process (ref) vs NVML peak"
+        in (table.loc["2", "mismatch"])
+    )
+    assert table.loc["1", "mismatch"] == (
+        "gpu_device_name: NVIDIA A100-SXM4-80GB (ref) vs NVIDIA H100 80GB HBM3 (new); "
+        "run_mode: alone (ref) vs packed (new)"
+    )
+    assert (
+        "gpu_device_name differs between the sides in 2 matched cell(s), "
+        "marked ≠ (columns differs and mismatch)" in result.notes
+    )
+    md = markdown(result, "new", "ref", 0.1)
+    assert "1 GPU · bs 8/dev · seq 1024 · packed · gpu · eb 8 (≠ gpu_device_name, run_mode)" in md
+    assert "; ≠ gpu_device_name: NVIDIA A100-SXM4-80GB (ref) vs NVIDIA H100 80GB HBM3 (new)" in md
+    assert main(["compare", str(new), str(ref), "--no-plots"]) == 1
+    out = capsys.readouterr().out
+    assert "eb 8 (≠ gpu_device_name, run_mode): tokens_per_second_global -20.0%" in out
+    assert "note: run_mode differs between the sides in 1 matched cell(s)" in out
+    assert "differs" in next(csv.DictReader((new / "compare.csv").open()))
+    same = compare(_load(ref), _load(ref), metrics=["tokens_per_second_global"])
+    assert set(same.table["differs"]) == {""} and "≠" not in markdown(same, "a", "b", 0.1)
+
+
+def test_an_interrupted_cell_is_lost(tmp_path) -> None:
+    ref = _results(tmp_path / "ref", repeats=1)
+    new = tmp_path / "new"
+    write_run(new, "a.r0", cell_id="a", num_gpus=1)
+    write_run(new, "b.r0", cell_id="b", num_gpus=2, status="interrupted", error="stopped (SIGINT)")
+    result = compare(_load(new), _load(ref))
+    (lost,) = result.regressions[result.regressions["metric"] == "status"].itertuples()
+    assert lost.new == "interrupted" and lost.why == "was ok, now interrupted: stopped (SIGINT)"

@@ -65,7 +65,8 @@ def test_cells_aggregate_repeats(tmp_path) -> None:
         a["tokens_per_second_global_min"] == 900.0 and a["tokens_per_second_global_max"] == 1200.0
     )
     mean = (900 + 1000 + 1200) / 3
-    std = (((900 - mean) ** 2 + (1000 - mean) ** 2 + (1200 - mean) ** 2) / 3) ** 0.5
+    # the sample standard deviation (ddof=1)
+    std = (((900 - mean) ** 2 + (1000 - mean) ** 2 + (1200 - mean) ** 2) / 2) ** 0.5
     assert a["tokens_per_second_global_cv"] == pytest.approx(std / mean)
     assert a["step_time_median_s"] == 0.45
     assert a["peak_memory_bytes"] == 11 * GIB  # NVML peak, median of 10, 11, 12 GiB
@@ -139,8 +140,8 @@ def test_written_files(tmp_path) -> None:
 
     md = (root / "summary.md").read_text()
     assert "8 experiment(s) in 6 cell(s)" in md
-    # CV of 900, 1000, 1200: population std 124.7 over mean 1033.3
-    assert "| org/model | fsdp | 1 | 8 × 1 | 1,000 ±12.1% | 1,000 ±12.1% | 11.00 |" in md
+    # CV of 900, 1000, 1200: sample standard deviation (ddof=1) 152.8 over mean 1033.3
+    assert "| org/model | fsdp | 1 | 8 × 1 | 1,000 ±14.8% | 1,000 ±14.8% | 11.00 |" in md
     assert (
         "- oom: org/model, ddp, 2 GPU(s): CUDA out of memory. Tried to allocate 2 GiB (log: `runs/b.g2/stderr.log`)"
         in md

@@ -41,7 +41,26 @@ def test_bad_input() -> None:
         mann_whitney_u([1.0], [2.0], "sideways")
 
 
-def test_cv() -> None:
+def test_cv_uses_the_sample_standard_deviation() -> None:
     assert cv([1.0]) is None
+    assert cv([0.0, 0.0]) is None
     assert cv([2.0, 2.0]) == 0.0
-    assert cv([1.0, 3.0]) == pytest.approx(0.5)
+    # mean 2, squared deviations 1 + 1 over n - 1 = 1: sd sqrt(2) (the population sd is 1)
+    assert cv([1.0, 3.0]) == pytest.approx(math.sqrt(2) / 2)
+    # 900, 1000, 1200: mean 1033.3, squared deviations 17777.8 + 1111.1 + 27777.8 = 46666.7
+    assert cv([900.0, 1000.0, 1200.0]) == pytest.approx(math.sqrt(46666.67 / 2) / 1033.333)
+
+
+def test_report_cells_use_the_sample_standard_deviation(tmp_path) -> None:
+    """The report's CV of repeats agrees with ``cv`` (ddof=1), not numpy's population default."""
+    from fakeruns import write_run
+
+    from orchestrator import collect
+    from orchestrator.report import CostSettings, add_derived, aggregate
+
+    for r, tps in enumerate((900.0, 1000.0, 1200.0)):
+        write_run(tmp_path, f"a.r{r}", cell_id="a", repeat=r, tps=tps)
+    cells = aggregate(add_derived(collect.load(tmp_path), CostSettings()))
+    (cell,) = cells.to_dict("records")
+    assert cell["tokens_per_second_global_cv"] == pytest.approx(cv([900.0, 1000.0, 1200.0]))
+    assert cell["tokens_per_second_global_cv"] == pytest.approx(0.14783, abs=1e-5)
