@@ -14,7 +14,7 @@
 #   DRY_RUN=true              print the matrix and the exact commands; write nothing
 #   NO_OVERWRITE=true         resume: skip experiments whose result is already ok
 #   NO_DATA_PROCESSING=true   train on the dataset file as it is
-#   MEMORY_LOGGING=all|nvidia|huggingface   what measures memory (default: all)
+#   MEMORY_LOGGING=all|nvidia|huggingface|hf-tracker   what measures memory (default: all)
 #   EFFECTIVE_BS_MATRIX="4 8" effective batch sizes (default: the scenarios file's)
 #   DEVICE=auto|gpu|cpu       plan for GPUs or the CPU (default: auto)
 #   EXECUTOR=local|slurm      run here one job at a time (default), or submit each

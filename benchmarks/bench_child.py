@@ -1,8 +1,10 @@
 """The training child's own cost. Targets (issue: the trainer entry):
 
-- with all measurement on, the child keeps at least 98% of the throughput of
+- with all measurement on, the child keeps at least 99% of the throughput of
   the same training loop with measurement off (``instrumentation: false``:
-  no step clock, no token counting, no memory metrics);
+  no step clock, no token counting, no memory metrics); "on" includes the
+  memory stages of the default ``MEMORY_LOGGING=all`` (torch.cuda counters read
+  at stage boundaries, no thread; HF's polling tracker only with ``hf-tracker``);
 - the time from process start to the first training step, broken down.
 
 Usage: python benchmarks/bench_child.py [--runs N] [--steps S]
@@ -11,7 +13,10 @@ Both variants train the same small Llama architecture (random weights, built
 here) on packed blocks, so each run's token count is exactly steps × batch ×
 length, and each is timed by the trainer's own ``train_runtime``, the one
 clock both have. Runs alternate (A B A B ...) so drift hits both alike; the
-median of each is compared. Exit code 1 if the target is missed.
+median of each is compared, and the spread is reported as the ratio of each
+adjacent pair (instrumented run over the bare run right after it): on a
+machine whose run-to-run noise is larger than the effect, the pair ratios
+straddle 1 and more runs are needed. Exit code 1 if the target is missed.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from orchestrator.values import MEMORY_LOGGING
+
 REPO = Path(__file__).resolve().parent.parent
+TARGET = 0.99
 
 ARCH = {
     "model_type": "llama",
@@ -42,6 +50,8 @@ ARCH = {
 def run_once(folder: Path, arch: Path, steps: int, instrumented: bool) -> dict:
     spec = {
         "device": "cpu",
+        # what the default MEMORY_LOGGING=all writes into every spec
+        "memory_stages": MEMORY_LOGGING["all"][1],
         "arguments": {
             "model_name_or_path": f"config:{arch}",
             "max_seq_len": 256,
@@ -67,8 +77,8 @@ def run_once(folder: Path, arch: Path, steps: int, instrumented: bool) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="runs of each variant")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--runs", type=int, default=8, help="runs of each variant")
+    parser.add_argument("--steps", type=int, default=80)
     args = parser.parse_args()
     tokens = args.steps * 4 * 256
 
@@ -104,8 +114,17 @@ def main() -> int:
     print(
         f"  instrumented  steady-state tokens/s (warm-up excluded): median {statistics.median(steady):9.0f}"
     )
+    pairs = sorted(i / b for i, b in zip(instrumented, bare, strict=True))
+    quartiles = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else [pairs[0]] * 3
     print(
-        f"  instrumented / bare = {ratio:.4f}  (target ≥ 0.98: {'met' if ratio >= 0.98 else 'MISSED'})"
+        f"  instrumented / bare = {ratio:.4f}  (target ≥ {TARGET}: "
+        f"{'met' if ratio >= TARGET else 'MISSED'})"
+    )
+    print(
+        f"  spread: pair ratios min {pairs[0]:.3f}, quartiles {quartiles[0]:.3f} / "
+        f"{quartiles[1]:.3f} / {quartiles[2]:.3f}, max {pairs[-1]:.3f}; run-to-run CV "
+        f"bare {statistics.stdev(bare) / statistics.fmean(bare):.1%}, instrumented "
+        f"{statistics.stdev(instrumented) / statistics.fmean(instrumented):.1%}"
     )
 
     print("time to first step (median of the instrumented runs, seconds):")
@@ -121,7 +140,7 @@ def main() -> int:
         print(f"  {key:<22} {statistics.median(r['timings'][key] for r in results):7.3f}")
     total = statistics.median(r["timings"]["time_to_first_step_s"] for r in results)
     print(f"  {'time_to_first_step_s':<22} {total:7.3f}  (process start to the end of step 1)")
-    return 0 if ratio >= 0.98 else 1
+    return 0 if ratio >= TARGET else 1
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from orchestrator.config import BenchConfig, load_config
 from orchestrator.errors import UserError
 from orchestrator.matrix import Plan, Selection, build_plan, parse_filters
 from orchestrator.paths import ResultsLayout, shipped
+from orchestrator.values import MEMORY_LOGGING
 
 PROG = "tunematrix"
 
@@ -647,9 +648,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--memory-logging",
-        choices=("all", "nvidia", "huggingface"),
+        choices=tuple(MEMORY_LOGGING),
         default="all",
-        help="memory measurement: NVML/psutil sidecar, HF metrics, or both (default: all)",
+        help="memory measurement: all (sidecar and GPU stage figures from torch.cuda "
+        "counters), nvidia (sidecar only), huggingface (stage figures only), hf-tracker "
+        "(stage figures from HF's TrainerMemoryTracker, whose polling thread slows "
+        "training) (default: all)",
     )
     g.add_argument(
         "--pack",

@@ -36,7 +36,12 @@ from orchestrator.values import (
     type_name,
 )
 from orchestrator.yamlio import Loc, YamlDoc, load_yaml
-from trainer_entry.argnames import unknown_argument
+from trainer_entry.argnames import (
+    BATCH_SHARING_SIZES,
+    batch_sharing_problem,
+    refused_argument,
+    unknown_argument,
+)
 
 # ---------------------------------------------------------------------------
 # Resolved configuration (what the matrix is built from)
@@ -127,6 +132,9 @@ def _check_arguments(doc: YamlDoc, arguments: Mapping[str, Any], loc: Loc) -> No
         problem = check_value(value, (*loc, key))
         if problem:
             raise doc.error(*problem)
+        refused = refused_argument(key, value)
+        if refused:
+            raise doc.error(refused, (*loc, key))
 
 
 def _check_unique(doc: YamlDoc, values: Sequence[Any], loc: Loc, what: str) -> None:
@@ -163,6 +171,13 @@ def load_accelerate_config(
     problem = check_value(doc.data, ())
     if problem:
         raise doc.error(*problem)
+    parallelism = doc.data.get("parallelism_config")
+    if isinstance(parallelism, dict):
+        # accelerate copies these keys to its launch flags: parallelism_config_tp_size, ...
+        names = (f"parallelism_config_{n}_size" for n in BATCH_SHARING_SIZES)
+        refused = batch_sharing_problem({name: parallelism.get(name) for name in names})
+        if refused:
+            raise doc.error(refused, ("parallelism_config",))
     return AccelerateConfig(path=path.resolve(), data=doc.data)
 
 
@@ -266,6 +281,10 @@ def _resolve_scenario(
         if bad_value:
             raise doc.error(*bad_value)
         _check_unique(doc, values, sl, "sweep value")
+        for i, value in enumerate(values):
+            refused = refused_argument(key, value)
+            if refused:
+                raise doc.error(refused, (*sl, i))
         for fname in fw_names:
             if fname is not None and key in frameworks[fname].arguments:
                 raise doc.error(

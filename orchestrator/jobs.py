@@ -29,6 +29,7 @@ from orchestrator.result import read_result
 from orchestrator.sidecar import parse_ready, read_samples, summarize
 from orchestrator.spec import spec_for, write_spec
 from orchestrator.status import classify
+from orchestrator.values import MEMORY_LOGGING
 
 DEFAULT_TIMEOUT_S = 3600.0
 GRACE_S = 10.0
@@ -40,7 +41,10 @@ class RunOptions:
     timeout_s: float | None = None
     resume: bool = False
     fail_fast: bool = False
-    #: ``all``, ``nvidia`` (sidecar only) or ``huggingface`` (HF metrics only)
+    #: a key of ``orchestrator.values.MEMORY_LOGGING``: ``all`` (sidecar and the GPU
+    #: memory stages from torch.cuda counters), ``nvidia`` (sidecar only), ``huggingface``
+    #: (stages only) or ``hf-tracker`` (stages from HF's TrainerMemoryTracker, whose
+    #: polling thread slows training; only when asked for by name)
     memory_logging: str = "all"
     no_data_processing: bool = False
     sidecar_interval_s: float = 0.1
@@ -340,7 +344,7 @@ def run_experiment(
         (run.dir / f"sidecar{suffix}.log").open("w") as side,
     ):
         try:
-            if options.memory_logging in ("all", "nvidia"):
+            if _wants_sidecar(options):
                 sidecar = start_sidecar(memory_path, devices, options.sidecar_interval_s, side)
             proc = subprocess.Popen(
                 argv,
@@ -394,13 +398,17 @@ def run_experiment(
         outcome.memory_backend = sidecar.backend
         outcome.gpu_device_name = sidecar.devices
         outcome.memory = summarize(read_samples(memory_path))
-    elif options.memory_logging in ("all", "nvidia"):
+    elif _wants_sidecar(options):
         outcome.memory_backend = "unavailable (the sidecar did not start; see stderr.log)"
     if packed_with:
         outcome.run_mode, outcome.packed_with = "packed", sorted(packed_with)
     if primary:
         write_outcome(run, outcome)
     return outcome
+
+
+def _wants_sidecar(options: RunOptions) -> bool:
+    return MEMORY_LOGGING[options.memory_logging][0]
 
 
 def timeout_for(experiment: Experiment, options: RunOptions) -> float:
@@ -416,7 +424,7 @@ def write_experiment_spec(
         experiment,
         run,
         layout.data,
-        hf_memory_metrics=options.memory_logging in ("all", "huggingface"),
+        memory_stages=MEMORY_LOGGING[options.memory_logging][1],
         no_data_processing=options.no_data_processing,
     )
     write_spec(spec, run.spec)

@@ -17,13 +17,20 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from orchestrator.errors import UserError
 from orchestrator.experiment import Experiment
 from orchestrator.paths import RunPaths, write_atomic
+from orchestrator.values import MemoryStages
 
 SPEC_SCHEMA_VERSION = 1
+
+#: ``RunSpec.memory_stages`` -> the ``mem_stage_source`` a result reports for it
+MEMORY_STAGE_SOURCES = {
+    "torch": "torch.cuda counters",
+    "hf-tracker": "hf TrainerMemoryTracker",
+}
 
 
 class RunSpec(BaseModel):
@@ -60,10 +67,27 @@ class RunSpec(BaseModel):
     output_dir: str = "trainer_output"
     #: cache of prepared (tokenized) datasets, shared by the runs of a results folder
     data_dir: str = "data"
-    #: collect the HF Trainer's memory metrics (``skip_memory_metrics=False``)
-    hf_memory_metrics: bool = False
+    #: what measures the GPU memory stages (before init, init, train; the predecessor's
+    #: ``mem_*_torch_mem_alloc_in_bytes``): ``torch``, torch.cuda's counters read at
+    #: stage boundaries (no thread); ``hf-tracker``, HF's TrainerMemoryTracker
+    #: (``skip_memory_metrics=False``: a thread polls memory for all of training);
+    #: None, neither. Old specs' ``hf_memory_metrics: true/false`` read as ``torch``/None.
+    memory_stages: MemoryStages | None = "torch"
     #: train on the dataset file as it is: no formatting, no cache
     no_data_processing: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_memory_flag(cls, data: Any) -> Any:
+        # spec.json files written before memory_stages had a boolean hf_memory_metrics;
+        # what it asked for (the stage figures) now comes from the thread-free counters
+        if isinstance(data, dict) and "hf_memory_metrics" in data:
+            data = dict(data)
+            old = data.pop("hf_memory_metrics")
+            if not isinstance(old, bool):
+                raise ValueError(f"hf_memory_metrics must be true or false, got {old!r}")
+            data.setdefault("memory_stages", "torch" if old else None)
+        return data
 
     def resolve(self, base: Path) -> RunSpec:
         """The same spec with its paths made absolute against ``base``."""
@@ -80,7 +104,7 @@ def spec_for(
     run: RunPaths,
     data_dir: Path,
     *,
-    hf_memory_metrics: bool,
+    memory_stages: MemoryStages | None,
     no_data_processing: bool,
 ) -> RunSpec:
     """The spec of one experiment's run, with absolute paths."""
@@ -89,7 +113,7 @@ def spec_for(
         result_path=str(run.result.resolve()),
         output_dir=str(run.output_dir.resolve()),
         data_dir=str(data_dir.resolve()),
-        hf_memory_metrics=hf_memory_metrics,
+        memory_stages=memory_stages,
         no_data_processing=no_data_processing,
     )
 
@@ -116,7 +140,7 @@ def read_spec(path: Path) -> RunSpec:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise UserError(
-            f"{path}: {where}: {first['msg']}"
+            f"{path}: {where + ': ' if where else ''}{first['msg']}"
             + (f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else "")
         ) from None
     if spec.schema_version != SPEC_SCHEMA_VERSION:

@@ -62,6 +62,9 @@ EXTRA_METRICS = (
     "peak_tflops_per_device",
     "torch_max_memory_allocated_bytes",
     "torch_max_memory_reserved_bytes",
+    "mem_load_peak_bytes",
+    "mem_stage_source",
+    "mfu_precision",
 )
 
 OUTCOME_COLUMNS = (
@@ -76,6 +79,8 @@ OUTCOME_COLUMNS = (
     "time_to_first_step_s",
     "data_cache_hit",
     "data_tokens",
+    "mem_tree_peak_pss_bytes",
+    "mem_tree_peak_measure",
     "mem_tree_peak_rss_bytes",
     "mem_nvidia_peak_bytes_mean",
     "mem_nvidia_peak_bytes_max",
@@ -123,6 +128,10 @@ def build_row(
             row[key] = metrics[key]
     memory = outcome.get("memory") or {}
     row["mem_nvidia_mem_reserved"] = memory.get("mem_nvidia_mem_reserved")
+    # the job's tree: PSS (shared pages split between the processes that map them), and
+    # whether RSS stood in for a process; the summed RSS counts shared pages once per process
+    row["mem_tree_peak_pss_bytes"] = memory.get("mem_tree_peak_pss_bytes")
+    row["mem_tree_peak_measure"] = memory.get("mem_tree_peak_measure")
     row["mem_tree_peak_rss_bytes"] = memory.get("mem_tree_peak_rss_bytes")
     row["mem_nvidia_peak_bytes_mean"] = memory.get("mem_nvidia_peak_bytes_mean")
     row["mem_nvidia_peak_bytes_max"] = memory.get("mem_nvidia_peak_bytes_max")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 from orchestrator.yamlio import Loc
 
@@ -23,6 +23,20 @@ RESERVED_ARGUMENTS = ("num_gpus", "repeat", "repeats")
 
 #: The framework label used for "no overlay" (``null`` in ``framework_config``).
 NO_FRAMEWORK = "none"
+
+#: ``MEMORY_LOGGING`` / ``--memory-logging``: value -> (run the NVML/psutil sidecar,
+#: what fills the GPU memory stage columns: see ``orchestrator.spec.MEMORY_STAGE_SOURCES``).
+#: ``all`` and ``huggingface`` keep the predecessor's stage figures but read them from
+#: torch.cuda counters at stage boundaries; only ``hf-tracker`` runs HF's
+#: TrainerMemoryTracker, whose thread polls memory during all of training.
+MemoryStages = Literal["torch", "hf-tracker"]
+MEMORY_LOGGING: dict[str, tuple[bool, MemoryStages | None]] = {
+    "all": (True, "torch"),
+    "nvidia": (True, None),
+    "huggingface": (False, "torch"),
+    # the predecessor's ``all``: the sidecar and HF's own tracker
+    "hf-tracker": (True, "hf-tracker"),
+}
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _NAME_MAX = 64

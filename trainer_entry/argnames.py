@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 FIELDS_FILE = Path(__file__).resolve().parent / "assets" / "training_arguments.json"
@@ -77,6 +78,66 @@ DROPPED = {
 CONTROLLED = frozenset({"output_dir", "skip_memory_metrics", "use_cpu"})
 
 OWN_KEYS = MODEL_KEYS | PEFT_KEYS | MEASURE_KEYS | DATA_KEYS
+
+#: TrainingArguments that would make a row describe a run other than the one measured:
+#: name -> (why, what to do). Refused while planning and again by the child.
+REFUSED = {
+    "auto_find_batch_size": (
+        "on an out-of-memory error it halves the batch and restarts, so the row would report "
+        "a batch it did not train with and count the failed attempt's tokens",
+        "remove it; a cell that does not fit is reported with status oom",
+    ),
+    "parallelism_config": (
+        "tensor, context or sequence parallelism feeds the same batch to several ranks, so "
+        "tokens counted on every rank would be counted more than once",
+        "remove it; use data parallelism (a DDP or FSDP accelerate config)",
+    ),
+}
+
+#: accelerate's parallelism sizes (``parallelism_config_<x>_size`` in an accelerate config,
+#: ``PARALLELISM_CONFIG_<X>_SIZE`` in a launched process) whose ranks share batches
+BATCH_SHARING_SIZES = ("tp", "cp", "sp")
+
+
+def refused_argument(key: str, value: object) -> str | None:
+    """Why ``key: value`` is refused (with what to do), or None when it is accepted.
+
+    Only a value that turns the feature on is refused: ``auto_find_batch_size: false``
+    and ``parallelism_config: null`` (or any empty value) are the defaults and change
+    nothing. The reason leaves the key out: callers put its path in front.
+    """
+    if key not in REFUSED or not value:
+        return None
+    why, todo = REFUSED[key]
+    shown = json.dumps(value) if isinstance(value, (bool, int, float, str)) else "a value"
+    return f"{shown} is refused: {why}; {todo}"
+
+
+def batch_sharing_problem(sizes: Mapping[str, object], where: str = "") -> str | None:
+    """Why these parallelism sizes (read from ``where``) are refused, or None.
+
+    ``sizes`` maps the name the user wrote (``parallelism_config_tp_size``, or
+    ``PARALLELISM_CONFIG_TP_SIZE``) to its value; unset is None. Data parallelism (DDP,
+    FSDP's dp_shard and dp_replicate) gives each rank its own batch; tensor, context and
+    sequence parallelism split one batch over several ranks, and the child's token counts
+    and effective batch assume the former.
+    """
+    prefix = f"{where}: " if where else ""
+    bad = []
+    for name, value in sizes.items():
+        try:
+            size = int(str(value)) if value is not None else 1
+        except ValueError:
+            return f"{prefix}{name} must be an integer, got {value!r}"
+        if size > 1:
+            bad.append(f"{name} {size}")
+    if not bad:
+        return None
+    return (
+        f"{prefix}{', '.join(bad)} is refused: tensor, context or sequence parallelism feeds "
+        "the same batch to several ranks, so tokens counted on every rank would be counted "
+        "more than once; set it to 1 and use data parallelism (DDP or FSDP)"
+    )
 
 
 def training_fields() -> frozenset[str]:

@@ -10,16 +10,21 @@ silently does nothing. A few old spellings are translated.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.spec import RunSpec
 from trainer_entry.argnames import (
+    BATCH_SHARING_SIZES,
     CONTROLLED,
     DATA_ALIASES,
     DROPPED,
     OWN_KEYS,
+    REFUSED,
     RENAMED,
+    batch_sharing_problem,
+    refused_argument,
     training_fields,
     unknown_argument,
 )
@@ -140,6 +145,10 @@ def parse_arguments(
     for key in CONTROLLED & args.keys():
         args.pop(key)
         notes.append(f"argument '{key}' is set by tunematrix and was ignored")
+    for key in sorted(REFUSED.keys() & args.keys()):
+        refused = refused_argument(key, args[key])
+        if refused:
+            raise SpecError(f"spec arguments.{key}: {refused}")
 
     if known_fields is not None:
         fields = known_fields
@@ -196,6 +205,24 @@ def parse_arguments(
         pad_to_multiple_of=pad_multiple,
         notes=notes,
     )
+
+
+def check_launch_env(env: Mapping[str, str]) -> None:
+    """Refuse a launch whose ranks share batches (accelerate's parallelism config).
+
+    ``accelerate launch`` passes an accelerate config's ``parallelism_config`` to the
+    process as ``PARALLELISM_CONFIG_<X>_SIZE``; the orchestrator refuses such configs
+    while planning, this catches them in a spec or command run by hand.
+    """
+    # accelerate reads the sizes only under this flag (accelerator.py)
+    if env.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() != "true":
+        return
+    names = (f"PARALLELISM_CONFIG_{n.upper()}_SIZE" for n in BATCH_SHARING_SIZES)
+    problem = batch_sharing_problem(
+        {name: env.get(name) for name in names}, "accelerate parallelism_config"
+    )
+    if problem:
+        raise SpecError(problem)
 
 
 def _model_config(spec: RunSpec, args: dict[str, Any]) -> ModelConfig:

@@ -467,9 +467,12 @@ class SequenceDataset(torch.utils.data.Dataset[dict[str, np.ndarray]]):
 class Collator:
     """Right-pads a batch and says how many of its tokens are real.
 
-    ``num_real_tokens`` (attention-mask ones) and ``num_padded_tokens`` (the
-    whole rectangle) ride along as plain ints, which the trainer removes
-    before the forward pass; being ints, they never touch the device.
+    ``num_real_tokens`` (attention-mask ones), ``num_padded_tokens`` (the
+    whole rectangle) and ``real_lengths`` (each row's real length, what
+    attention FLOPs are computed from) ride along as plain ints, which the
+    trainer removes before the forward pass; being ints, they never touch the
+    device. A packed row is one sequence of its full length: packing keeps no
+    document boundaries, so its tokens attend across the whole row.
     """
 
     pad_token_id: int
@@ -495,4 +498,5 @@ class Collator:
             "labels": labels,
             "num_real_tokens": int(sum(lengths)),
             "num_padded_tokens": n * width,
+            "real_lengths": lengths,
         }

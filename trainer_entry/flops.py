@@ -1,50 +1,121 @@
 """Analytic FLOPs per token of a training step, and MFU against a peak table.
 
-Counted per token, for a decoder with ``L`` layers, attention width ``d_attn``
-(heads × head dim) and sequence length ``s``:
+Definitions (all per real token, i.e. padding excluded, of one optimizer step):
 
-- every linear layer (``in × out`` weight): forward ``2·in·out``; backward
+- **Weight matrices.** Every linear layer (``in × out`` weight; GPT-2's
+  ``Conv1D`` is one, transposed) costs forward ``2·in·out``; backward
   ``2·in·out`` for the input gradient, plus ``2·in·out`` for the weight
   gradient only when the weight is trained. So full fine-tuning costs
-  ``6·N``, and LoRA costs ``4·N`` for the frozen weights (forward and input
-  gradient, no weight gradient) plus ``6·N`` for the adapters;
-- attention scores and mixing: forward ``4·s·d_attn`` per layer (QKᵀ and
-  AV), backward twice that. Counted over the full ``s × s`` square, as
-  PyTorch's FLOP counter and most MFU reports do, although a causal kernel
-  may skip the masked half;
-- embeddings, norms, activations, softmax and the optimizer are left out
-  (memory-bound, small next to the matrix products).
+  ``6·N`` and LoRA ``4·N`` for the frozen weights plus ``6·N`` for the
+  adapters. With PEFT's ``modules_to_save`` only the copy that runs (the
+  trainable one) is counted, not the frozen original it keeps beside it.
+  The input gradient of the first layer's projections is counted although
+  nothing below them needs it when the embeddings are frozen (LoRA): the
+  estimate is up to ~5% above PyTorch's FLOP counter on tiny models, less
+  on real ones.
+- **Mixture of experts.** Experts stored as 3-D weights (``gate_up_proj``,
+  ``down_proj``: one matrix per expert) are counted for the experts a token
+  is routed to: ``num_experts_per_tok`` times each expert's matrices. The
+  router (``hidden × num_experts``) is counted for every token. Shared
+  experts are ordinary linear layers and counted as such. A 3-D weight the
+  formula does not recognise, or an attention layer type other than full or
+  sliding, gives no FLOPs figure (``FlopsUnavailable``) rather than a wrong one.
+- **Attention.** Scores and mixing cost forward ``4·d_attn·L`` per token and
+  layer (QKᵀ and AV; ``d_attn`` = query heads × head dim), backward twice
+  that, where ``L`` is the number of keys a token's row of the score matrix
+  spans: for a sequence of ``r`` real tokens ``L = r`` (the full ``r × r``
+  square, as PyTorch's FLOP counter and most MFU reports count it, although
+  a causal kernel may skip the masked half), capped at the window ``w`` on
+  sliding-window layers (``L = min(r, w)``). Averaged over the real tokens of
+  the run, ``L = Σ r·min(r, w) / Σ r``, which is ``Σ r² / Σ r`` without a
+  window — not the padded batch width. Packed data (``trainer_entry.data``)
+  keeps no document boundaries (no per-document position ids or
+  ``cu_seqlens``), so a packed row attends across its documents and ``r``
+  is the row length.
+- Embeddings, norms, activations, softmax, the loss and the optimizer are
+  left out (memory-bound, small next to the matrix products).
 
 This is the model FLOPs figure MFU is based on. With activation
 checkpointing the hardware also recomputes each decoder layer's forward;
 that is reported separately (``hardware_flops_per_token``) and not counted
 as useful work.
+
+MFU is achieved model FLOP/s per device over the device's dense peak for the
+precision the matrix products run in: FP8 when FP8 training is on
+(accelerate ``mixed_precision: fp8``), bf16/fp16 when the weights or the
+autocast are half precision, TF32 when fp32 matrix products are allowed to
+run in TF32 (``tf32: true``, or ``torch.backends.cuda.matmul.fp32_precision``
+is ``tf32``), plain fp32 otherwise. A device or precision without a known
+peak gets no MFU (``peak_tflops_per_device`` in the scenario's arguments sets
+one), and an MFU above 1 is reported as an error, not a number.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-#: Dense peak TFLOP/s per device, by the exact name ``torch.cuda.get_device_name()``
-#: reports: (bf16/fp16 tensor cores, fp32 without TF32). Sparsity figures are
-#: not used. An unknown device gets no MFU rather than a guess.
-PEAK_TFLOPS: dict[str, tuple[float, float]] = {
-    "NVIDIA A100-SXM4-80GB": (312.0, 19.5),
-    "NVIDIA A100-SXM4-40GB": (312.0, 19.5),
-    "NVIDIA A100-PCIE-40GB": (312.0, 19.5),
-    "NVIDIA A100 80GB PCIe": (312.0, 19.5),
-    "NVIDIA H100 80GB HBM3": (989.4, 66.9),  # H100 SXM
-    "NVIDIA H100 PCIe": (756.5, 51.2),
-    "NVIDIA H100 NVL": (835.5, 60.0),
-    "NVIDIA H200": (989.4, 66.9),
-    "NVIDIA L4": (121.0, 30.3),
-    "NVIDIA L40S": (362.05, 91.6),
-    "NVIDIA A10G": (125.0, 31.2),
-    "AMD Instinct MI300X": (1307.4, 163.4),
+from trainer_entry.measure import SequenceLengths
+
+ComputeMode = Literal["fp8", "bf16", "tf32", "fp32"]
+
+
+@dataclass(frozen=True)
+class DevicePeaks:
+    """Dense (no 2:4 sparsity) peak TFLOP/s of one device, by matrix-product precision."""
+
+    #: bf16 and fp16 tensor cores (the same figure on every device listed)
+    bf16: float
+    #: TF32 tensor cores; None where the device has none
+    tf32: float | None
+    #: fp32 without TF32
+    fp32: float
+    #: FP8 tensor cores; None where the device has none
+    fp8: float | None
+
+    def for_mode(self, mode: ComputeMode) -> float | None:
+        return {"fp8": self.fp8, "bf16": self.bf16, "tf32": self.tf32, "fp32": self.fp32}[mode]
+
+
+_A100 = DevicePeaks(bf16=312.0, tf32=156.0, fp32=19.5, fp8=None)
+_HOPPER_SXM = DevicePeaks(bf16=989.4, tf32=494.7, fp32=66.9, fp8=1978.9)
+
+#: Keyed by the exact name ``torch.cuda.get_device_name()`` reports. Sources, all
+#: the vendors' datasheets; where a datasheet gives figures "with sparsity" they
+#: are halved to the dense figure:
+#: - A100 (every form): NVIDIA A100 Tensor Core GPU datasheet — FP32 19.5,
+#:   TF32 156, BF16/FP16 312; Ampere has no FP8 tensor cores.
+#: - H100 SXM, H200: NVIDIA Hopper architecture whitepaper (H100 SXM5) and the
+#:   H200 datasheet (the same compute) — FP32 66.9, TF32 494.7, BF16 989.4,
+#:   FP8 1978.9.
+#: - H100 PCIe: NVIDIA H100 datasheet — FP32 51.2, TF32 756*, BF16 1513*, FP8 3026*.
+#: - H100 NVL: NVIDIA H100 NVL datasheet — FP32 60, TF32 835*, BF16 1671*, FP8 3341*.
+#: - L4: NVIDIA L4 datasheet — FP32 30.3, TF32 120*, BF16 242*, FP8 485*.
+#: - L40S: NVIDIA L40S datasheet — FP32 91.6, TF32 183, BF16 362.05, FP8 733.
+#: - MI300X: AMD Instinct MI300X datasheet — FP32 163.4, TF32 653.7,
+#:   BF16 1307.4, FP8 2614.9.
+#: (* with sparsity.) The A10G is left out on purpose: NVIDIA publishes no
+#: datasheet for it (the often quoted 125 TFLOPS is the A10's), so it gets no
+#: MFU unless a scenario sets ``peak_tflops_per_device``.
+PEAK_TFLOPS: dict[str, DevicePeaks] = {
+    "NVIDIA A100-SXM4-80GB": _A100,
+    "NVIDIA A100-SXM4-40GB": _A100,
+    "NVIDIA A100-PCIE-40GB": _A100,
+    "NVIDIA A100 80GB PCIe": _A100,
+    "NVIDIA H100 80GB HBM3": _HOPPER_SXM,
+    "NVIDIA H100 PCIe": DevicePeaks(bf16=756.5, tf32=378.0, fp32=51.2, fp8=1513.0),
+    "NVIDIA H100 NVL": DevicePeaks(bf16=835.5, tf32=417.5, fp32=60.0, fp8=1670.5),
+    "NVIDIA H200": _HOPPER_SXM,
+    "NVIDIA L4": DevicePeaks(bf16=121.0, tf32=60.0, fp32=30.3, fp8=242.5),
+    "NVIDIA L40S": DevicePeaks(bf16=362.05, tf32=183.0, fp32=91.6, fp8=733.0),
+    "AMD Instinct MI300X": DevicePeaks(bf16=1307.4, tf32=653.7, fp32=163.4, fp8=2614.9),
 }
+
+
+class FlopsUnavailable(ValueError):
+    """The model has a part the formula does not understand; no figure rather than a wrong one."""
 
 
 @dataclass(frozen=True)
@@ -60,42 +131,184 @@ class FlopsEstimate:
     recompute: float
 
 
+@dataclass(frozen=True)
+class _Matmul:
+    """One weight matrix product, per token."""
+
+    module: torch.nn.Module
+    forward: float
+    trained: bool
+
+
 def _decoder_layer_linears(model: Any) -> set[int]:
-    """ids of the linear layers inside decoder blocks (what checkpointing recomputes)."""
+    """ids of the modules inside decoder blocks (what checkpointing recomputes).
+
+    Blocks are the classes a model names in ``_no_split_modules``, matched
+    anywhere in a module's MRO: FSDP2's ``fully_shard`` swaps a block's class
+    for a subclass named ``FSDP<Name>``, which an exact name match would miss.
+    """
     classes: set[str] = set()
     for module in model.modules():
         classes.update(getattr(module, "_no_split_modules", None) or [])
     inside: set[int] = set()
     for module in model.modules():
-        if type(module).__name__ in classes:
-            inside.update(id(m) for m in module.modules() if isinstance(m, torch.nn.Linear))
+        if any(c.__name__ in classes for c in type(module).__mro__):
+            inside.update(id(m) for m in module.modules())
     return inside
 
 
-def _attention_shape(config: Any) -> tuple[int, int]:
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+def _text_config(config: Any) -> Any:
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _idle_copies(model: Any) -> set[int]:
+    """ids of modules PEFT keeps but does not run: the other side of ``modules_to_save``.
+
+    A ``ModulesToSaveWrapper`` holds the frozen ``original_module`` and a trainable
+    copy per adapter; the forward runs the active adapter's copy (or the original
+    when adapters are disabled), never both.
+    """
+    idle: set[int] = set()
+    for module in model.modules():
+        copies = getattr(module, "modules_to_save", None)
+        original = getattr(module, "original_module", None)
+        if not isinstance(copies, torch.nn.ModuleDict) or not isinstance(original, torch.nn.Module):
+            continue
+        active = [] if getattr(module, "disable_adapters", False) else module.active_adapters
+        running = next((copies[a] for a in active if a in copies), original)
+        for candidate in [original, *copies.values()]:
+            if candidate is not running:
+                idle.update(id(m) for m in candidate.modules())
+    return idle
+
+
+def _experts_per_token(model: Any) -> int | None:
+    value = getattr(_text_config(model.config), "num_experts_per_tok", None)
+    if value:
+        return int(value)
+    for module in model.modules():
+        if isinstance(getattr(module, "top_k", None), int) and hasattr(module, "num_experts"):
+            return int(module.top_k)
+    return None
+
+
+def _matmuls(model: Any) -> list[_Matmul]:
+    """Every weight matrix product of a forward pass, with its FLOPs per token."""
+    from transformers.pytorch_utils import Conv1D
+
+    idle = _idle_copies(model)
+    top_k: int | None = None
+    out: list[_Matmul] = []
+    for name, module in model.named_modules():
+        if id(module) in idle:
+            continue
+        if isinstance(module, torch.nn.Linear):
+            f = 2.0 * module.in_features * module.out_features
+            out.append(_Matmul(module, f, module.weight.requires_grad))
+            continue
+        if isinstance(module, Conv1D):  # GPT-2's linear layer, its weight transposed
+            out.append(_Matmul(module, 2.0 * module.weight.numel(), module.weight.requires_grad))
+            continue
+        if isinstance(module, torch.nn.modules.conv._ConvNd):
+            continue  # convolutions (some hybrid models) are outside the formula, and small
+        params = dict(module.named_parameters(recurse=False))
+        stacked = {n: p for n, p in params.items() if p.ndim == 3}
+        n_experts = getattr(module, "num_experts", None)
+        if stacked:
+            if not isinstance(n_experts, int) or any(
+                p.shape[0] != n_experts for p in stacked.values()
+            ):
+                raise FlopsUnavailable(
+                    f"module '{name}' ({type(module).__name__}) has 3-D weights "
+                    f"({', '.join(stacked)}) that are not recognised mixture-of-experts weights"
+                )
+            top_k = top_k or _experts_per_token(model)
+            if top_k is None:
+                raise FlopsUnavailable(
+                    f"module '{name}' holds {n_experts} experts, but the model's config "
+                    "does not say how many a token is routed to (num_experts_per_tok)"
+                )
+            for p in stacked.values():
+                # one expert's matrix, for each of the top-k experts a token visits
+                f = 2.0 * p.numel() / n_experts * top_k
+                out.append(_Matmul(module, f, p.requires_grad))
+            continue
+        weight = params.get("weight")
+        if (
+            weight is not None
+            and weight.ndim == 2
+            and isinstance(n_experts, int)
+            and weight.shape[0] == n_experts
+            and hasattr(module, "top_k")
+        ):
+            # a router that is not an nn.Linear: hidden -> expert logits, every token
+            out.append(_Matmul(module, 2.0 * weight.numel(), weight.requires_grad))
+    return out
+
+
+def attention_windows(model: Any) -> list[int | None]:
+    """Each attention layer's sliding window (None: the whole sequence)."""
+    config = _text_config(model.config)
     layers = int(config.num_hidden_layers)
+    window = getattr(config, "sliding_window", None) or None
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        # no per-layer types: a model-wide sliding_window applies to every layer
+        # (Mistral, Mixtral, Phi-3 pass it to every attention call)
+        return [int(window) if window else None] * layers
+    windows: list[int | None] = []
+    for kind in types:
+        if kind == "full_attention":
+            windows.append(None)
+        elif kind == "sliding_attention":
+            windows.append(int(window) if window else None)
+        else:
+            raise FlopsUnavailable(
+                f"attention layer type '{kind}' is not in the formula "
+                "(only full_attention and sliding_attention are)"
+            )
+    return windows
+
+
+def sliding_windows(model: Any) -> tuple[int, ...]:
+    """The distinct sliding windows of the model's layers (what the recorder must track)."""
+    return tuple(sorted({w for w in attention_windows(model) if w is not None}))
+
+
+def _attention_width(config: Any) -> int:
+    config = _text_config(config)
     heads = int(config.num_attention_heads)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return layers, heads * int(head_dim)
+    return heads * int(head_dim)
 
 
-def estimate_flops(model: Any, seq_len: float, activation_checkpointing: bool) -> FlopsEstimate:
-    """FLOPs per token of one training step of ``model`` at sequence length ``seq_len``."""
+def estimate_flops(
+    model: Any, sequences: SequenceLengths | float, activation_checkpointing: bool
+) -> FlopsEstimate:
+    """FLOPs per real token of one training step of ``model`` on ``sequences``.
+
+    ``sequences`` is the length statistics of what was fed, or one number for
+    sequences all that long. Raises ``FlopsUnavailable`` for a model part the
+    formula does not cover.
+    """
+    if not isinstance(sequences, SequenceLengths):
+        sequences = SequenceLengths.uniform(round(sequences))
     in_layers = _decoder_layer_linears(model) if activation_checkpointing else set()
     fwd = input_grad = weight_grad = recompute = 0.0
-    for module in model.modules():
-        if not isinstance(module, torch.nn.Linear):
-            continue
-        f = 2.0 * module.in_features * module.out_features
-        fwd += f
-        input_grad += f
-        if module.weight.requires_grad:
-            weight_grad += f
-        if id(module) in in_layers:
-            recompute += f
-    layers, d_attn = _attention_shape(model.config)
-    attn_fwd = 4.0 * seq_len * d_attn * layers
+    for mm in _matmuls(model):
+        fwd += mm.forward
+        input_grad += mm.forward
+        if mm.trained:
+            weight_grad += mm.forward
+        if id(mm.module) in in_layers:
+            recompute += mm.forward
+    d_attn = _attention_width(model.config)
+    try:
+        attn_fwd = sum(
+            4.0 * d_attn * sequences.attention_length(w) for w in attention_windows(model)
+        )
+    except KeyError as exc:
+        raise FlopsUnavailable(str(exc.args[0])) from None
     attention = 3.0 * attn_fwd  # forward + backward (twice the forward)
     if activation_checkpointing:
         recompute += attn_fwd
@@ -111,11 +324,80 @@ def estimate_flops(model: Any, seq_len: float, activation_checkpointing: bool) -
     )
 
 
-def peak_tflops(device_name: str | None, half_precision: bool) -> float | None:
-    """The device's dense peak for the precision its matrix products run in; None if unknown."""
+def _fp32_matmuls_in_tf32() -> bool:
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision is not None:
+        # torch >= 2.9; the legacy query raises once the new API has been used
+        return str(precision) == "tf32"
+    return torch.get_float32_matmul_precision() != "highest"
+
+
+def compute_mode(
+    *, dtype: str | None, mixed_precision: str | None, tf32: bool | None
+) -> ComputeMode:
+    """The precision the training's matrix products run in.
+
+    ``dtype`` is the model's weights' dtype, ``mixed_precision`` accelerate's
+    mode as the Trainer passes it (``TrainingArguments.mixed_precision``:
+    ``no``, ``fp16``, ``bf16`` or ``fp8``), ``tf32`` the training argument.
+    """
+    if mixed_precision == "fp8":
+        return "fp8"
+    if mixed_precision in ("fp16", "bf16") or dtype in ("bfloat16", "float16"):
+        return "bf16"
+    if tf32 or (tf32 is None and _fp32_matmuls_in_tf32()):
+        return "tf32"
+    return "fp32"
+
+
+def peak_tflops(device_name: str | None, mode: ComputeMode) -> float | None:
+    """The device's dense peak for ``mode``; None if the device or the mode has none."""
     if device_name is None:
         return None
     peaks = PEAK_TFLOPS.get(device_name)
-    if peaks is None:
+    return None if peaks is None else peaks.for_mode(mode)
+
+
+def peak_note(device_name: str | None, mode: ComputeMode, peak: float | None) -> str | None:
+    """Why a GPU run has no MFU (None when it has a peak, or runs on the CPU)."""
+    if peak is not None or device_name is None:
         return None
-    return peaks[0] if half_precision else peaks[1]
+    how = "set peak_tflops_per_device (dense TFLOP/s per device) in the scenario's arguments"
+    if device_name not in PEAK_TFLOPS:
+        return f"no MFU: no peak is known for device '{device_name}'; {how}"
+    return f"no MFU: device '{device_name}' has no {mode} tensor cores in the peak table; {how}"
+
+
+def utilization(
+    flops_per_token: float | None, tokens_per_second_per_device: float | None, peak: float | None
+) -> tuple[float | None, float | None, list[str]]:
+    """(achieved TFLOP/s per device, MFU, notes). An MFU above 1 is an error, not a figure."""
+    if flops_per_token is None or not tokens_per_second_per_device:
+        return None, None, []
+    achieved = flops_per_token * tokens_per_second_per_device / 1e12
+    if not peak:
+        return achieved, None, []
+    mfu = achieved / peak
+    if mfu > 1.0:
+        return (
+            achieved,
+            None,
+            [
+                f"error: MFU computed as {mfu:.3f} (> 1): {achieved:.1f} achieved TFLOP/s "
+                f"against a peak of {peak:g}; the FLOPs count or the peak is wrong, so no MFU "
+                "is reported"
+            ],
+        )
+    return achieved, mfu, []
+
+
+def sequences_or_uniform(
+    fed: SequenceLengths | None, *, packing: bool, max_seq_len: int
+) -> tuple[SequenceLengths | None, list[str]]:
+    """What was fed; without records, packed rows are all ``max_seq_len`` long."""
+    if fed is not None:
+        return fed, []
+    if packing:
+        return SequenceLengths.uniform(max_seq_len), []
+    return None, ["no FLOPs figure: sequence lengths were not recorded (instrumentation off)"]

@@ -11,12 +11,18 @@
 - a Hugging Face hub id or a local folder with weights.
 
 ``trust_remote_code`` stays off unless the scenario sets it.
+
+Under FSDP a ``config:`` model is built on the CPU, never whole on a GPU:
+FSDP moves it to the GPUs shard by shard, so the GPU memory a run reports is
+training's, not a loading spike (see ``config_placement``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +50,51 @@ class LoadedModel:
     model: Any
     tokenizer: Any
     info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this rank builds a ``config:`` model, and whether it draws its weights."""
+
+    #: ``cuda`` (this rank's GPU) or ``cpu``
+    device: str
+    #: False: weights are left uninitialised because rank 0's are broadcast over them
+    init_weights: bool = True
+
+
+def _env_true(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def fsdp_loading(env: Mapping[str, str], fsdp_argument: object = None) -> tuple[bool, bool]:
+    """(FSDP in use, rank 0's weights broadcast to the others) for this process.
+
+    FSDP comes from ``accelerate launch`` with ``distributed_type: FSDP``
+    (``ACCELERATE_USE_FSDP``) or from the ``fsdp`` trainer argument; the broadcast is
+    ``fsdp_cpu_ram_efficient_loading`` (``FSDP_CPU_RAM_EFFICIENT_LOADING``, which both set
+    and accelerate's launcher turns on by default). Read after ``TrainingArguments``
+    exists, as that is where the trainer argument sets the variable.
+    """
+    fsdp = _env_true(env, "ACCELERATE_USE_FSDP") or bool(fsdp_argument)
+    return fsdp, fsdp and _env_true(env, "FSDP_CPU_RAM_EFFICIENT_LOADING")
+
+
+def config_placement(*, on_gpu: bool, fsdp: bool, broadcast: bool, rank: int) -> Placement:
+    """Where a ``config:`` model is built on this rank.
+
+    Without FSDP, straight on this rank's GPU: DDP needs the whole model there
+    anyway, and drawing 8B random weights on the CPU takes minutes. Under FSDP, on
+    the CPU: the GPU then only ever holds shards (FSDP2 with
+    ``cpu_ram_efficient_loading`` moves the model to ``meta`` and loads rank 0's
+    weights one parameter at a time; otherwise each wrapped block moves to the GPU
+    and is sharded in turn). When rank 0's weights are broadcast, the other ranks
+    skip drawing their own, which spares their CPU time and memory.
+    """
+    if not on_gpu:
+        return Placement("cpu")
+    if not fsdp:
+        return Placement("cuda")
+    return Placement("cpu", init_weights=not (broadcast and rank != 0))
 
 
 def shipped_architectures() -> list[str]:
@@ -101,8 +152,20 @@ def _model_error(name: str, exc: Exception) -> SpecError:
     )
 
 
-def load_model(cfg: ModelConfig, peft: PeftConfig, *, on_gpu: bool, local_rank: int) -> LoadedModel:
-    """Model (with PEFT applied) and tokenizer, on the CPU or this rank's GPU."""
+def load_model(
+    cfg: ModelConfig,
+    peft: PeftConfig,
+    *,
+    on_gpu: bool,
+    local_rank: int,
+    placement: Placement | None = None,
+) -> LoadedModel:
+    """Model (with PEFT applied) and tokenizer, on the CPU or this rank's GPU.
+
+    ``placement`` says where a ``config:`` model is built (default: this rank's
+    GPU when ``on_gpu``, see ``config_placement``); other models load on the CPU
+    and the trainer (or FSDP) moves them.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     name = cfg.name
@@ -120,13 +183,12 @@ def load_model(cfg: ModelConfig, peft: PeftConfig, *, on_gpu: bool, local_rank: 
         common["device_map"] = {"": local_rank}
 
     tokenizer_name = cfg.tokenizer
+    place = placement or Placement("cuda" if on_gpu else "cpu")
     try:
         if kind == "config":
             config = AutoConfig.for_model(**_architecture_config(name))
-            # Initialise straight on this rank's GPU: an 8B model in fp32 on the
-            # CPU would take tens of GB and minutes of random number generation.
-            device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
-            with device:
+            device = torch.device("cuda", local_rank) if place.device == "cuda" else "cpu"
+            with torch.device(device), _weights_drawn(place.init_weights):
                 model = AutoModelForCausalLM.from_config(
                     config,
                     dtype=dtype,
@@ -167,12 +229,24 @@ def load_model(cfg: ModelConfig, peft: PeftConfig, *, on_gpu: bool, local_rank: 
         "attn_implementation": getattr(model.config, "_attn_implementation", attn),
         "architecture": type(model).__name__,
         "quantization": "nf4" if quant is not None else None,
+        # where a config: model was built, and whether this rank drew its weights
+        "built_on": place.device if kind == "config" else None,
+        "weights_drawn": place.init_weights if kind == "config" else None,
     }
     model = apply_peft(model, peft, quantized=quant is not None)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     info.update(trainable_params=trainable, total_params=total, peft_method=peft.method)
     return LoadedModel(model=model, tokenizer=tokenizer, info=info)
+
+
+def _weights_drawn(draw: bool) -> contextlib.AbstractContextManager[Any]:
+    """Nothing, or transformers' switch that leaves new weights uninitialised."""
+    if draw:
+        return contextlib.nullcontext()
+    from transformers.initialization import no_init_weights
+
+    return no_init_weights()
 
 
 def _qlora_quantization(on_gpu: bool, dtype: torch.dtype | str, kind: str) -> Any:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import time
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -15,19 +17,31 @@ from transformers.utils import logging as hf_logging
 
 from orchestrator.result import write_result
 from orchestrator.spec import RunSpec
-from trainer_entry.arguments import ParsedArguments, parse_arguments
+from trainer_entry.arguments import ParsedArguments, check_launch_env, parse_arguments
 from trainer_entry.data import Collator, SequenceDataset, load_unprocessed, prepare
 from trainer_entry.errors import SpecError
-from trainer_entry.flops import estimate_flops, peak_tflops
+from trainer_entry.flops import (
+    FlopsUnavailable,
+    compute_mode,
+    estimate_flops,
+    peak_note,
+    peak_tflops,
+    sequences_or_uniform,
+    sliding_windows,
+    utilization,
+)
 from trainer_entry.measure import (
+    MemoryCounters,
     RankStats,
     StepRecorder,
-    hf_stage_memory,
+    fed_sequences,
     loss_summary,
+    memory_stages,
     peak_rss_bytes,
+    stage_memory_figures,
     summarize,
 )
-from trainer_entry.models import load_model
+from trainer_entry.models import config_placement, fsdp_loading, load_model
 
 # Loading bars would fill stderr.log with carriage-return noise.
 hf_logging.disable_progress_bar()
@@ -44,14 +58,31 @@ SPEC_FIELDS = (
 
 
 class _MeasureCallback(TrainerCallback):
-    def __init__(self, recorder: StepRecorder) -> None:
+    def __init__(
+        self,
+        recorder: StepRecorder,
+        memory: MemoryCounters | None = None,
+        *,
+        reset_peak_at_begin: bool = True,
+    ) -> None:
         self.recorder = recorder
+        self.memory = memory
+        self.reset_peak_at_begin = reset_peak_at_begin
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.memory is not None:
+            # ends the loading interval; the reset makes torch's peak after training
+            # training's own, without the load and wrapping spike
+            self.memory.mark("train_begin", reset=self.reset_peak_at_begin)
         self.recorder.train_begin()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.recorder.step_end()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.memory is not None:
+            # no reset: run() reads the training peak after train() returns
+            self.memory.mark("train_end", reset=False)
 
 
 class BenchTrainer(Trainer):
@@ -65,8 +96,15 @@ class BenchTrainer(Trainer):
         self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None
     ) -> Any:
         real, padded = inputs.pop("num_real_tokens", 0), inputs.pop("num_padded_tokens", 0)
+        lengths = inputs.pop("real_lengths", None)
         if self._recorder is not None:
-            self._recorder.add_batch(real, padded)
+            if self._recorder.windows is None:
+                # before the first batch: which sliding windows to sum r·min(r, w) for
+                try:
+                    self._recorder.windows = sliding_windows(self.model)
+                except FlopsUnavailable:
+                    self._recorder.windows = ()
+            self._recorder.add_batch(real, padded, lengths)
         return super().training_step(model, inputs, num_items_in_batch)
 
 
@@ -104,10 +142,11 @@ def _training_arguments(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) ->
         **parsed.training,
         "output_dir": spec.output_dir,
         "use_cpu": not on_gpu,
-        # HF's memory tracker polls RSS in a busy thread; on a CPU it competes
-        # with training for the cores it measures, so it runs on GPUs only.
+        # HF's memory tracker polls RSS in a busy thread for all of train(), on every
+        # rank, competing with training for the GIL and a core: it runs only when
+        # asked for by name, and on GPUs only (MemoryCounters give the same figures).
         "skip_memory_metrics": not (
-            spec.hf_memory_metrics and on_gpu and parsed.measure.instrumentation
+            spec.memory_stages == "hf-tracker" and on_gpu and parsed.measure.instrumentation
         ),
         "remove_unused_columns": False,
     }
@@ -123,6 +162,15 @@ def _gather(stats: RankStats, world: int) -> list[RankStats]:
     gathered: list[Any] = [None] * world
     torch.distributed.all_gather_object(gathered, stats.as_dict())
     return [RankStats(**g) for g in gathered]
+
+
+def _gather_object(value: Any, world: int) -> list[Any]:
+    """``value`` of every rank, in rank order (``[value]`` alone)."""
+    if world == 1 or not torch.distributed.is_initialized():
+        return [value]
+    gathered: list[Any] = [None] * world
+    torch.distributed.all_gather_object(gathered, value)
+    return gathered
 
 
 def _versions() -> dict[str, str | None]:
@@ -145,13 +193,31 @@ def run(spec: RunSpec, timings: dict[str, float], process_start: float) -> dict[
     rank, world, local_rank = distributed_env()
     started_at = _now()
     parsed = parse_arguments(spec)
+    check_launch_env(os.environ)
     on_gpu = _on_gpu(spec)
     if on_gpu:
         torch.cuda.set_device(local_rank)
     training_args = _training_arguments(spec, parsed, on_gpu)
+    # counters at stage boundaries, on GPUs, unless measurement is off
+    memory = (
+        MemoryCounters(
+            torch.cuda.memory_allocated,
+            torch.cuda.max_memory_allocated,
+            torch.cuda.reset_peak_memory_stats,
+            collect=gc.collect,
+        )
+        if on_gpu and parsed.measure.instrumentation
+        else None
+    )
+    fsdp, broadcast = fsdp_loading(os.environ, training_args.fsdp)
+    placement = config_placement(on_gpu=on_gpu, fsdp=fsdp, broadcast=broadcast, rank=rank)
 
     t = time.perf_counter()
-    loaded = load_model(parsed.model, parsed.peft, on_gpu=on_gpu, local_rank=local_rank)
+    if memory is not None:
+        memory.mark("load_begin")
+    loaded = load_model(
+        parsed.model, parsed.peft, on_gpu=on_gpu, local_rank=local_rank, placement=placement
+    )
     timings["model_load_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -169,28 +235,38 @@ def run(spec: RunSpec, timings: dict[str, float], process_start: float) -> dict[
 
     recorder = StepRecorder(rank, sync=torch.cuda.synchronize if on_gpu else None)
     instrumented = parsed.measure.instrumentation
+    callback = _MeasureCallback(
+        recorder,
+        memory,
+        # HF's tracker measures train() from its start; a reset inside would cut its peak
+        reset_peak_at_begin=spec.memory_stages != "hf-tracker",
+    )
     t = time.perf_counter()
+    if memory is not None:
+        memory.mark("init_begin")
     trainer = BenchTrainer(
         model=model,
         args=training_args,
         train_dataset=SequenceDataset(data),
         data_collator=Collator(loaded.tokenizer.pad_token_id, parsed.pad_to_multiple_of),
         processing_class=loaded.tokenizer,
-        callbacks=[_MeasureCallback(recorder)] if instrumented else [],
+        callbacks=[callback] if instrumented else [],
         recorder=recorder if instrumented else None,
     )
+    if memory is not None:
+        memory.mark("init_end")
     timings["trainer_init_s"] = time.perf_counter() - t
-    if on_gpu:
-        torch.cuda.reset_peak_memory_stats()
 
     output = trainer.train()
 
     stats = recorder.stats
     stats.peak_rss_bytes = peak_rss_bytes()
-    if on_gpu:
+    if memory is not None:
+        # since on_train_begin's reset: training's peak, not loading's
         stats.cuda_max_allocated_bytes = int(torch.cuda.max_memory_allocated())
         stats.cuda_max_reserved_bytes = int(torch.cuda.max_memory_reserved())
     ranks = _gather(stats, world)
+    stage_memory = _gather_object(memory_stages(memory.readings) if memory else {}, world)
     if rank != 0:
         return {}
 
@@ -210,16 +286,78 @@ def run(spec: RunSpec, timings: dict[str, float], process_start: float) -> dict[
         on_gpu=on_gpu,
         timings=timings,
         started_at=started_at,
+        stage_memory=stage_memory,
     )
     write_result(Path(spec.result_path), result)
     return result
 
 
-def _mean_padded_length(ranks: list[RankStats], batch_rows: int) -> float | None:
-    """Mean padded sequence length fed (padded tokens per row)."""
-    padded = sum(sum(r.step_padded_tokens) for r in ranks)
-    rows = batch_rows * sum(len(r.step_padded_tokens) for r in ranks)
-    return padded / rows if rows else None
+def _flops_figures(
+    *,
+    model: Any,
+    ranks: list[RankStats],
+    metrics: Mapping[str, Any],
+    parsed: ParsedArguments,
+    training_args: TrainingArguments,
+    activation_checkpointing: bool,
+    dtype: str | None,
+    device_name: str | None,
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(metrics, the result's ``flops`` record, notes) of FLOPs per token and MFU.
+
+    FLOPs per token come from the sequence lengths fed in the measured steps
+    (the rows each rank actually fed, a short last micro-batch included); a
+    figure that cannot be trusted is None, with a note saying why.
+    """
+    warmup, steps = metrics.get("warmup_steps_excluded", 0), metrics.get("steps", 0)
+    fed, notes = sequences_or_uniform(
+        fed_sequences(ranks, warmup, steps),
+        packing=parsed.data.packing,
+        max_seq_len=parsed.data.max_seq_len,
+    )
+    flops = None
+    if fed is not None:
+        try:
+            flops = estimate_flops(model, fed, activation_checkpointing)
+        except FlopsUnavailable as exc:
+            notes.append(f"no FLOPs figure: {exc}")
+    mode = compute_mode(
+        dtype=dtype,
+        mixed_precision=getattr(training_args, "mixed_precision", None),
+        tf32=training_args.tf32,
+    )
+    peak = parsed.measure.peak_tflops_per_device or peak_tflops(device_name, mode)
+    missing_peak = peak_note(device_name, mode, peak)
+    notes += [missing_peak] if missing_peak else []
+    achieved, mfu, mfu_notes = utilization(
+        flops.model_flops_per_token if flops else None,
+        metrics.get("tokens_per_second_per_device"),
+        peak,
+    )
+    figures = {
+        "flops_per_token": flops.model_flops_per_token if flops else None,
+        "hardware_flops_per_token": flops.hardware_flops_per_token if flops else None,
+        "achieved_tflops_per_device": achieved,
+        "peak_tflops_per_device": peak,
+        "mfu": mfu,
+        # which of the device's peaks MFU is against: fp8, bf16 (or fp16), tf32 or fp32
+        "mfu_precision": mode,
+    }
+    record: dict[str, Any] = {
+        "rows": fed.rows if fed else None,
+        "real_tokens": fed.tokens if fed else None,
+        # Σ r² / Σ r: keys per real token's score row, before any sliding window
+        "attention_length": fed.attention_length(None) if fed else None,
+    }
+    if flops is not None:
+        record.update(
+            linear_forward=flops.linear_forward,
+            linear_input_grad=flops.linear_input_grad,
+            linear_weight_grad=flops.linear_weight_grad,
+            attention=flops.attention,
+            recompute=flops.recompute,
+        )
+    return figures, record, notes + mfu_notes
 
 
 def build_result(
@@ -236,6 +374,7 @@ def build_result(
     on_gpu: bool,
     timings: dict[str, float],
     started_at: str,
+    stage_memory: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     world = len(ranks)
     pd = training_args.per_device_train_batch_size
@@ -243,16 +382,23 @@ def build_result(
     metrics = summarize(ranks, parsed.measure.warmup_steps_excluded)
     loss = loss_summary(log_history)
 
-    seq_len = _mean_padded_length(ranks, pd * ga) or parsed.data.max_seq_len
     ckpt = bool(training_args.activation_checkpointing)
-    flops = estimate_flops(model, seq_len, ckpt)
     device_name = torch.cuda.get_device_name() if on_gpu else None
     dtype = loaded_info.get("dtype")
-    half = bool(training_args.bf16 or training_args.fp16 or dtype in ("bfloat16", "float16"))
-    peak = parsed.measure.peak_tflops_per_device or peak_tflops(device_name, half)
-    tps_dev = metrics.get("tokens_per_second_per_device")
-    achieved = flops.model_flops_per_token * tps_dev / 1e12 if tps_dev else None
-    hf_peak, hf_alloc = hf_stage_memory(hf_metrics)
+    flop_figures, flops_record, flops_notes = _flops_figures(
+        model=model,
+        ranks=ranks,
+        metrics=metrics,
+        parsed=parsed,
+        training_args=training_args,
+        activation_checkpointing=ckpt,
+        dtype=dtype,
+        device_name=device_name,
+    )
+    # stage_memory: every rank's memory_stages(); the stage figures are rank 0's, as HF's were
+    mem = stage_memory_figures(
+        spec.memory_stages, hf_metrics, stage_memory[0] if stage_memory else {}
+    )
     runtime = hf_metrics.get("train_runtime")
     rank0_padded = sum(ranks[0].step_padded_tokens)
 
@@ -266,13 +412,11 @@ def build_result(
         loss_first=loss["loss_first"],
         loss_last=loss["loss_last"],
         loss_mean_last10pct=loss["loss_mean_last10pct"],
-        flops_per_token=flops.model_flops_per_token,
-        hardware_flops_per_token=flops.hardware_flops_per_token,
-        achieved_tflops_per_device=achieved,
-        peak_tflops_per_device=peak,
-        mfu=achieved / peak if achieved is not None and peak else None,
-        mem_peak_torch_mem_alloc_in_bytes=hf_peak,
-        mem_torch_mem_alloc_in_bytes=hf_alloc,
+        **flop_figures,
+        mem_peak_torch_mem_alloc_in_bytes=mem["mem_peak_torch_mem_alloc_in_bytes"],
+        mem_torch_mem_alloc_in_bytes=mem["mem_torch_mem_alloc_in_bytes"],
+        mem_stage_source=mem["mem_stage_source"],
+        mem_load_peak_bytes=_max(m.get("mem_load_peak_bytes") for m in stage_memory),
         torch_max_memory_allocated_bytes=_max(r.cuda_max_allocated_bytes for r in ranks),
         torch_max_memory_reserved_bytes=_max(r.cuda_max_reserved_bytes for r in ranks),
         mem_peak_rss_bytes=_max(r.peak_rss_bytes for r in ranks),
@@ -301,22 +445,26 @@ def build_result(
         timings=timings,
         model=loaded_info,
         data=data_meta,
-        flops={
-            "seq_len": seq_len,
-            "linear_forward": flops.linear_forward,
-            "linear_input_grad": flops.linear_input_grad,
-            "linear_weight_grad": flops.linear_weight_grad,
-            "attention": flops.attention,
-            "recompute": flops.recompute,
-        },
+        flops=flops_record,
         ranks=[r.as_dict() for r in ranks],
         hf_metrics=hf_metrics,
         loss_history=loss["loss_history"],
         versions=_versions(),
-        notes=parsed.notes,
+        notes=[*parsed.notes, *flops_notes],
     )
-    if spec.hf_memory_metrics and not on_gpu:
-        result["notes"] = [*result["notes"], "HF memory metrics are skipped on the CPU"]
+    result["memory_stages"] = mem["stages"]
+    if spec.memory_stages == "hf-tracker" and not on_gpu:
+        result["notes"] = [
+            *result["notes"],
+            "HF's memory tracker is not run on the CPU: its polling thread would compete "
+            "with training for the cores it measures",
+        ]
+    elif spec.memory_stages == "hf-tracker" and parsed.measure.instrumentation:
+        result["notes"] = [
+            *result["notes"],
+            "hf-tracker: torch_max_memory_* cover all of train(), model wrapping included, "
+            "so HF's train stage is left as HF measures it",
+        ]
     return result
 
 

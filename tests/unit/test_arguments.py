@@ -122,3 +122,45 @@ def test_saved_training_fields_match_the_installed_transformers() -> None:
         f"{FIELDS_FILE.name} lists transformers {saved['transformers']}, installed is "
         f"{transformers.__version__}: run python -m trainer_entry.argnames"
     )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (
+            {"auto_find_batch_size": True},
+            r"^spec arguments\.auto_find_batch_size: true is refused: on an out-of-memory error "
+            r"it halves the batch .*; remove it",
+        ),
+        (
+            {"parallelism_config": {"tp_size": 2}},
+            r"^spec arguments\.parallelism_config: a value is refused: tensor, context or "
+            r"sequence parallelism .*; remove it",
+        ),
+    ],
+)
+def test_arguments_that_would_falsify_the_row_are_refused(arguments, message) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse({"model_name_or_path": "m", **arguments})
+
+
+def test_refused_arguments_at_their_defaults_pass() -> None:
+    p = parse(
+        {"model_name_or_path": "m", "auto_find_batch_size": False, "parallelism_config": None}
+    )
+    assert p.training == {"auto_find_batch_size": False, "parallelism_config": None}
+
+
+def test_a_launch_whose_ranks_share_batches_is_refused() -> None:
+    from trainer_entry.arguments import check_launch_env
+
+    sizes = {"PARALLELISM_CONFIG_TP_SIZE": "2", "PARALLELISM_CONFIG_CP_SIZE": "1"}
+    with pytest.raises(
+        SpecError, match=r"^accelerate parallelism_config: PARALLELISM_CONFIG_TP_SIZE 2 is refused"
+    ):
+        check_launch_env({"ACCELERATE_USE_PARALLELISM_CONFIG": "true", **sizes})
+    # accelerate ignores the sizes without its flag; data-parallel sizes are fine
+    check_launch_env(sizes)
+    check_launch_env(
+        {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_DP_SHARD_SIZE": "4"}
+    )

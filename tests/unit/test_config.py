@@ -459,3 +459,51 @@ def test_old_argument_names_are_accepted(load) -> None:
         "gradient_checkpointing: true\ninclude_tokens_per_second: true\nevaluation_strategy: 'no'\n",
     )
     assert config.defaults["gradient_checkpointing"] is True
+
+
+def test_auto_find_batch_size_is_refused_while_planning(load) -> None:
+    message = _error(
+        load,
+        "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m, auto_find_batch_size: true}\n",
+    )
+    assert re.search(
+        r"scenarios\.yaml:3: scenarios\[0\]\.arguments\.auto_find_batch_size: true is refused: "
+        r"on an out-of-memory error it halves the batch and restarts, .*; remove it",
+        message,
+    )
+    message = _error(
+        load,
+        "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m}\n"
+        "    sweep: {auto_find_batch_size: [false, true]}\n",
+    )
+    assert "scenarios[0].sweep.auto_find_batch_size[1]: true is refused" in message
+    assert "defaults.yaml:1: auto_find_batch_size: true is refused" in _error(
+        load, MINIMAL, "auto_find_batch_size: true\n"
+    )
+    assert "frameworks.f.arguments.parallelism_config: a value is refused" in _error(
+        load, "frameworks:\n  f: {arguments: {parallelism_config: {tp_size: 2}}}\n" + MINIMAL, ""
+    )
+    # the defaults are accepted
+    load(
+        "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m, auto_find_batch_size: false}\n",
+        "",
+    )
+
+
+def test_accelerate_config_with_tensor_parallelism_is_refused(load, write) -> None:
+    write(
+        "tp.yaml",
+        "distributed_type: FSDP\nparallelism_config:\n  parallelism_config_dp_shard_size: 2\n"
+        "  parallelism_config_tp_size: 2\n",
+    )
+    message = _error(load, "frameworks:\n  tp: {accelerate_config: tp.yaml}\n" + MINIMAL)
+    assert re.search(
+        r"tp\.yaml:2: parallelism_config: parallelism_config_tp_size 2 is refused: tensor, "
+        r"context or sequence parallelism feeds the same batch to several ranks, .*; set it to 1",
+        message,
+    )
+    write(
+        "dp.yaml",
+        "distributed_type: FSDP\nparallelism_config:\n  parallelism_config_dp_shard_size: 2\n",
+    )
+    load("frameworks:\n  dp: {accelerate_config: dp.yaml}\n" + MINIMAL)

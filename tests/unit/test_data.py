@@ -231,8 +231,29 @@ def test_collator_pads_and_counts_real_tokens() -> None:
     assert batch["labels"].tolist() == [[5, 6, 7], [-100, -100, -100]]
     assert batch["num_real_tokens"] == 4 == int(batch["attention_mask"].sum())
     assert batch["num_padded_tokens"] == 6
+    assert batch["real_lengths"] == [3, 1]  # each row's real length, for attention FLOPs
     assert next(iter(batch)) == "input_ids"  # accelerate reads the batch size from the first key
     wide = Collator(pad_token_id=0, pad_to_multiple_of=8)(
         [{"input_ids": np.array([1, 2, 3]), "labels": np.array([1, 2, 3])}]
     )
     assert wide["input_ids"].shape == (1, 8) and wide["num_padded_tokens"] == 8
+
+
+def test_collator_reports_a_packed_row_as_one_full_length_sequence(
+    tiny_tokenizer, tmp_path
+) -> None:
+    # packing keeps no document boundaries (no per-document position ids), so every
+    # token of a packed row attends across the whole row: its length is the row's
+    data = prepare(DataConfig(max_seq_len=64, packing=True), tiny_tokenizer, tmp_path / "data")
+    rows = [{"input_ids": data.input_ids[i], "labels": data.labels[i]} for i in range(3)]
+    batch = Collator(pad_token_id=0)(rows)
+    assert set(batch) == {
+        "input_ids",
+        "attention_mask",
+        "labels",
+        "num_real_tokens",
+        "num_padded_tokens",
+        "real_lengths",
+    }
+    assert batch["real_lengths"] == [64, 64, 64] and batch["num_real_tokens"] == 192
+    assert int(batch["attention_mask"].sum()) == 192

@@ -6,8 +6,10 @@ import pytest
 
 from trainer_entry.measure import (
     RankStats,
+    SequenceLengths,
     StepRecorder,
     default_warmup,
+    fed_sequences,
     hf_stage_memory,
     loss_summary,
     summarize,
@@ -36,8 +38,9 @@ def test_summarize_single_rank_by_hand() -> None:
     assert m["tokens_per_second_per_device"] == pytest.approx(80.0)
     assert m["step_time_median_s"] == pytest.approx(1.0)
     assert m["step_time_mean_s"] == pytest.approx(1.25)
-    # population std of [1, 2, 1, 1] is sqrt(0.1875)
-    assert m["step_time_cv"] == pytest.approx(0.1875**0.5 / 1.25)
+    # sample std (n - 1) of [1, 2, 1, 1] is sqrt(0.75 / 3) = 0.5; the population's would be
+    # sqrt(0.1875), 13% lower for 4 steps
+    assert m["step_time_cv"] == pytest.approx(0.5 / 1.25)
     assert m["tokens_measured"] == 400 and m["tokens_total"] == 600
     assert m["padded_tokens_total"] == 720
     assert m["padding_fraction"] == pytest.approx(1 - 400 / 480)
@@ -82,6 +85,41 @@ def test_recorder_partitions_time_and_counts_micro_batches() -> None:
     assert s.step_tokens == [22, 7, 0]
     assert s.step_padded_tokens == [32, 8, 0]
     assert s.first_step_s == 1.0
+
+
+def test_recorder_keeps_the_lengths_fed_for_attention() -> None:
+    ticks = iter([0.0, 1.0, 2.0, 3.0])
+    recorder = StepRecorder(rank=0, clock=lambda: next(ticks))
+    recorder.windows = (16,)
+    recorder.train_begin()
+    recorder.add_batch(40, 80, [30, 10])
+    recorder.add_batch(20, 20, [20])
+    recorder.step_end()
+    recorder.add_batch(5, 8, [5])  # a short last micro-batch: one row
+    recorder.step_end()
+    recorder.add_batch(3, 4)  # a batch without lengths counts tokens only
+    recorder.step_end()
+    s = recorder.stats
+    assert s.step_rows == [3, 1, 0]
+    assert s.step_sq_tokens == [900 + 100 + 400, 25, 0]
+    assert s.step_windowed_sq_tokens == {16: [30 * 16 + 10 * 10 + 20 * 16, 25, 0]}
+
+
+def test_fed_sequences_sums_the_measured_steps_of_every_rank() -> None:
+    r0 = RankStats(0, step_tokens=[64, 60, 5], step_rows=[2, 2, 1], step_sq_tokens=[2048, 1800, 25])
+    r0.step_windowed_sq_tokens = {16: [1024, 960, 25]}
+    r1 = RankStats(1, step_tokens=[64, 40, 0], step_rows=[2, 2, 0], step_sq_tokens=[2048, 800, 0])
+    r1.step_windowed_sq_tokens = {16: [1024, 640, 0]}
+    fed = fed_sequences([r0, r1], 1, 3)
+    assert fed is not None
+    assert (fed.rows, fed.tokens, fed.sq_tokens) == (5, 105, 2625)
+    assert fed.attention_length(None) == pytest.approx(2625 / 105)  # Σr² / Σr
+    assert fed.attention_length(16) == pytest.approx((960 + 25 + 640) / 105)
+    with pytest.raises(KeyError, match="sliding window 8"):
+        fed.attention_length(8)
+    assert fed_sequences([RankStats(0, step_tokens=[5], step_rows=[0])], 0, 1) is None
+    uniform = SequenceLengths.uniform(64)
+    assert uniform.attention_length(None) == 64 and uniform.attention_length(16) == 16
 
 
 def test_loss_summary() -> None:

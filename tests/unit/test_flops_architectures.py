@@ -1,0 +1,398 @@
+"""The FLOPs formula against PyTorch's FLOP counter, across the architectures users run.
+
+Every shipped ``config:`` architecture is shrunk to a tiny size (same
+``model_type`` and structural flags: tied embeddings, explicit head_dim, grouped
+query attention, sliding window), plus other common families, each trained for
+one step with full fine-tuning, LoRA, and LoRA with ``modules_to_save``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainer_entry.arguments import PeftConfig
+from trainer_entry.flops import (
+    FlopsUnavailable,
+    _decoder_layer_linears,
+    attention_windows,
+    estimate_flops,
+)
+from trainer_entry.measure import SequenceLengths
+from trainer_entry.models import ARCHITECTURES, apply_peft
+
+BATCH, SEQ, WINDOW, VOCAB = 2, 64, 16, 512
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": VOCAB}
+
+
+def _shipped(name: str) -> dict:
+    """A shipped architecture at a tiny size, its structure kept."""
+    config = {
+        k: v
+        for k, v in json.loads((ARCHITECTURES / f"{name}.json").read_text()).items()
+        if not k.startswith("_")
+    }
+    grouped = config["num_key_value_heads"] < config["num_attention_heads"]
+    config.update(TINY, num_attention_heads=4, num_key_value_heads=2 if grouped else 4)
+    if "head_dim" in config:
+        # kept explicit, and made unlike hidden / heads so the formula must read it
+        config["head_dim"] = 32
+    if config.get("sliding_window"):
+        config["sliding_window"] = WINDOW
+    return config
+
+
+def _config(name: str, window: int = WINDOW):
+    from transformers import AutoConfig
+
+    if name.startswith("config:"):
+        shipped = _shipped(name.removeprefix("config:"))
+        if "sliding_window" in shipped:
+            shipped["sliding_window"] = window
+        return AutoConfig.for_model(**shipped)
+    common = {**TINY, "num_attention_heads": 4}
+    configs = {
+        "gpt_bigcode": {
+            "model_type": "gpt_bigcode",
+            "n_embd": 64,
+            "n_layer": 2,
+            "n_head": 4,
+            "n_inner": 128,
+            "vocab_size": VOCAB,
+            "n_positions": 128,
+            "multi_query": True,
+        },
+        "gpt2": {
+            "model_type": "gpt2",
+            "n_embd": 64,
+            "n_layer": 2,
+            "n_head": 4,
+            "n_inner": 128,
+            "vocab_size": VOCAB,
+            "n_positions": 128,
+        },
+        "qwen2-tied": {
+            "model_type": "qwen2",
+            **common,
+            "num_key_value_heads": 2,
+            "tie_word_embeddings": True,
+        },
+        "gemma2": {
+            "model_type": "gemma2",
+            **common,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "sliding_window": window,
+        },
+        "gemma3": {
+            "model_type": "gemma3_text",
+            **common,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "sliding_window": window,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+        "phi3": {
+            "model_type": "phi3",
+            **common,
+            "num_key_value_heads": 2,
+            "sliding_window": window,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+        "bert": {"model_type": "bert", **common, "max_position_embeddings": 128},
+    }
+    return AutoConfig.for_model(**configs[name])
+
+
+ARCHS = [
+    "config:llama-3.1-8b",
+    "config:llama-3.2-1b",
+    "config:mistral-7b",
+    "config:qwen2.5-7b",
+    "gpt_bigcode",
+    "gpt2",
+    "qwen2-tied",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "bert",
+]
+
+
+# ---------------------------------------------------------------------------
+# An attention kernel that skips what a sliding window excludes, for the counter
+# ---------------------------------------------------------------------------
+
+
+def _banded_attention(module, query, key, value, attention_mask, **kwargs):
+    """Sliding-window layers computed on each query's band of ``w`` keys only.
+
+    Eager attention computes the whole ``s × s`` square and masks it, so the
+    FLOP counter would see a window's layers as full ones; a windowed kernel
+    (flash-attention's ``window_size``) does only the band. This one does the
+    same work in plain matmuls the counter sees. Full layers go to the model's
+    own eager function.
+    """
+    window = kwargs.get("sliding_window")
+    seq = query.shape[2]
+    if not window or window >= seq:
+        eager = importlib.import_module(type(module).__module__).eager_attention_forward
+        return eager(module, query, key, value, attention_mask, **kwargs)
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    # each query's w keys, ending at itself: pad w-1 in front, then slide (no FLOPs)
+    pad = (0, 0, window - 1, 0)
+    keys = torch.nn.functional.pad(key, pad).unfold(2, window, 1)  # b h s d w
+    values = torch.nn.functional.pad(value, pad).unfold(2, window, 1)
+    scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+    scores = torch.einsum("bhqd,bhqdw->bhqw", query, keys) * scaling
+    softcap = kwargs.get("softcap")
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    position = torch.arange(seq)[:, None] - window + 1 + torch.arange(window)[None, :]
+    scores = scores.masked_fill(position < 0, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    out = torch.einsum("bhqw,bhqdw->bhqd", probs, values)
+    return out.transpose(1, 2).contiguous(), probs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _register_banded():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+    AttentionInterface.register("banded", _banded_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("banded", eager_mask)
+
+
+# ---------------------------------------------------------------------------
+
+
+def _model(name: str, mode: str, attn: str = "eager", window: int = WINDOW):
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    torch.manual_seed(0)
+    auto = AutoModelForMaskedLM if name == "bert" else AutoModelForCausalLM
+    config = _config(name, window)
+    model = auto.from_config(config, dtype=torch.float32, attn_implementation=attn)
+    if mode != "full" and name == "bert":
+        # an encoder is not a CAUSAL_LM task, which apply_peft sets: a plain PeftModel
+        from peft import LoraConfig, get_peft_model
+
+        save = ["cls"] if mode == "lora+save" else None
+        model = get_peft_model(
+            model, LoraConfig(r=8, target_modules="all-linear", modules_to_save=save)
+        )
+    elif mode != "full":
+        model = apply_peft(
+            model,
+            PeftConfig(
+                method="lora",
+                r=8,
+                target_modules="all-linear",
+                modules_to_save=["lm_head"] if mode == "lora+save" else None,
+            ),
+            quantized=False,
+        )
+    model.train()
+    return model
+
+
+def _loss(model, ids) -> torch.Tensor:
+    return model(input_ids=ids, labels=ids).loss
+
+
+def _counted(model, ids) -> float:
+    with FlopCounterMode(display=False) as counter:
+        _loss(model, ids).backward()
+    return counter.get_total_flops() / ids.numel()
+
+
+@pytest.mark.parametrize("mode", ["full", "lora", "lora+save"])
+@pytest.mark.parametrize("name", ARCHS)
+def test_formula_matches_the_flop_counter(name, mode) -> None:
+    windowed = any(w is not None and w < SEQ for w in attention_windows(_model(name, "full")))
+    # windowed models run the banded kernel so the counter sees a windowed kernel's work
+    model = _model(name, mode, attn="banded" if windowed else "eager")
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ))
+    estimate = estimate_flops(model, SEQ, activation_checkpointing=False)
+    measured = _counted(model, ids)
+    assert estimate.model_flops_per_token == pytest.approx(measured, rel=0.10)
+    if mode == "full":
+        # nothing upstream of the first layer is skipped: the formula is exact
+        assert estimate.model_flops_per_token == pytest.approx(measured, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("name", "windows"),
+    [
+        ("config:mistral-7b", [WINDOW, WINDOW]),  # a model-wide window, on every layer
+        ("phi3", [WINDOW, WINDOW]),
+        ("gemma2", [WINDOW, None]),  # sliding and full layers alternate
+        ("gemma3", [WINDOW, None]),
+    ],
+)
+def test_sliding_windows_are_applied_and_capped(name, windows) -> None:
+    eager = _model(name, "full")
+    assert attention_windows(eager) == windows
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ))
+    # the eager model really windows: a kernel that cannot see past the window
+    # gives its loss, and the same weights without a window give another
+    banded = _model(name, "full", attn="banded")
+    unwindowed = _model(name, "full", window=4 * SEQ)
+    banded.load_state_dict(eager.state_dict())
+    unwindowed.load_state_dict(eager.state_dict())
+    with torch.no_grad():
+        loss = _loss(eager, ids).item()
+        assert _loss(banded, ids).item() == pytest.approx(loss, rel=1e-5)
+        assert _loss(unwindowed, ids).item() != pytest.approx(loss, rel=1e-5)
+    # and the window caps attention: a windowed layer counts w keys per token, not s
+    width = eager.config.num_attention_heads * (
+        getattr(eager.config, "head_dim", None) or eager.config.hidden_size // 4
+    )
+    expected = sum(12.0 * width * (SEQ if w is None else w) for w in windows)
+    assert estimate_flops(eager, SEQ, False).attention == pytest.approx(expected)
+    assert estimate_flops(unwindowed, SEQ, False).attention == pytest.approx(
+        12.0 * width * SEQ * len(windows)
+    )
+
+
+def test_shrunk_architectures_keep_their_structure() -> None:
+    mistral, small = _shipped("mistral-7b"), _shipped("llama-3.2-1b")
+    assert mistral["model_type"] == "mistral" and mistral["sliding_window"] == WINDOW
+    assert small["tie_word_embeddings"] is True and small["head_dim"] == 32
+    assert _shipped("qwen2.5-7b")["num_key_value_heads"] == 2  # grouped-query attention kept
+
+
+def test_unpacked_attention_is_per_real_token() -> None:
+    """Σr²/Σr: two real sequences trained alone cost what the formula says per real token."""
+    model = _model("config:llama-3.1-8b", "full")
+    short, long = torch.randint(3, VOCAB, (1, 10)), torch.randint(3, VOCAB, (1, 50))
+    counted = _counted(model, short) * 10 + _counted(model, long) * 50
+    fed = SequenceLengths.of([10, 50])
+    estimate = estimate_flops(model, fed, False)
+    assert estimate.model_flops_per_token == pytest.approx(counted / 60, rel=1e-6)
+    # the mean padded width (50) overstates attention; the mean length (30) understates it
+    assert estimate_flops(model, 50, False).attention > estimate.attention
+    assert estimate_flops(model, 30, False).attention < estimate.attention
+
+
+def test_sliding_window_on_unpacked_lengths() -> None:
+    model = _model("gemma3", "full", attn="banded")
+    fed = SequenceLengths.of([8, 40], windows=(WINDOW,))
+    counted = sum(_counted(model, torch.randint(3, VOCAB, (1, n))) * n for n in (8, 40))
+    estimate = estimate_flops(model, fed, False)
+    assert estimate.model_flops_per_token == pytest.approx(counted / 48, rel=1e-6)
+    with pytest.raises(FlopsUnavailable, match="not recorded for sliding window 16"):
+        estimate_flops(model, SequenceLengths.of([8, 40]), False)
+
+
+# ---------------------------------------------------------------------------
+# Mixture of experts
+# ---------------------------------------------------------------------------
+
+
+def _mixtral(experts: str = "eager"):
+    from transformers import AutoModelForCausalLM, MixtralConfig
+
+    config = MixtralConfig(
+        **TINY,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation="eager", experts_implementation=experts
+    )
+    return model.train()
+
+
+@pytest.mark.parametrize("peft", [None, "lora"])
+def test_mixture_of_experts_counts_active_experts_and_router(peft) -> None:
+    model = _mixtral()
+    if peft:
+        model = apply_peft(
+            model,
+            PeftConfig(method="lora", r=8, target_modules=["q_proj", "v_proj"]),
+            quantized=False,
+        )
+    estimate = estimate_flops(model, SEQ, False)
+    # Checked analytically: transformers runs the experts as grouped matmuls
+    # (grouped_mm, its default where it can dispatch), which FlopCounterMode has
+    # no formula for and counts as 0, so the counter is no reference for MoE.
+    h, inter, vocab, layers, top_k, experts = 64, 128, VOCAB, 2, 2, 8
+    d_kv = 2 * 16
+    attn_proj = 2 * (h * h + 2 * h * d_kv + h * h)  # q, k, v, o
+    per_token_experts = top_k * 2 * (3 * h * inter)  # gate, up and down of k experts
+    router = 2 * h * experts
+    forward = layers * (attn_proj + per_token_experts + router) + 2 * h * vocab
+    attention = layers * 12.0 * h * SEQ
+    if peft is None:
+        assert estimate.model_flops_per_token == pytest.approx(3 * forward + attention)
+    else:
+        # forward of A (h -> 8) and B (8 -> out) on q_proj and v_proj; only they train
+        lora = layers * 2 * 8 * (h + h + h + d_kv)
+        assert estimate.linear_weight_grad == pytest.approx(lora)
+        assert estimate.model_flops_per_token == pytest.approx(2 * forward + 3 * lora + attention)
+
+
+def test_the_flop_counter_misses_grouped_experts_but_sees_the_eager_loop() -> None:
+    eager, grouped = _mixtral("eager"), _mixtral("grouped_mm")
+    grouped.load_state_dict(eager.state_dict())
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ))
+    with torch.no_grad():  # the same computation either way
+        assert _loss(grouped, ids).item() == pytest.approx(_loss(eager, ids).item(), rel=1e-4)
+    estimate = estimate_flops(eager, SEQ, False).model_flops_per_token
+    # the eager loop is one plain matmul per expert, which the counter sees: exact
+    assert estimate == pytest.approx(_counted(eager, ids), rel=1e-6)
+    # grouped matmuls are invisible to it: most of the step goes uncounted
+    assert _counted(grouped, ids) < 0.5 * estimate
+
+
+# ---------------------------------------------------------------------------
+# Activation checkpointing under FSDP2
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gloo_group(tmp_path):
+    """A one-process gloo group, for FSDP2 on the CPU."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed, and no process group already in use")
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", ["config:llama-3.1-8b", "moe"])
+def test_recompute_is_found_in_fully_sharded_blocks(name, gloo_group) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    model = _mixtral() if name == "moe" else _model(name, "full")
+    before = estimate_flops(model, SEQ, True)
+    inside = len(_decoder_layer_linears(model))
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    # fully_shard swaps each block's class for a subclass named FSDP<Name>
+    assert type(model.model.layers[0]).__name__.startswith("FSDP")
+    after = estimate_flops(model, SEQ, True)
+    assert len(_decoder_layer_linears(model)) == inside > 0
+    assert after.recompute == before.recompute
+    assert after.recompute > after.attention / 3  # the blocks' projections, not attention alone
