@@ -16,19 +16,20 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from orchestrator import envinfo
+from orchestrator import envinfo, oomkill
 from orchestrator.experiment import Experiment
 from orchestrator.launcher import LaunchSite, accelerate_command, job_env, launch_argv
 from orchestrator.paths import ResultsLayout, RunPaths, write_atomic
-from orchestrator.result import read_result
+from orchestrator.result import LAUNCH_ID_ENV, read_result
 from orchestrator.sidecar import parse_ready, read_samples, summarize
 from orchestrator.spec import spec_for, write_spec
-from orchestrator.status import classify
+from orchestrator.status import classify, root_cause, sigkilled_pids
 from orchestrator.values import MEMORY_LOGGING
 
 DEFAULT_TIMEOUT_S = 3600.0
@@ -266,11 +267,16 @@ def _hub_free(model: str) -> bool:
 
 
 def child_environment(
-    experiment: Experiment, devices: Sequence[str], *, cpu_share: int = 1
+    experiment: Experiment,
+    devices: Sequence[str],
+    *,
+    cpu_share: int = 1,
+    launch_id: str | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(the overlay written to command.sh, the full environment of the job).
 
     ``cpu_share``: how many jobs share the machine's cores (packing on the CPU).
+    ``launch_id``: names this launch on every node (a new one when not given).
     """
     overlay = job_env(experiment, devices)
     overlay["PYTHONPATH"] = _pythonpath()
@@ -280,7 +286,8 @@ def child_environment(
     if _hub_free(experiment.model_name_or_path):
         # the built-in models never need the hub: fail in seconds if anything asks
         overlay["HF_HUB_OFFLINE"] = "1"
-    return overlay, {**os.environ, **overlay}
+    # not in command.sh: a run by hand is a launch of its own
+    return overlay, {**os.environ, **overlay, LAUNCH_ID_ENV: launch_id or uuid.uuid4().hex}
 
 
 def run_experiment(
@@ -298,6 +305,7 @@ def run_experiment(
     site: LaunchSite | None = None,
     port: int | None = None,
     slurm_job_id: str | None = None,
+    launch_id: str | None = None,
 ) -> Outcome:
     """Launch one experiment and wait for it; always leaves no process behind.
 
@@ -305,6 +313,7 @@ def run_experiment(
     ``packed_with``: filled by the scheduler with the jobs that ran beside this
     one. ``site``: this node's place in a multi-node job (SLURM); only the
     first node writes the run's files and outcome, the others their own logs.
+    ``launch_id``: the same on every node of a multi-node job.
     Returns the outcome (``interrupted`` after Ctrl-C or ``stop``).
     """
     site = site or LaunchSite()
@@ -316,7 +325,7 @@ def run_experiment(
     argv = launch_argv(
         experiment, run.spec.resolve(), port=port, accelerate=accelerate_command(), site=site
     )
-    overlay, env = child_environment(experiment, devices, cpu_share=cpu_share)
+    overlay, env = child_environment(experiment, devices, cpu_share=cpu_share, launch_id=launch_id)
     if primary:
         write_command_script(run.command, overlay, argv, Path.cwd())
     suffix = "" if primary else f".node{site.machine_rank}"
@@ -335,6 +344,7 @@ def run_experiment(
     )
     proc: subprocess.Popen[Any] | None = None
     sidecar: Sidecar | None = None
+    oom_watch: oomkill.OomWatch | None = None
     timed_out = interrupted = False
     start = time.monotonic()
     outcome.started_at = envinfo.now("milliseconds")
@@ -346,6 +356,7 @@ def run_experiment(
         try:
             if _wants_sidecar(options):
                 sidecar = start_sidecar(memory_path, devices, options.sidecar_interval_s, side)
+            oom_watch = oomkill.watch()  # the job inherits this process's cgroups
             proc = subprocess.Popen(
                 argv,
                 env=env,
@@ -385,13 +396,17 @@ def run_experiment(
     outcome.finished_at = envinfo.now("milliseconds")
     outcome.returncode = proc.returncode if proc is not None else None
     result = read_result(run.result) if primary else None
+    stderr_tail = _tail(stderr_path)
+    host_oom = _host_oom(oom_watch, outcome.returncode, stderr_tail, memory_path, proc)
     classified = classify(
         returncode=outcome.returncode,
         result=result if primary else {"status": "ok"},
-        stderr_tail=_tail(stderr_path),
+        stderr_tail=stderr_tail,
         timed_out=timed_out,
         interrupted=interrupted,
         timeout_s=timeout,
+        host_oom=host_oom.found if host_oom else None,
+        host_oom_checked=host_oom.checked if host_oom else False,
     )
     outcome.status, outcome.error = classified.status, classified.error
     if sidecar is not None:
@@ -405,6 +420,28 @@ def run_experiment(
     if primary:
         write_outcome(run, outcome)
     return outcome
+
+
+def _host_oom(
+    started: oomkill.OomWatch | None,
+    returncode: int | None,
+    stderr_tail: str,
+    memory_csv: Path,
+    proc: subprocess.Popen[Any] | None,
+) -> oomkill.OomEvidence | None:
+    """The kernel's word on an OOM kill, looked up only when a process of the job died of SIGKILL."""
+    death = root_cause(stderr_tail)
+    sigkill = (-signal.SIGKILL, 128 + signal.SIGKILL)
+    if started is None or not (
+        returncode in sigkill or (death is not None and death.exitcode in sigkill)
+    ):
+        return None
+    pids = sigkilled_pids(stderr_tail)
+    # the sidecar saw every process of the job's tree, the killed one included
+    pids |= {int(source) for _, _, source, _ in read_samples(memory_csv) if source.isdigit()}
+    if proc is not None:
+        pids.add(proc.pid)
+    return oomkill.evidence(started, pids)
 
 
 def _wants_sidecar(options: RunOptions) -> bool:

@@ -16,6 +16,10 @@ from orchestrator.paths import write_atomic
 
 RESULT_SCHEMA_VERSION = 1
 
+#: Set by the parent for one launch of a job, the same on every node and rank
+#: of it: a rank stopped because a peer failed recognises the peer's report.
+LAUNCH_ID_ENV = "TUNEMATRIX_LAUNCH_ID"
+
 #: Every status an experiment can have (DESIGN.md, "Status vocabulary").
 STATUSES = ("ok", "oom", "timeout", "failed", "interrupted", "skipped", "planned")
 

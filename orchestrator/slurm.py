@@ -355,6 +355,9 @@ def slurm_task(
         site=site,
         port=port,
         slurm_job_id=job_id,
+        # every node of the job gets the same one, so a rank that the launcher
+        # stops on node 1 cannot replace node 0's report of the real failure
+        launch_id=f"slurm-{job_id}-{os.environ.get('SLURM_RESTART_COUNT', '0')}-{attempt}",
     )
     return outcome.status
 

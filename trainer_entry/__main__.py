@@ -58,13 +58,15 @@ def _process_start() -> float:
 
 
 def _is_oom(exc: BaseException) -> bool:
+    """Out of memory by the same patterns the parent reads a stderr with."""
     if isinstance(exc, MemoryError):
         return True
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(exc, torch.OutOfMemoryError):
         return True
-    text = str(exc).lower()
-    return "out of memory" in text and ("cuda" in text or "hip" in text or "device" in text)
+    from orchestrator.status import looks_like_oom
+
+    return looks_like_oom(f"{type(exc).__name__}: {exc}")
 
 
 def main(argv: "list[str] | None" = None) -> int:

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from orchestrator.result import one_line, read_result, write_result
+from orchestrator.result import LAUNCH_ID_ENV, one_line, read_result, write_result
 from orchestrator.spec import RunSpec
 from trainer_entry.errors import SpecError
 
@@ -22,7 +22,15 @@ def describe(exc: BaseException) -> str:
 
 
 def launch_id() -> str:
-    """Shared by the ranks of one launch: their parent (the launcher) and its start time."""
+    """Shared by the ranks of one launch, on every node of it.
+
+    The parent names each launch (``TUNEMATRIX_LAUNCH_ID``, the same on every
+    node of a multi-node job); a run started by hand falls back to the ranks'
+    common parent (this node's launcher) and its start time.
+    """
+    given = os.environ.get(LAUNCH_ID_ENV)
+    if given:
+        return given
     ppid = os.getppid()
     try:
         import psutil

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 
-from orchestrator.status import classify, stderr_error
+from orchestrator.status import RankDeath, classify, root_cause, sigkilled_pids, stderr_error
 
 OK = {"status": "ok", "metrics": {}}
 
@@ -51,10 +52,95 @@ def test_oom_from_stderr_when_no_result() -> None:
     )
 
 
-def test_sigkill_without_result_is_oom() -> None:
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+#: torchrun's report after the kernel's OOM killer ended rank 0 of a 2-rank job
+#: under a cgroup memory limit (captured from a real run); rank 1 was SIGTERMed
+RANK_KILLED = (FIXTURES / "stderr_rank_sigkilled.txt").read_text()
+#: accelerate's one-process launcher after the same, one process
+SINGLE_KILLED = (FIXTURES / "stderr_single_sigkilled.txt").read_text()
+#: what the rank the launcher stopped writes
+STOPPED_BY_LAUNCHER = {"status": "interrupted", "error": "Terminated: stopped by SIGTERM"}
+KERNEL = "kernel: Memory cgroup out of memory: Killed process 4041 (python3)"
+
+
+def test_root_cause_of_the_launchers() -> None:
+    assert root_cause(RANK_KILLED) == RankDeath(exitcode=-9, rank=0, pid=4041)
+    assert root_cause(SINGLE_KILLED) == RankDeath(exitcode=-9)
+    assert sigkilled_pids(RANK_KILLED) == {4041}
+    assert root_cause("ValueError: no launcher here\n") is None
+
+
+def test_a_host_oom_kill_is_oom_although_the_other_rank_says_interrupted() -> None:
+    outcome = classify(
+        returncode=1,
+        result=STOPPED_BY_LAUNCHER,
+        stderr_tail=RANK_KILLED,
+        host_oom=KERNEL,
+        host_oom_checked=True,
+    )
+    assert outcome.status == "oom"
+    assert outcome.error == (
+        f"host memory: rank 0 (pid 4041) was killed by the kernel's out-of-memory killer ({KERNEL})"
+    )
+    single = classify(
+        returncode=1, result=None, stderr_tail=SINGLE_KILLED, host_oom=KERNEL, host_oom_checked=True
+    )
+    assert single.status == "oom" and single.error is not None
+    assert single.error.startswith("host memory: the training process was killed")
+
+
+def test_a_sigkill_the_kernel_did_not_report_is_failed() -> None:
+    # e.g. a user's kill -9 of one rank: the launcher's report is the same,
+    # but no OOM kill was counted, so it is not called out of memory
+    outcome = classify(
+        returncode=1, result=STOPPED_BY_LAUNCHER, stderr_tail=RANK_KILLED, host_oom_checked=True
+    )
+    assert outcome == outcome.__class__(
+        "failed",
+        "rank 0 (pid 4041) was killed by SIGKILL, not by the out-of-memory killer "
+        "(no OOM kill in the job's memory cgroups or the kernel log)",
+    )
+    unknown = classify(returncode=-signal.SIGKILL, result=None)
+    assert unknown.status == "failed"
+    assert unknown.error == (
+        "the job's launcher was killed by SIGKILL; whether by the out-of-memory killer is "
+        "unknown (neither the memory cgroup counters nor the kernel log could be read)"
+    )
     for code in (-signal.SIGKILL, 137):
-        outcome = classify(returncode=code, result=None)
-        assert outcome.status == "oom" and "signal 9" in (outcome.error or "")
+        launcher = classify(returncode=code, result=None, host_oom=KERNEL, host_oom_checked=True)
+        assert launcher.status == "oom"
+
+
+def test_the_childs_interrupted_is_believed_only_when_the_parent_stopped_it() -> None:
+    stopped = classify(returncode=143, result=STOPPED_BY_LAUNCHER, interrupted=True)
+    assert stopped.status == "interrupted"
+    peer_crashed = "[rank1]: ValueError: bad batch\n" + RANK_KILLED.replace(
+        "exitcode  : -9 (pid: 4041)  (SIGKILL)", "exitcode  : 1 (pid: 4041)"
+    ).replace("Signal 9 (SIGKILL) received by PID 4041", "")
+    outcome = classify(returncode=1, result=STOPPED_BY_LAUNCHER, stderr_tail=peer_crashed)
+    assert outcome == outcome.__class__("failed", "exit code 1: ValueError: bad batch")
+    segv = RANK_KILLED.replace("exitcode  : -9", "exitcode  : -11")
+    crashed = classify(returncode=1, result=STOPPED_BY_LAUNCHER, stderr_tail=segv)
+    assert crashed == crashed.__class__("failed", "rank 0 (pid 4041) was killed by SIGSEGV")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "CUDA error: out of memory",
+        "CUDA out of memory. Tried to allocate 2.00 GiB",
+    ],
+)
+def test_child_and_parent_agree_on_what_is_out_of_memory(message: str) -> None:
+    from trainer_entry.__main__ import _is_oom
+
+    assert _is_oom(RuntimeError(message))
+    assert (
+        classify(returncode=1, result=None, stderr_tail=f"RuntimeError: {message}\n").status
+        == "oom"
+    )
+    assert not _is_oom(RuntimeError("CUDA error: device-side assert triggered"))
 
 
 def test_other_signal() -> None:
