@@ -2,13 +2,17 @@
 # tunematrix: run (or preview) the fine-tuning benchmark matrix.
 #
 # usage: bash run_benchmarks.sh [NUM_GPUS_MATRIX] [RESULT_DIR] [SCENARIOS_CONFIG] [SCENARIOS_FILTER]
+#    or: bash run_benchmarks.sh NUM_GPUS_MATRIX EFFECTIVE_BS_MATRIX RESULT_DIR SCENARIOS_CONFIG SCENARIOS_FILTER
 #
-#   NUM_GPUS_MATRIX   GPU counts, e.g. "1 2 4"; on a machine without GPUs, process
-#                     counts (default: "1 2" capped at the GPUs found; "1" without a GPU)
-#   RESULT_DIR        results folder (default: results)
-#   SCENARIOS_CONFIG  scenarios file (default: scenarios.yaml beside this script)
-#   SCENARIOS_FILTER  scenario names or patterns, space or comma separated
-#                     (default: every non-slow scenario for this machine)
+#   NUM_GPUS_MATRIX      GPU counts, e.g. "1 2 4"; on a machine without GPUs, process
+#                        counts (default: "1 2" capped at the GPUs found; "1" without a GPU)
+#   EFFECTIVE_BS_MATRIX  effective batch sizes, e.g. "4 8" (the fms-acceleration script's
+#                        second argument: a second argument made only of integers is this;
+#                        write a results folder named only with digits as ./2024)
+#   RESULT_DIR           results folder (default: results)
+#   SCENARIOS_CONFIG     scenarios file (default: scenarios.yaml beside this script)
+#   SCENARIOS_FILTER     scenario names or patterns, space or comma separated; none (or
+#                        empty) means every non-slow scenario for this machine
 #
 # environment:
 #   DRY_RUN=true              print the matrix and the exact commands; write nothing
@@ -24,6 +28,7 @@
 # examples:
 #   DRY_RUN=true bash run_benchmarks.sh
 #   bash run_benchmarks.sh "1 2" results scenarios.yaml standard-peft
+#   bash run_benchmarks.sh "1 2" "4 8" results scenarios.yaml none
 #   NO_OVERWRITE=true bash run_benchmarks.sh "1 2" results
 #   EXECUTOR=slurm DEVICE=gpu bash run_benchmarks.sh "1 2 4 8" results
 #   tox -e run-benches -- "1 2" results scenarios.yaml standard-peft
@@ -61,19 +66,36 @@ esac
 
 SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 
+# Two forms: fms-acceleration's script takes the effective batch sizes second
+# (five arguments); its README, and ours, leave them out (four).
 NUM_GPUS_MATRIX=${1-}
+BS_MATRIX=${EFFECTIVE_BS_MATRIX:-}
+if [ $# -ge 2 ] && [[ $2 =~ ^[[:space:],]*[0-9]+([[:space:],]+[0-9]+)*[[:space:],]*$ ]]; then
+    if [ -n "${EFFECTIVE_BS_MATRIX:-}" ] && [ "$EFFECTIVE_BS_MATRIX" != "$2" ]; then
+        die "effective batch sizes given twice: '$2' (2nd argument) and EFFECTIVE_BS_MATRIX='$EFFECTIVE_BS_MATRIX'; give one"
+    fi
+    BS_MATRIX=$2
+    form="5 arguments: NUM_GPUS_MATRIX EFFECTIVE_BS_MATRIX RESULT_DIR SCENARIOS_CONFIG SCENARIOS_FILTER"
+    shift 2
+    set -- "$NUM_GPUS_MATRIX" "$@"
+else
+    form="4 arguments: NUM_GPUS_MATRIX RESULT_DIR SCENARIOS_CONFIG SCENARIOS_FILTER"
+    if [ $# -ge 5 ]; then
+        echo "run_benchmarks.sh: note: the 5th argument (columns to drop) is not needed;" \
+            "benchmarks.csv drops constant columns itself" >&2
+    fi
+fi
 RESULT_DIR=${2:-results}
 SCENARIOS_CONFIG=${3:-$SCRIPT_DIR/scenarios.yaml}
 SCENARIOS_FILTER=${4-}
+# the fms-acceleration script's way of saying "no filter"
+[ "${SCENARIOS_FILTER,,}" != none ] || SCENARIOS_FILTER=
 
 args=(--scenarios "$SCENARIOS_CONFIG" --results "$RESULT_DIR" --device "${DEVICE:-auto}")
 [ -z "$NUM_GPUS_MATRIX" ] || args+=(--num-gpus "$NUM_GPUS_MATRIX")
-[ -z "${EFFECTIVE_BS_MATRIX:-}" ] || args+=(--effective-batch-size "$EFFECTIVE_BS_MATRIX")
+[ -z "$BS_MATRIX" ] || args+=(--effective-batch-size "$BS_MATRIX")
 [ -z "$SCENARIOS_FILTER" ] || args+=(--filter "$SCENARIOS_FILTER")
-if [ $# -ge 5 ]; then
-    echo "run_benchmarks.sh: note: the 5th argument (columns to drop) is not needed;" \
-        "benchmarks.csv drops constant columns itself" >&2
-fi
+[ $# -eq 0 ] || args+=(--note "run_benchmarks.sh read $form")
 
 # Use the orchestrator next to this script, whatever is installed.
 export PYTHONPATH="$SCRIPT_DIR${PYTHONPATH:+:$PYTHONPATH}"

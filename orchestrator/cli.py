@@ -134,6 +134,13 @@ def _add_selection_args(p: argparse.ArgumentParser) -> None:
         default="results",
         help="results folder (default: results)",
     )
+    g.add_argument(
+        "--note",
+        metavar="TEXT",
+        action="append",
+        default=[],
+        help="a line for the plan's header (run_benchmarks.sh says how it read its arguments)",
+    )
 
 
 @dataclass(frozen=True)
@@ -217,7 +224,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.output == "-":
         sys.stdout.write(plan_csv(plan))
         return 0
-    print(format_header(plan, planned.config.scenarios_file, planned.config.defaults_file))
+    print(
+        format_header(
+            plan, planned.config.scenarios_file, planned.config.defaults_file, notes=args.note
+        )
+    )
     print()
     print(format_table(plan))
     if args.commands:
@@ -271,7 +282,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if given:
             raise UserError(f"{', '.join(given)}: only with --executor slurm")
     _settle_earlier_jobs(planned.layout)
-    print(format_header(plan, planned.config.scenarios_file, planned.config.defaults_file))
+    print(
+        format_header(
+            plan, planned.config.scenarios_file, planned.config.defaults_file, notes=args.note
+        )
+    )
     print()
     print(format_table(plan), flush=True)
     print()

@@ -88,7 +88,10 @@ def write_plan_csv(plan: Plan, path: Path) -> None:
     write_atomic(path, plan_csv(plan))
 
 
-def format_header(plan: Plan, scenarios_file: Path, defaults_file: Path | None) -> str:
+def format_header(
+    plan: Plan, scenarios_file: Path, defaults_file: Path | None, notes: Sequence[str] = ()
+) -> str:
+    """The plan's header: where it comes from, each axis and its source, and the notes."""
     n = len(plan.experiments)
     lines = [
         f"tunematrix plan: {n} experiment{'s' if n != 1 else ''} from {scenarios_file}"
@@ -102,7 +105,7 @@ def format_header(plan: Plan, scenarios_file: Path, defaults_file: Path | None) 
         values = ", ".join(_cell(v) for v in axis.values)
         lines.append(f"  {label + ':':<24} {values}  [{axis.source}]")
     lines.append(f"  {'repeats:':<24} {plan.repeats.values[0]}  [{plan.repeats.source}]")
-    lines.extend(f"note: {note}" for note in plan.notes)
+    lines.extend(f"note: {note}" for note in (*plan.notes, *notes))
     return "\n".join(lines)
 
 

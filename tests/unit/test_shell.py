@@ -110,3 +110,49 @@ def test_too_many_arguments(tmp_path) -> None:
     result = sh(tmp_path, "1", "r", "s", "f", "cols", "extra")
     assert result.returncode == 2
     assert "too many arguments (6)" in result.stderr
+
+
+def test_the_predecessors_five_argument_form(tmp_path) -> None:
+    """fms-acceleration's script: NUM_GPUS EFFECTIVE_BS RESULT_DIR SCENARIOS FILTER, 'none' = all."""
+    result = sh(
+        tmp_path,
+        "1 2",
+        "2 6",
+        "out",
+        str(REPO / "scenarios.yaml"),
+        "none",
+        DRY_RUN="true",
+        DEVICE="cpu",
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "tunematrix plan: 8 experiments" in out
+    assert "scenarios: tiny-full-finetuning, tiny-lora\n" in out
+    assert "effective_batch_size:    2, 6  [command line]" in out
+    assert (
+        "note: run_benchmarks.sh read 5 arguments: NUM_GPUS_MATRIX EFFECTIVE_BS_MATRIX "
+        "RESULT_DIR SCENARIOS_CONFIG SCENARIOS_FILTER\n" in out
+    )
+    assert "out/runs/tiny-lora.tiny-llama.ddp.g2.eb6-" in out
+    assert result.stderr == ""
+
+
+def test_the_four_argument_form_says_so_and_none_means_every_scenario(tmp_path) -> None:
+    result = sh(
+        tmp_path, "1", "results", str(REPO / "scenarios.yaml"), "NONE", DRY_RUN="true", DEVICE="cpu"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "scenarios: tiny-full-finetuning, tiny-lora\n" in result.stdout
+    assert (
+        "note: run_benchmarks.sh read 4 arguments: NUM_GPUS_MATRIX RESULT_DIR SCENARIOS_CONFIG "
+        "SCENARIOS_FILTER\n" in result.stdout
+    )
+
+
+def test_batch_sizes_given_twice_is_one_line(tmp_path) -> None:
+    result = sh(tmp_path, "1", "4 8", "out", DRY_RUN="true", DEVICE="cpu", EFFECTIVE_BS_MATRIX="2")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "run_benchmarks.sh: error: effective batch sizes given twice: '4 8' (2nd argument) "
+        "and EFFECTIVE_BS_MATRIX='2'; give one\n"
+    )
