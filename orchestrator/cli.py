@@ -241,6 +241,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from orchestrator.needs import require
     from orchestrator.plan import format_header, format_table
     from orchestrator.runner import RunOptions, run_plan
 
@@ -250,6 +251,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError("--pack is for one machine; SLURM schedules the jobs itself")
     planned = _plan_from_args(args)
     plan = planned.plan
+    # a missing package, named once here rather than by every experiment's failure
+    require(plan.experiments, args.executor)
     options = RunOptions(
         timeout_s=args.timeout,
         resume=args.resume,
