@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.schema import (
+    ContentsFileModel,
     FrameworkModel,
     FrameworksFileModel,
     MatrixModel,
@@ -73,6 +74,10 @@ class Framework:
     env: Mapping[str, str]
     file: str
     line: int | None
+    #: what experiment ids hash in place of ``env`` where it names files by their
+    #: place on this machine (CONTENTS.yaml): the files' content, so ids agree
+    #: across machines and folders
+    env_identity: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -182,7 +187,10 @@ def load_accelerate_config(
 
 
 def _load_frameworks(
-    doc: YamlDoc, models: Mapping[str, FrameworkModel], into: dict[str, Framework]
+    doc: YamlDoc,
+    models: Mapping[str, FrameworkModel],
+    into: dict[str, Framework],
+    env_identity: Mapping[str, Mapping[str, str]] | None = None,
 ) -> None:
     base = Path(doc.file).parent
     for name, fw in models.items():
@@ -223,7 +231,46 @@ def _load_frameworks(
             env=dict(fw.env),
             file=doc.file,
             line=doc.line_of(loc),
+            env_identity=(env_identity or {}).get(name),
         )
+
+
+#: the variable fms-acceleration's benchmark sets for each job to its plugin configuration
+ACCELERATION_CONFIG_ENV = "ACCELERATION_FRAMEWORK_CONFIG_FILE"
+
+
+def _contents_frameworks(
+    doc: YamlDoc,
+) -> tuple[dict[str, FrameworkModel], dict[str, dict[str, str]]]:
+    """fms-acceleration's ``CONTENTS.yaml`` as framework overlays.
+
+    Each shortname becomes a framework whose jobs get
+    ``ACCELERATION_FRAMEWORK_CONFIG_FILE`` set to its file, resolved beside
+    CONTENTS.yaml, as the predecessor's benchmark does. Returns the overlays
+    and, for the ids, each one's file by name and content hash.
+    """
+    contents: ContentsFileModel = validate(doc, ContentsFileModel, "a CONTENTS.yaml")
+    base = Path(doc.file).parent
+    out: dict[str, FrameworkModel] = {}
+    identity: dict[str, dict[str, str]] = {}
+    for i, entry in enumerate(contents.framework_configs):
+        loc: Loc = ("framework_configs", i)
+        if entry.shortname in out:
+            raise doc.error(f"shortname '{entry.shortname}' appears twice", (*loc, "shortname"))
+        path = (base / entry.filename).resolve()
+        if not path.is_file():
+            raise doc.error(
+                f"{entry.filename}: no such file beside {Path(doc.file).name} ({base})",
+                (*loc, "filename"),
+            )
+        plugins = ", ".join(entry.plugins) or "none"
+        out[entry.shortname] = FrameworkModel(
+            description=f"fms-acceleration {entry.filename} (plugins: {plugins})",
+            env={ACCELERATION_CONFIG_ENV: str(path)},
+        )
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        identity[entry.shortname] = {ACCELERATION_CONFIG_ENV: f"{entry.filename}@sha256:{digest}"}
+    return out, identity
 
 
 def _resolve_scenario(
@@ -375,6 +422,10 @@ def load_config(
     _load_frameworks(doc, model.frameworks, frameworks)
     for extra in frameworks_files:
         fdoc = load_yaml(extra, "frameworks file")
+        if isinstance(fdoc.data, dict) and "framework_configs" in fdoc.data:
+            overlays, identity = _contents_frameworks(fdoc)
+            _load_frameworks(fdoc, overlays, frameworks, identity)
+            continue
         fmodel: FrameworksFileModel = validate(fdoc, FrameworksFileModel, "a frameworks file")
         _load_frameworks(fdoc, fmodel.frameworks, frameworks)
 

@@ -370,6 +370,8 @@ def _expand_scenario(
             else config.default_accelerate
         )
         env = dict(framework.env) if framework is not None else {}
+        # what the id hashes: the files a framework's env names by content, not place
+        env_identity = framework.env_identity if framework is not None else None
         for model in scenario.models:
             for combo in _sweep_combos(scenario.sweep):
                 merged, provenance = _merge(
@@ -399,7 +401,7 @@ def _expand_scenario(
                     "arguments": merged,
                     "data_processing": config.data_processing,
                     "accelerate_config": accelerate.digest if accelerate is not None else None,
-                    "env": env,
+                    "env": env_identity or env,
                 }
                 base_digest = hashlib.sha256(canonical_json(base).encode()).hexdigest()
                 for n, eb, seq, pack in itertools.product(

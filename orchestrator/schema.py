@@ -128,6 +128,22 @@ class FrameworksFileModel(_Strict):
     frameworks: dict[str, FrameworkModel]
 
 
+class ContentsEntryModel(_Strict):
+    """One framework of fms-acceleration's ``sample-configurations/CONTENTS.yaml``."""
+
+    shortname: str
+    #: the fms-acceleration plugins the configuration needs
+    plugins: list[str] = []
+    #: the plugin configuration, relative to CONTENTS.yaml
+    filename: str
+
+
+class ContentsFileModel(_Strict):
+    """fms-acceleration's ``CONTENTS.yaml``, accepted as it is by ``--frameworks``."""
+
+    framework_configs: list[ContentsEntryModel]
+
+
 def _pydantic_error(doc: YamlDoc, exc: ValidationError, root: type[BaseModel]) -> ConfigError:
     # A typo shows up twice: an unknown key and a missing one. The unknown key,
     # with the allowed names, is the more useful line, so it goes first.

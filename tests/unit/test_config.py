@@ -507,3 +507,75 @@ def test_accelerate_config_with_tensor_parallelism_is_refused(load, write) -> No
         "distributed_type: FSDP\nparallelism_config:\n  parallelism_config_dp_shard_size: 2\n",
     )
     load("frameworks:\n  dp: {accelerate_config: dp.yaml}\n" + MINIMAL)
+
+
+def _sample_configurations(folder: Path, marker: str = "") -> Path:
+    """fms-acceleration's real CONTENTS.yaml, with a plugin file for each of its entries."""
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    contents = (FIXTURES / "fms_sample_configurations" / "CONTENTS.yaml").read_text()
+    (folder / "CONTENTS.yaml").write_text(contents)
+    for entry in yaml.safe_load(contents)["framework_configs"]:
+        (folder / entry["filename"]).write_text(f"# {entry['shortname']}{marker}\nplugins: {{}}\n")
+    return folder / "CONTENTS.yaml"
+
+
+def test_the_predecessors_contents_yaml_defines_its_frameworks(tmp_path) -> None:
+    contents = _sample_configurations(tmp_path / "sample-configurations")
+    config = load_config(
+        FIXTURES / "fms_scenarios_2026-01.yaml",
+        defaults_file=FIXTURES / "fms_defaults.yaml",
+        frameworks_files=[contents],
+    )
+    # the 26 shortnames of the published file
+    assert len(config.frameworks) == 26
+    plan = build_plan(config, Selection(device="gpu", num_gpus=(1,)), gpu_count=0)
+    used = {e.framework for e in plan.experiments}
+    assert {"accelerated-peft-bnb", "foak-fast-kernels", "none"} <= used
+    for e in plan.experiments:
+        if e.framework == "accelerated-peft-bnb":
+            assert e.env == {
+                "ACCELERATION_FRAMEWORK_CONFIG_FILE": str(
+                    (
+                        tmp_path
+                        / "sample-configurations"
+                        / "accelerated-peft-bnb-nf4-sample-configuration.yaml"
+                    ).resolve()
+                )
+            }
+        if e.framework == "none":
+            assert "ACCELERATION_FRAMEWORK_CONFIG_FILE" not in e.env
+
+
+def test_contents_ids_follow_the_files_content_not_their_folder(tmp_path) -> None:
+    def ids(contents: Path) -> list[str]:
+        config = load_config(
+            FIXTURES / "fms_scenarios_2026-01.yaml",
+            defaults_file=FIXTURES / "fms_defaults.yaml",
+            frameworks_files=[contents],
+        )
+        plan = build_plan(config, Selection(device="gpu", num_gpus=(1,)), gpu_count=0)
+        return [e.experiment_id for e in plan.experiments if e.framework != "none"]
+
+    here = ids(_sample_configurations(tmp_path / "a"))
+    assert here == ids(_sample_configurations(tmp_path / "elsewhere" / "b"))
+    changed = ids(_sample_configurations(tmp_path / "c", marker=" changed"))
+    assert not set(here) & set(changed)
+
+
+def test_a_contents_entry_without_its_file_is_one_error(tmp_path) -> None:
+    contents = _sample_configurations(tmp_path / "s")
+    (tmp_path / "s" / "foak-fast-kernels-sample-configuration.yaml").unlink()
+    with pytest.raises(ConfigError) as caught:
+        load_config(
+            FIXTURES / "fms_scenarios_2026-01.yaml",
+            defaults_file=FIXTURES / "fms_defaults.yaml",
+            frameworks_files=[contents],
+        )
+    message = str(caught.value)
+    assert re.fullmatch(
+        rf"{re.escape(str(contents))}:\d+: framework_configs\[\d+\]\.filename: "
+        r"foak-fast-kernels-sample-configuration\.yaml: no such file beside CONTENTS\.yaml \(.+\)",
+        message,
+    ), message
