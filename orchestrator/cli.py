@@ -183,6 +183,7 @@ def _plan_from_args(args: argparse.Namespace) -> _Planned:
         filters=parse_filters(args.filter),
         device=args.device,
         repeats=args.repeats,
+        preview=args.command == "plan",
     )
     # Detecting GPUs costs a few milliseconds; only the default axes need it.
     needs_count = args.device == "auto" or (args.device == "gpu" and selection.num_gpus is None)

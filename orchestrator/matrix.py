@@ -50,6 +50,9 @@ class Selection:
     #: ``auto`` (GPU if one is detected), ``gpu`` or ``cpu``
     device: str = "auto"
     repeats: int | None = None
+    #: a preview (``plan``, DRY_RUN): with ``auto``, a file with no scenario for this
+    #: machine is planned for its scenarios' own device rather than refused
+    preview: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,24 @@ def default_num_gpus(device: str, gpu_count: int) -> tuple[tuple[int, ...], str]
     return DEFAULT_GPU_COUNTS, "default (no GPU detected here)"
 
 
+def _preview_device(config: BenchConfig, device: str, source: str) -> tuple[str, str]:
+    """The device to preview for: this machine's, or the scenarios' own when none is for it.
+
+    Previewing a GPU matrix on a laptop is the point of a dry run; running it
+    there is not, and ``run`` still refuses.
+    """
+    if any(not s.slow and s.device == device for s in config.scenarios):
+        return device, source
+    theirs = {s.device for s in config.scenarios if not s.slow}
+    if len(theirs) != 1:
+        return device, source
+    (other,) = theirs
+    return other, (
+        f"{source}; previewing the scenarios' own device, {other}: "
+        f"none is for {device}, and a run here would refuse"
+    )
+
+
 def resolve_device(requested: str, gpu_count: int) -> tuple[str, str]:
     if requested in ("gpu", "cpu"):
         return requested, "requested"
@@ -271,6 +292,8 @@ def _axis_override(
 def build_plan(config: BenchConfig, selection: Selection, gpu_count: int) -> Plan:
     """Select scenarios and expand them into experiments (with stable ids)."""
     device, device_source = resolve_device(selection.device, gpu_count)
+    if selection.preview and selection.device == "auto" and not selection.filters:
+        device, device_source = _preview_device(config, device, device_source)
     scenarios = select_scenarios(config, selection.filters, device)
 
     m = config.matrix

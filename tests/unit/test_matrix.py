@@ -384,3 +384,31 @@ def test_cpu_default_is_one_process(plan) -> None:
     assert p.device == "cpu"
     assert {e.num_gpus for e in p.experiments} == {1}
     assert all(e.device == "cpu" for e in p.experiments)
+
+
+GPU_ONLY = """
+scenarios:
+  - name: big
+    arguments: {model_name_or_path: m}
+  - name: later
+    slow: true
+    device: cpu
+    arguments: {model_name_or_path: m}
+"""
+
+
+def test_a_preview_without_a_gpu_plans_for_the_scenarios_device(plan) -> None:
+    from orchestrator.errors import UserError
+
+    previewed = plan(GPU_ONLY, device="auto", preview=True, gpu_count=0)
+    assert previewed.device == "gpu"
+    assert previewed.device_source == (
+        "no GPU detected; previewing the scenarios' own device, gpu: none is for cpu, "
+        "and a run here would refuse"
+    )
+    assert {e.scenario for e in previewed.experiments} == {"big"}
+    # a run keeps its refusal, and an explicit --device is obeyed
+    with pytest.raises(UserError, match="no non-slow scenario for device 'cpu'"):
+        plan(GPU_ONLY, device="auto", gpu_count=0)
+    with pytest.raises(UserError, match="no non-slow scenario for device 'cpu'"):
+        plan(GPU_ONLY, device="cpu", preview=True, gpu_count=0)
