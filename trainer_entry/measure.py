@@ -145,12 +145,11 @@ class StepRecorder:
         self._real += real
         self._padded += padded
         if lengths is not None:
-            self._rows += len(lengths)
-            self._sq += sum(int(x) * int(x) for x in lengths)
-            for w in self.windows or ():
-                self._windowed[w] = self._windowed.get(w, 0) + sum(
-                    int(x) * min(int(x), w) for x in lengths
-                )
+            fed = SequenceLengths.of(lengths, self.windows or ())
+            self._rows += fed.rows
+            self._sq += fed.sq_tokens
+            for w, value in fed.windowed_sq_tokens.items():
+                self._windowed[w] = self._windowed.get(w, 0) + value
 
     def train_begin(self) -> None:
         if self._sync is not None:
@@ -245,6 +244,10 @@ def loss_summary(log_history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+#: The prefixes of HF's GPU stage metrics, in the order the stages run.
+HF_GPU_STAGES = ("before_init_mem_gpu", "init_mem_gpu", "train_mem_gpu")
+
+
 def hf_stage_memory(metrics: Mapping[str, Any]) -> tuple[int | None, int | None]:
     """(peak, allocated) GPU bytes from HF's stage memory metrics, the predecessor's way.
 
@@ -253,13 +256,12 @@ def hf_stage_memory(metrics: Mapping[str, Any]) -> tuple[int | None, int | None]
     loading stage before the Trainer (``before_init``) counts as allocated.
     None when the metrics are absent (CPU runs, or memory metrics off).
     """
-    stages = ("before_init_mem_gpu", "init_mem_gpu", "train_mem_gpu")
-    if not any(k.startswith(stages) for k in metrics):
+    if not any(k.startswith(HF_GPU_STAGES) for k in metrics):
         return None, None
     running = 0.0
     allocs: list[float] = []
     peaks: list[float] = []
-    for stage in stages:
+    for stage in HF_GPU_STAGES:
         delta = metrics.get(f"{stage}_alloc_delta", metrics.get(stage, 0)) or 0
         running += float(delta)
         allocs.append(running)
@@ -353,10 +355,6 @@ def memory_stages(readings: Mapping[str, MemoryReading]) -> dict[str, int | None
     if "load_begin" in r and all(p in r for p in loading):
         out["mem_load_peak_bytes"] = max(r[p].peak for p in loading)
     return out
-
-
-#: The prefixes of HF's GPU stage metrics (what ``hf_stage_memory`` reads).
-HF_GPU_STAGES = ("before_init_mem_gpu", "init_mem_gpu", "train_mem_gpu")
 
 
 def stage_memory_figures(
