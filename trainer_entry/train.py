@@ -156,14 +156,6 @@ def _training_arguments(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) ->
         raise SpecError(f"invalid trainer arguments: {exc}") from None
 
 
-def _gather(stats: RankStats, world: int) -> list[RankStats]:
-    if world == 1 or not torch.distributed.is_initialized():
-        return [stats]
-    gathered: list[Any] = [None] * world
-    torch.distributed.all_gather_object(gathered, stats.as_dict())
-    return [RankStats(**g) for g in gathered]
-
-
 def _gather_object(value: Any, world: int) -> list[Any]:
     """``value`` of every rank, in rank order (``[value]`` alone)."""
     if world == 1 or not torch.distributed.is_initialized():
@@ -265,8 +257,12 @@ def run(spec: RunSpec, timings: dict[str, float], process_start: float) -> dict[
         # since on_train_begin's reset: training's peak, not loading's
         stats.cuda_max_allocated_bytes = int(torch.cuda.max_memory_allocated())
         stats.cuda_max_reserved_bytes = int(torch.cuda.max_memory_reserved())
-    ranks = _gather(stats, world)
-    stage_memory = _gather_object(memory_stages(memory.readings) if memory else {}, world)
+    # one collective for both: each rank's step records and its memory stages
+    gathered = _gather_object(
+        (stats.as_dict(), memory_stages(memory.readings) if memory else {}), world
+    )
+    ranks = [RankStats(**record) for record, _ in gathered]
+    stage_memory = [stages for _, stages in gathered]
     if rank != 0:
         return {}
 
