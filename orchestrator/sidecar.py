@@ -325,12 +325,13 @@ def _sample_loop(
             rss = tree.rss()
             for pid, value in rss.items():
                 writer.writerow((f"{now:.3f}", "process_rss", pid, value))
+            tree_rss = sum(rss.values())
             if rss:
-                writer.writerow((f"{now:.3f}", "tree_rss", "tree", sum(rss.values())))
-            if rss and schedule.due(time.monotonic(), sum(rss.values())):
+                writer.writerow((f"{now:.3f}", "tree_rss", "tree", tree_rss))
+            if rss and schedule.due(time.monotonic(), tree_rss):
                 began = time.monotonic()
                 pss, unreadable = tree.pss(rss)
-                schedule.done(began, time.monotonic() - began, sum(rss.values()))
+                schedule.done(began, time.monotonic() - began, tree_rss)
                 for pid, value in pss.items():
                     writer.writerow((f"{now:.3f}", "process_pss", pid, value))
                 if pss:  # with no PSS at all, a "PSS" total would only be the RSS again
