@@ -180,7 +180,10 @@ import mmap, sys
 with open(sys.argv[1], "rb") as f:
     m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 total = sum(m[i] for i in range(0, len(m), 4096))  # touch every page: resident in both
-print("ready", flush=True)
+# one write of the whole line (print writes "ready" and the newline apart, so the
+# two mappers' lines could interleave as "readyready"); a pipe write this small is atomic
+sys.stdout.write("ready\\n")
+sys.stdout.flush()
 sys.stdin.read()
 """
 
