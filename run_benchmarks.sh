@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # tunematrix: run (or preview) the fine-tuning benchmark matrix.
 #
-# usage: bash run_benchmarks.sh [NUM_GPUS_MATRIX] [RESULT_DIR] [SCENARIOS_CONFIG] [SCENARIOS_FILTER]
-#    or: bash run_benchmarks.sh NUM_GPUS_MATRIX EFFECTIVE_BS_MATRIX RESULT_DIR SCENARIOS_CONFIG SCENARIOS_FILTER
+# usage: bash run_benchmarks.sh [--frameworks FILE]... [NUM_GPUS_MATRIX] [RESULT_DIR] [SCENARIOS_CONFIG] [SCENARIOS_FILTER]
+#    or: bash run_benchmarks.sh [--frameworks FILE]... NUM_GPUS_MATRIX EFFECTIVE_BS_MATRIX RESULT_DIR SCENARIOS_CONFIG SCENARIOS_FILTER
 #
+#   --frameworks FILE    framework definitions: a YAML file with a frameworks: mapping,
+#                        or fms-acceleration's sample-configurations/CONTENTS.yaml as it
+#                        is (each shortname a framework); repeatable; before the positionals
 #   NUM_GPUS_MATRIX      GPU counts, e.g. "1 2 4"; on a machine without GPUs, process
 #                        counts (default: "1 2" capped at the GPUs found; "1" without a GPU)
 #   EFFECTIVE_BS_MATRIX  effective batch sizes, e.g. "4 8" (the fms-acceleration script's
@@ -21,6 +24,7 @@
 #   MEMORY_LOGGING=all|nvidia|huggingface|hf-tracker   what measures memory (default: all)
 #   EFFECTIVE_BS_MATRIX="4 8" effective batch sizes (default: the scenarios file's)
 #   DEVICE=auto|gpu|cpu       plan for GPUs or the CPU (default: auto)
+#   FRAMEWORKS=FILE           as --frameworks FILE
 #   EXECUTOR=local|slurm      run here one job at a time (default), or submit each
 #                             experiment as a SLURM job (options: the file's slurm:)
 #   PYTHON                    the interpreter to use (default: python3)
@@ -29,6 +33,7 @@
 #   DRY_RUN=true bash run_benchmarks.sh
 #   bash run_benchmarks.sh "1 2" results scenarios.yaml standard-peft
 #   bash run_benchmarks.sh "1 2" "4 8" results scenarios.yaml none
+#   bash run_benchmarks.sh --frameworks CONTENTS.yaml "1 2" "4 8" results scenarios.yaml none
 #   NO_OVERWRITE=true bash run_benchmarks.sh "1 2" results
 #   EXECUTOR=slurm DEVICE=gpu bash run_benchmarks.sh "1 2 4 8" results
 #   tox -e run-benches -- "1 2" results scenarios.yaml standard-peft
@@ -56,12 +61,29 @@ flag() {
     esac
 }
 
-case "${1:-}" in
-    -h | --help)
-        usage
-        exit 0
-        ;;
-esac
+FRAMEWORK_FILES=()
+[ -z "${FRAMEWORKS:-}" ] || FRAMEWORK_FILES+=("$FRAMEWORKS")
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -h | --help)
+            usage
+            exit 0
+            ;;
+        --frameworks)
+            [ $# -ge 2 ] && [ -n "$2" ] || die "--frameworks needs a file"
+            FRAMEWORK_FILES+=("$2")
+            shift 2
+            ;;
+        --frameworks=*)
+            [ -n "${1#--frameworks=}" ] || die "--frameworks needs a file"
+            FRAMEWORK_FILES+=("${1#--frameworks=}")
+            shift
+            ;;
+        --) shift; break ;;
+        -?*) die "unknown option '$1'; options (--frameworks FILE) come before the positional arguments" ;;
+        *) break ;;
+    esac
+done
 [ $# -le 5 ] || die "too many arguments ($#); see --help"
 
 SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
@@ -95,6 +117,7 @@ args=(--scenarios "$SCENARIOS_CONFIG" --results "$RESULT_DIR" --device "${DEVICE
 [ -z "$NUM_GPUS_MATRIX" ] || args+=(--num-gpus "$NUM_GPUS_MATRIX")
 [ -z "$BS_MATRIX" ] || args+=(--effective-batch-size "$BS_MATRIX")
 [ -z "$SCENARIOS_FILTER" ] || args+=(--filter "$SCENARIOS_FILTER")
+for file in "${FRAMEWORK_FILES[@]}"; do args+=(--frameworks "$file"); done
 [ $# -eq 0 ] || args+=(--note "run_benchmarks.sh read $form")
 
 # Use the orchestrator next to this script, whatever is installed.

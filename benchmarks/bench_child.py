@@ -2,7 +2,7 @@
 
 - with all measurement on, the child keeps at least 99% of the throughput of
   the same training loop with measurement off (``instrumentation: false``:
-  no step clock, no token counting, no memory stages); "on" is the default
+  no step clock, no token counting, no memory stages, no progress file); "on" is the default
   ``MEMORY_LOGGING=all`` (memory stages from torch.cuda counters read at stage
   boundaries, no thread; HF's polling tracker only with ``hf-tracker``);
 - the time from process start to the first training step, broken down.
@@ -181,6 +181,25 @@ def bookkeeping_s_per_step(n: int = 20_000) -> float:
     return (time.perf_counter() - start) / n
 
 
+def progress_write_s(folder: Path, n: int = 2000) -> tuple[float, float]:
+    """(median, 99th percentile) seconds of one write of the progress file, timed directly.
+
+    Between writes a step adds two additions and a comparison; a write comes at
+    most once per second of training (``trainer_entry.progress``).
+    """
+    from trainer_entry.progress import ProgressFile
+
+    writer = ProgressFile(folder / "progress.json", world_size=1)
+    writer.begin(n + 1)
+    times = []
+    for step in range(1, n + 1):
+        start = time.perf_counter()
+        writer.step(step, BATCH * LENGTH, 1.0)  # a second of steps: every call writes
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return statistics.median(times), times[int(0.99 * len(times))]
+
+
 def report(instrumented: list[float], bare: list[float]) -> float:
     ratio = statistics.median(instrumented) / statistics.median(bare)
     for name, values in (("bare", bare), ("instrumented", instrumented)):
@@ -255,6 +274,11 @@ def main() -> int:
         print(
             f"  bookkeeping timed directly: {own * 1e6:.1f} µs per step, "
             f"{own / step_s:.4%} of a {step_s * 1e3:.0f} ms step"
+        )
+        median, p99 = progress_write_s(folder)
+        print(
+            f"  progress file timed directly: a write {median * 1e6:.0f} µs (p99 "
+            f"{p99 * 1e6:.0f} µs), at most one per second of training: ≤ {median:.3%} of it"
         )
 
     print("time to first step (median of 3 fresh instrumented processes, seconds):")

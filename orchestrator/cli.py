@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from orchestrator import __version__
-from orchestrator.config import BenchConfig, load_config
+from orchestrator.config import BenchConfig
 from orchestrator.errors import UserError
-from orchestrator.matrix import Plan, Selection, build_plan, parse_filters
-from orchestrator.paths import ResultsLayout, shipped
+from orchestrator.matrix import Plan
+from orchestrator.paths import ResultsLayout
 from orchestrator.values import MEMORY_LOGGING
 
 PROG = "tunematrix"
@@ -89,7 +89,8 @@ def _add_selection_args(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         action="append",
         default=[],
-        help="extra framework definitions (a YAML file with a frameworks: mapping); repeatable",
+        help="extra framework definitions: a YAML file with a frameworks: mapping, or "
+        "fms-acceleration's sample-configurations/CONTENTS.yaml as it is; repeatable",
     )
     g.add_argument(
         "--accelerate-config",
@@ -150,60 +151,39 @@ class _Planned:
     layout: ResultsLayout
 
 
-def _beside_or_shipped(scenarios: Path, name: str) -> Path | None:
-    for candidate in (scenarios.parent / name, shipped(name)):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def _plan_from_args(args: argparse.Namespace) -> _Planned:
-    if args.scenarios:
-        scenarios = Path(args.scenarios)
-    else:
-        local = Path("scenarios.yaml")
-        scenarios = local if local.is_file() else shipped("scenarios.yaml")
-    defaults = (
-        Path(args.defaults) if args.defaults else _beside_or_shipped(scenarios, "defaults.yaml")
+    from orchestrator import api
+
+    config = api.load(
+        args.scenarios or None,
+        defaults=args.defaults,
+        frameworks=args.frameworks,
+        accelerate_config=args.accelerate_config,
     )
-    config = load_config(
-        scenarios,
-        defaults_file=defaults,
-        frameworks_files=[Path(f) for f in args.frameworks],
-        accelerate_config=Path(args.accelerate_config) if args.accelerate_config else None,
-        accelerate_fallback=_beside_or_shipped(scenarios, "accelerate.yaml"),
-    )
-    selection = Selection(
-        num_gpus=parse_int_list(args.num_gpus, "--num-gpus") if args.num_gpus else None,
-        effective_batch_size=(
-            parse_int_list(args.effective_batch_size, "--effective-batch-size")
-            if args.effective_batch_size
-            else None
-        ),
-        filters=parse_filters(args.filter),
-        device=args.device,
-        repeats=args.repeats,
-        preview=args.command == "plan",
-    )
-    # Detecting GPUs costs a few milliseconds; only the default axes need it.
-    needs_count = args.device == "auto" or (args.device == "gpu" and selection.num_gpus is None)
-    gpus = 0
+    num_gpus = parse_int_list(args.num_gpus, "--num-gpus") if args.num_gpus else None
+    gpus = None
+    needs_count = args.device == "auto" or (args.device == "gpu" and num_gpus is None)
     if needs_count and getattr(args, "executor", "local") == "slurm":
         # the jobs run on the cluster's nodes, not here: count a node's GPUs there
         from orchestrator.slurm import cluster_gpus
 
         partition = args.slurm_partition or (config.slurm or {}).get("partition")
         gpus = cluster_gpus(partition)
-    elif needs_count:
-        gpus = _gpu_count()
-    plan = build_plan(config, selection, gpus)
+    plan = api.plan(
+        config,
+        num_gpus=num_gpus,
+        effective_batch_size=(
+            parse_int_list(args.effective_batch_size, "--effective-batch-size")
+            if args.effective_batch_size
+            else None
+        ),
+        filters=args.filter,
+        device=args.device,
+        repeats=args.repeats,
+        preview=args.command == "plan",
+        gpus=gpus,
+    )
     return _Planned(config=config, plan=plan, layout=ResultsLayout(Path(args.results)))
-
-
-def _gpu_count() -> int:
-    from orchestrator.hardware import gpu_count
-
-    return gpu_count()
 
 
 # ---------------------------------------------------------------------------
@@ -212,7 +192,7 @@ def _gpu_count() -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from orchestrator.plan import (
+    from orchestrator.plantable import (
         format_commands,
         format_header,
         format_table,
@@ -243,7 +223,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.needs import require
-    from orchestrator.plan import format_header, format_table
+    from orchestrator.plantable import format_header, format_table
     from orchestrator.runner import RunOptions, run_plan
 
     if args.slots > 1 and not args.pack:
@@ -392,14 +372,6 @@ def _slurm_settings(args: argparse.Namespace, file: Mapping[str, Any]) -> Any:
     )
 
 
-def _report_output(source: Path, output: str | None) -> Path:
-    if output:
-        return Path(output)
-    if source.is_dir() and ((source / "runs").is_dir() or (source / "plan.csv").is_file()):
-        return source
-    return (source if source.is_dir() else source.parent) / "tunematrix-report"
-
-
 def _positive(value: float | None, flag: str) -> float | None:
     if value is not None and not value > 0:
         raise UserError(f"{flag} must be a positive number, got {value:g}")
@@ -407,14 +379,13 @@ def _positive(value: float | None, flag: str) -> float | None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from orchestrator.report import CostSettings, cost_from_env, write_report
+    from orchestrator import api
+    from orchestrator.reporting import status_counts
 
     source = Path(args.source)
+    gpu_memory = _positive(args.gpu_memory_gib, "--gpu-memory-gib")
     price = _positive(args.usd_per_gpu_hour, "--usd-per-gpu-hour")
-    if price is None and source.is_dir():
-        price = cost_from_env(source)
-    cost = CostSettings(usd_per_gpu_hour=price, tokens=_positive(args.tokens, "--tokens"))
-    collected: int = 0
+    tokens = _positive(args.tokens, "--tokens")
     running: list[str] = []
     if source.is_dir() and (source / "runs").is_dir():
         from orchestrator.paths import ResultsLayout
@@ -428,13 +399,17 @@ def cmd_report(args: argparse.Namespace) -> int:
                 f"{len(running)} SLURM job(s) still queued or running ({_ids(running)}); "
                 "the report shows them as not run yet"
             )
-    report = write_report(
-        source, _report_output(source, args.output), cost, plots=not args.no_plots
+    report = api.report(
+        source,
+        args.output,
+        usd_per_gpu_hour=price,
+        tokens=tokens,
+        gpu_memory_gib=gpu_memory,
+        plots=not args.no_plots,
     )
-    counts = report.rows["status"].value_counts().to_dict()
     print(
         f"tunematrix report: {len(report.rows)} experiments, {len(report.cells)} cells — "
-        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        + status_counts(report.rows)
     )
     for path in report.written:
         print(f"  {path}")
@@ -461,54 +436,26 @@ def _record_awaited_run(source: Path, rows: Any) -> int | None:
     return run_id
 
 
-def _load_side(value: str, history_db: Path | None) -> tuple[Any, str]:
-    from orchestrator import collect, history
-    from orchestrator.report import CostSettings, add_derived
-
-    if value.startswith("run:"):
-        if history_db is None:
-            raise UserError(f"{value}: no history to look it up in; give --history FILE")
-        try:
-            run_id = int(value.removeprefix("run:"))
-        except ValueError:
-            raise UserError(f"{value}: a run id is a number (see tunematrix history)") from None
-        try:
-            frame = collect.normalise(history.load_run(history_db, run_id))
-        except LookupError as exc:
-            raise UserError(str(exc)) from None
-        return add_derived(frame, CostSettings()), f"{history_db}#{run_id}"
-    path = Path(value)
-    return add_derived(collect.load(path), CostSettings()), str(path)
-
-
 def cmd_compare(args: argparse.Namespace) -> int:
-    from orchestrator import compare, history
+    from orchestrator import api, comparing, history
 
-    if not 0 < args.threshold < 10:
-        raise UserError(f"--threshold must be a fraction such as 0.1, got {args.threshold:g}")
-    for metric in args.metric:
-        try:
-            compare.direction(metric)
-        except ValueError:
-            known = sorted(compare.HIGHER_IS_BETTER | compare.LOWER_IS_BETTER)
-            raise UserError(
-                f"--metric {metric!r} is not a metric compare knows; known: {', '.join(known)}"
-            ) from None
     new_path = Path(args.new)
     if args.history:
         db: Path | None = Path(args.history)
     else:
         db = history.path_for(new_path) if new_path.is_dir() else None
-    new, new_label = _load_side(args.new, db)
-    ref, ref_label = _load_side(args.ref, db)
-    try:
-        result = compare.compare(new, ref, metrics=args.metric or None, threshold=args.threshold)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
     output = Path(args.output) if args.output else (new_path if new_path.is_dir() else Path("."))
-    written = compare.write(
-        result, output, new_label, ref_label, args.threshold, with_plots=not args.no_plots
+    result = api.compare(
+        args.new,
+        args.ref,
+        metrics=args.metric,
+        threshold=args.threshold,
+        out=output,
+        plots=not args.no_plots,
+        history=db,
+        flags=True,
     )
+    written = result.written
     regressions = result.regressions
     matched = result.table[result.keys].drop_duplicates().shape[0] if len(result.table) else 0
     print(
@@ -518,13 +465,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"  note: {note}")
     for _, row in regressions.iterrows():
-        cell = compare.cell_label(row, result.keys)
+        cell = comparing.cell_label(row, result.keys)
         change = row["change"]
         shown = "" if change is None or change != change else f" {100 * change:+.1f}%"
         print(f"  regression: {cell}: {row['metric']}{shown} {row['why']}".rstrip())
     for path in written:
         print(f"  {path}")
     return 1 if len(regressions) else 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from orchestrator import api, doctor
+
+    # the config a job gets when its framework names none, found as `plan` finds it
+    project, why = None, None
+    try:
+        default = api.load().default_accelerate
+        project = default.path if default is not None else None
+    except UserError as exc:
+        why = str(exc)
+    diagnosis = doctor.diagnose(doctor.gather(Path(args.results), project, why))
+    sys.stdout.write(doctor.format_json(diagnosis) if args.json else doctor.format_text(diagnosis))
+    return diagnosis.exit_code
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -560,6 +522,7 @@ Examples:
   tunematrix plan --device gpu --num-gpus "1 2 4" --filter standard-peft --commands
   tunematrix run --results results         run the matrix (resumable with --resume)
   DRY_RUN=true bash run_benchmarks.sh      the same preview through the shell script
+  tunematrix doctor                        what this machine has, and what to install
 """
 
 _PLAN_EPILOG = """\
@@ -589,6 +552,7 @@ Examples:
   tunematrix report results
   tunematrix report results --usd-per-gpu-hour 2.5 --tokens 2e9
   tunematrix report old_benchmarks/raw_summary.csv --output report/
+  tunematrix report refs/a100_80gb.csv --gpu-memory-gib 80
 """
 
 _COMPARE_EPILOG = """\
@@ -597,6 +561,18 @@ Examples:
   tunematrix compare results refs/a100_80gb.csv --metric train_tokens_per_second
   tunematrix compare results run:3 --threshold 0.05
   tunematrix history results              (the run ids)
+"""
+
+_DOCTOR_EPILOG = """\
+Examples:
+  tunematrix doctor
+  tunematrix doctor --results /scratch/results --json
+
+One line per check: ok; miss (not installed, and what to install); bad (the
+wrong version, or a results folder that cannot be written); warn; info. The
+last line says what this machine is ready for. Exit code 0 when the tiny CPU
+matrix can run here, 1 when something it needs is missing. Nothing is
+installed, written or changed, and the training stack is not imported.
 """
 
 _HISTORY_EPILOG = """\
@@ -771,6 +747,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument(
         "--tokens", type=float, metavar="N", help="estimate time and cost to train N tokens"
     )
+    rep.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        metavar="GIB",
+        help="memory of one GPU, for a table that does not record it (default: the run's "
+        "env.json, else a GPU named in the rows or the file name: a100_80gb, h100, h200…); "
+        "failed runs without metrics that came near it are shown as likely OOM",
+    )
     rep.add_argument("--no-plots", action="store_true", help="tables only")
     rep.set_defaults(func=cmd_report)
 
@@ -817,6 +801,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     his.add_argument("results", metavar="RESULT_DIR", nargs="?", default="results")
     his.set_defaults(func=cmd_history)
+
+    doc = sub.add_parser(
+        "doctor",
+        help="check what this machine has for running matrices (changes nothing)",
+        description="List the GPUs and driver, NVML, the training stack and its versions, "
+        "accelerate's default config, SLURM and the results folder's free space, each with "
+        "ok or what to install.",
+        epilog=_DOCTOR_EPILOG,
+        formatter_class=_Formatter,
+    )
+    doc.add_argument(
+        "--results",
+        metavar="DIR",
+        default="results",
+        help="results folder whose free space to check (default: results)",
+    )
+    doc.add_argument("--json", action="store_true", help="print the checks as JSON")
+    doc.set_defaults(func=cmd_doctor)
     return parser
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.errors import UserError
-from orchestrator.plan import KEY_COLUMNS
+from orchestrator.plantable import KEY_COLUMNS
 from orchestrator.summary import build_row
 
 #: the predecessor's names -> ours (same meaning and units)

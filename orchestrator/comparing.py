@@ -114,6 +114,8 @@ class Comparison:
     only_ref: pd.DataFrame
     metrics: list[str]
     notes: list[str] = field(default_factory=list)
+    #: the files ``write`` wrote (compare.csv, compare.md, plots)
+    written: list[Path] = field(default_factory=list)
 
     @property
     def regressions(self) -> pd.DataFrame:
@@ -138,7 +140,7 @@ def is_output(column: str) -> bool:
     ``output_dir`` and config file path, and names shaped like outputs
     (``train_*``, ``mem_*``, ``*_per_second``, ``*_bytes``…).
     """
-    from orchestrator.report import MEDIAN_METRICS, SPREAD_METRICS
+    from orchestrator.reporting import MEDIAN_METRICS, SPREAD_METRICS
     from orchestrator.summary import EXTRA_METRICS, METRIC_COLUMNS, OUTCOME_COLUMNS
 
     if column in HIGHER_IS_BETTER or column in LOWER_IS_BETTER or column in ANNOTATED:
@@ -239,7 +241,7 @@ def _sweep_keys(new: pd.DataFrame, ref: pd.DataFrame) -> tuple[list[str], list[s
     experiments, so they join the match keys. A measured output (the
     predecessor's ``epoch``) varies too, but is never a key.
     """
-    from orchestrator.report import argument_columns
+    from orchestrator.reporting import argument_columns
 
     both = [c for c in argument_columns(new) if c in ref.columns and c not in KEYS]
     extra = (

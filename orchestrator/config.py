@@ -408,14 +408,18 @@ def load_config(
     frameworks_files: Sequence[Path] = (),
     accelerate_config: Path | None = None,
     accelerate_fallback: Path | None = None,
+    document: YamlDoc | None = None,
 ) -> BenchConfig:
     """Load and validate the scenarios file with its defaults and framework files.
+
+    ``document``: the scenarios file already parsed (from a mapping given in
+    code); ``scenarios_file`` then only names it and anchors relative paths.
 
     The default accelerate config (for frameworks that name none) is, first
     found: ``accelerate_config`` (the command line), the file's own
     ``accelerate_config:`` key (relative to the file), ``accelerate_fallback``.
     """
-    doc = load_yaml(scenarios_file, "scenarios file")
+    doc = document if document is not None else load_yaml(scenarios_file, "scenarios file")
     model: ScenariosFileModel = validate(doc, ScenariosFileModel, "a scenarios file")
 
     frameworks: dict[str, Framework] = {}

@@ -48,11 +48,22 @@ def now(timespec: str = "seconds") -> str:
     return datetime.now(timezone.utc).isoformat(timespec=timespec)
 
 
-def _version(name: str) -> str | None:
+def version(name: str) -> str | None:
+    """The installed version of a distribution, read from its metadata (nothing is imported)."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def torch_build(torch_version: str | None) -> str | None:
+    """The build torch names in its version: ``cu128`` in 2.13.0+cu128, ``cpu`` in +cpu.
+
+    None where the version names none (PyPI's default wheels, macOS builds).
+    """
+    if torch_version and "+" in torch_version:
+        return torch_version.split("+", 1)[1]
+    return None
 
 
 def _cpu_model() -> str | None:
@@ -65,7 +76,8 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def _gpus() -> dict[str, Any]:
+def nvml_gpus() -> dict[str, Any]:
+    """NVML's view: ``driver``, ``cuda_driver`` and ``devices``; or only ``nvml``, why not."""
     try:
         import pynvml
     except ImportError:
@@ -142,7 +154,7 @@ def _secret(name: str) -> bool:
 
 
 def collect(argv: list[str]) -> dict[str, Any]:
-    torch_version = _version("torch")
+    torch_version = version("torch")
     memory = None
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -156,12 +168,9 @@ def collect(argv: list[str]) -> dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "cpu": {"model": _cpu_model(), "cores": os.cpu_count(), "memory_bytes": memory},
-        "gpus": _gpus(),
-        # torch names its CUDA build in its version (2.13.0+cu128); +cpu means none
-        "torch_cuda_build": torch_version.split("+", 1)[1]
-        if torch_version and "+" in torch_version
-        else None,
-        "versions": {name: _version(name) for name in PACKAGES},
+        "gpus": nvml_gpus(),
+        "torch_cuda_build": torch_build(torch_version),
+        "versions": {name: version(name) for name in PACKAGES},
         "tunematrix_git_sha": _git_sha(),
         "environment": {
             k: v

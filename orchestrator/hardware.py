@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 
-_PROC_GPUS = Path("/proc/driver/nvidia/gpus")
+_PROC_DRIVER = Path("/proc/driver/nvidia")
 
 
 def _nvml_count() -> int | None:
@@ -32,10 +33,40 @@ def _nvml_count() -> int | None:
 
 
 def _proc_count() -> int:
+    return len(proc_gpus()[0])
+
+
+def proc_gpus(driver: Path = _PROC_DRIVER) -> tuple[list[str], str | None]:
+    """GPU models and the driver version from the driver's ``/proc`` entries, without NVML.
+
+    ``gpus/<bus id>/information`` has a ``Model:`` line; ``version`` reads
+    ``NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  <date>``.
+    """
+    names: list[str] = []
     try:
-        return sum(1 for p in _PROC_GPUS.iterdir() if p.is_dir())
+        buses = sorted(p for p in (driver / "gpus").iterdir() if p.is_dir())
     except OSError:
-        return 0
+        buses = []
+    for bus in buses:
+        model = "unknown model"
+        try:
+            for line in (bus / "information").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() == "Model":
+                    model = value.strip()
+                    break
+        except OSError:
+            pass
+        names.append(model)
+    version = None
+    try:
+        found = re.search(
+            r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)?)\s", (driver / "version").read_text()
+        )
+        version = found.group(1) if found else None
+    except OSError:
+        pass
+    return names, version
 
 
 def visible_devices(env: dict[str, str] | os._Environ[str] | None = None) -> list[str] | None:

@@ -321,6 +321,8 @@ def run_experiment(
     run.dir.mkdir(parents=True, exist_ok=True)
     if primary:
         write_experiment_spec(experiment, run, layout, options)
+        # the step counter shown while it runs must be this launch's
+        run.progress.unlink(missing_ok=True)
     port = port or free_port()
     argv = launch_argv(
         experiment, run.spec.resolve(), port=port, accelerate=accelerate_command(), site=site

@@ -164,7 +164,9 @@ def parse_filters(values: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def select_scenarios(config: BenchConfig, filters: Sequence[str], device: str) -> list[Scenario]:
+def select_scenarios(
+    config: BenchConfig, filters: Sequence[str], device: str, device_source: str = ""
+) -> list[Scenario]:
     """The scenarios to plan.
 
     With filters (names or shell-style patterns such as ``peft-*``): every
@@ -181,6 +183,15 @@ def select_scenarios(config: BenchConfig, filters: Sequence[str], device: str) -
                 )
         return [s for s in config.scenarios if any(fnmatch.fnmatchcase(s.name, p) for p in filters)]
     chosen = [s for s in config.scenarios if not s.slow and s.device == device]
+    theirs = {s.device for s in config.scenarios if not s.slow}
+    if not chosen and len(theirs) == 1:
+        (other,) = theirs
+        raise UserError(
+            f"every non-slow scenario in {config.scenarios_file} is for {other}, and this "
+            f"run is for {device}{f' ({device_source})' if device_source else ''}; preview it "
+            f"with DRY_RUN=true or `tunematrix plan`, run it on a {other} machine, or choose "
+            f"--filter/--device; scenarios: {_describe_scenarios(config)}"
+        )
     if not chosen:
         raise UserError(
             f"no non-slow scenario for device '{device}' in {config.scenarios_file}; "
@@ -294,7 +305,7 @@ def build_plan(config: BenchConfig, selection: Selection, gpu_count: int) -> Pla
     device, device_source = resolve_device(selection.device, gpu_count)
     if selection.preview and selection.device == "auto" and not selection.filters:
         device, device_source = _preview_device(config, device, device_source)
-    scenarios = select_scenarios(config, selection.filters, device)
+    scenarios = select_scenarios(config, selection.filters, device, device_source)
 
     m = config.matrix
     if selection.num_gpus is not None:

@@ -19,6 +19,9 @@ from orchestrator.experiment import Experiment
 
 TRAIN_STACK = ("torch", "transformers", "peft", "accelerate")
 TRAIN_INSTALL = "pip install 'tunematrix[train]' (with your CUDA build of torch first)"
+SLURM_INSTALL = "pip install 'tunematrix[slurm]'"
+QLORA_INSTALL = "pip install bitsandbytes"
+DEEPSPEED_INSTALL = "pip install deepspeed"
 
 
 @dataclass(frozen=True)
@@ -39,20 +42,20 @@ def needs(experiments: Iterable[Experiment], executor: str = "local") -> list[Ne
         for module in TRAIN_STACK:
             found[module] = Need(module, "the training stack", TRAIN_INSTALL)
     if executor == "slurm":
-        found["submitit"] = Need("submitit", "--executor slurm", "pip install 'tunematrix[slurm]'")
+        found["submitit"] = Need("submitit", "--executor slurm", SLURM_INSTALL)
     for e in experiments:
         if e.peft_method == "qlora" and "bitsandbytes" not in found:
             found["bitsandbytes"] = Need(
                 "bitsandbytes",
                 f"scenario '{e.scenario}' (peft_method: qlora)",
-                "pip install bitsandbytes",
+                QLORA_INSTALL,
             )
         uses_deepspeed = e.accelerate is not None and e.accelerate.distributed_type == "DEEPSPEED"
         if uses_deepspeed and "deepspeed" not in found:
             found["deepspeed"] = Need(
                 "deepspeed",
                 f"framework '{e.framework}' (distributed_type: DEEPSPEED)",
-                "pip install deepspeed",
+                DEEPSPEED_INSTALL,
             )
     return list(found.values())
 

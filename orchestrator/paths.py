@@ -57,6 +57,11 @@ class RunPaths:
         return self.dir / "result.json"
 
     @property
+    def progress(self) -> Path:
+        """Where the child says, while it trains, which step it has reached."""
+        return self.dir / "progress.json"
+
+    @property
     def output_dir(self) -> Path:
         """Where the trainer may write its own files (checkpoints are off by default)."""
         return self.dir / "trainer_output"

@@ -1,12 +1,117 @@
-"""Progress of a run: a live line on a terminal, plain log lines otherwise."""
+"""Progress of a run: a live line on a terminal, plain log lines otherwise.
+
+While it trains, a job's child (rank 0) keeps a small JSON file in its run
+folder up to date (``progress.json``, see ``StepProgress``): the step it has
+reached, the steps it will run and its recent tokens/s. ``Progress`` reads that
+file on its tick, never the child's output, to show each running experiment's
+step counter and to estimate the ETA. A missing, stale or unreadable file only
+means no step figures for that experiment.
+"""
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import sys
 import threading
 import time
-from typing import TextIO
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+#: What a child reports it is doing: the warmup steps the measurement leaves out,
+#: the measured steps, or training over.
+PHASES = ("warmup", "measuring", "done")
+
+#: A progress file written this long before its job began is an earlier run's
+#: (the allowance is for the clock of another node, under SLURM).
+STALE_BEFORE_BEGIN_S = 5.0
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """Where a training child is, as it writes it to ``progress.json``."""
+
+    #: optimizer steps done
+    step: int
+    #: optimizer steps it will run
+    max_steps: int
+    #: rank 0's real tokens (padding excluded) per second over the steps since the
+    #: previous write; per device, since no rank waits on the others to report it.
+    #: None before the first step
+    tokens_per_second_rank0: float | None
+    #: training processes of the job
+    world_size: int
+    #: one of ``PHASES``
+    phase: str
+    #: Unix time of this write
+    updated: float
+    #: Unix time training began (after loading, before the first step)
+    train_started: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepProgress | None:
+        """The record in ``data``, or None unless every field is there and makes sense."""
+
+        def count(value: Any) -> int | None:
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        def seconds(value: Any) -> float | None:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            return float(value) if ok and math.isfinite(value) else None
+
+        step, max_steps, world = (count(data.get(k)) for k in ("step", "max_steps", "world_size"))
+        updated, began = seconds(data.get("updated")), seconds(data.get("train_started"))
+        tps = data.get("tokens_per_second_rank0")
+        rate = None if tps is None else seconds(tps)
+        if (
+            step is None
+            or max_steps is None
+            or world is None
+            or updated is None
+            or began is None
+            or not 0 <= step <= max_steps
+            or max_steps < 1
+            or world < 1
+            or data.get("phase") not in PHASES
+            or (tps is not None and (rate is None or rate < 0))
+        ):
+            return None
+        return cls(step, max_steps, rate, world, str(data["phase"]), updated, began)
+
+    @classmethod
+    def read(cls, path: Path) -> StepProgress | None:
+        """The record at ``path``; None when there is none or it cannot be read."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return cls.from_dict(data) if isinstance(data, dict) else None
+
+    def seconds_left(self, now: float) -> float | None:
+        """Training time left at Unix time ``now``, at the pace of the steps so far."""
+        if self.phase == "done":
+            return 0.0
+        spent = self.updated - self.train_started
+        if self.step == 0 or spent <= 0:
+            return None
+        left = spent * (self.max_steps - self.step) / self.step
+        return max(0.0, left - max(0.0, now - self.updated))
+
+    def describe(self) -> str:
+        """``step 37/100, 1,234 tok/s`` (``tok/s/device`` for several processes)."""
+        text = f"step {self.step}/{self.max_steps}"
+        if self.tokens_per_second_rank0 is not None:
+            unit = "tok/s" if self.world_size == 1 else "tok/s/device"
+            text += f", {self.tokens_per_second_rank0:,.0f} {unit}"
+        if self.phase == "warmup":
+            text += ", warmup"
+        return text
 
 
 def _clock(seconds: float) -> str:
@@ -16,37 +121,125 @@ def _clock(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:d}:{s:02d}"
 
 
-class Progress:
-    """done/total, the running experiments, elapsed time and an ETA from finished jobs.
+@dataclass
+class _Running:
+    #: monotonic and Unix time of ``begin``
+    began: float
+    began_wall: float
+    progress_file: Path | None
+    reading: StepProgress | None = None
+    #: the last plain step line: when (monotonic) and at which step
+    said_at: float = 0.0
+    said_step: int = 0
 
+
+class Progress:
+    """done/total, the running experiments with their steps, elapsed time and an ETA.
+
+    On a terminal one line is redrawn in place; otherwise each event is a plain
+    line, and a running experiment gets a step line only when both
+    ``plain_every_s`` have passed and ``plain_every_fraction`` of its steps
+    were done since its previous one (so a long matrix does not flood a log).
     Safe to call from the threads of packed jobs.
     """
 
-    def __init__(self, total: int, stream: TextIO | None = None, *, parallel: int = 1) -> None:
+    def __init__(
+        self,
+        total: int,
+        stream: TextIO | None = None,
+        *,
+        parallel: int = 1,
+        plain_every_s: float = 30.0,
+        plain_every_fraction: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.total = total
         self.stream = stream or sys.stderr
         self.live = self.stream.isatty()
         self.parallel = max(1, parallel)
+        self.plain_every_s = plain_every_s
+        self.plain_every_fraction = plain_every_fraction
+        self._now = clock
+        self._wall = wall
         self.done = 0
-        self.start = time.monotonic()
+        self.start = clock()
         self.durations: list[float] = []
-        self.running: dict[str, float] = {}
+        self.running: dict[str, _Running] = {}
         self._lock = threading.Lock()
 
+    # -- reading the children's files ------------------------------------------
+
+    def _read(self, entry: _Running) -> StepProgress | None:
+        if entry.progress_file is None:
+            return None
+        reading = StepProgress.read(entry.progress_file)
+        if reading is None or reading.updated < entry.began_wall - STALE_BEFORE_BEGIN_S:
+            return None
+        return reading
+
+    def _refresh(self, only: str | None = None) -> None:
+        """Read the progress files of the running experiments (outside the lock).
+
+        ``only``: that experiment's, which just ended; an unreadable last read
+        keeps what was read before.
+        """
+        with self._lock:
+            entries = [(e, r) for e, r in self.running.items() if only is None or e == only]
+        readings = [(eid, entry, self._read(entry)) for eid, entry in entries]
+        with self._lock:
+            for eid, entry, reading in readings:
+                # the same run of it still (not ended and begun again meanwhile)
+                if self.running.get(eid) is entry and (reading is not None or only is None):
+                    entry.reading = reading
+
+    # -- the estimate ----------------------------------------------------------
+
+    def eta_s(self) -> float | None:
+        """Seconds until every experiment is done; None until there is anything to go on.
+
+        A running experiment with step figures has its own estimate (its pace so
+        far); the others, and those not started, take the mean duration of the
+        finished jobs, or before any finished, the projected duration of the
+        running ones.
+        """
+        with self._lock:
+            return self._eta_s()
+
+    def _eta_s(self) -> float | None:
+        now, wall = self._now(), self._wall()
+        left: dict[str, float | None] = {
+            eid: r.reading.seconds_left(wall) if r.reading else None
+            for eid, r in self.running.items()
+        }
+        durations = self.durations or [
+            now - self.running[eid].began + s for eid, s in left.items() if s is not None
+        ]
+        if not durations:
+            return None
+        mean = sum(durations) / len(durations)
+        work = 0.0
+        for eid, s in left.items():
+            work += s if s is not None else max(0.0, mean - (now - self.running[eid].began))
+        work += max(0, self.total - self.done - len(self.running)) * mean
+        longest = max((s for s in left.values() if s is not None), default=0.0)
+        return max(longest, work / self.parallel)
+
     def _eta(self) -> str:
-        if not self.durations:
-            return "?"
-        remaining = self.total - self.done
-        mean = sum(self.durations) / len(self.durations)
-        return _clock(mean * remaining / self.parallel)
+        seconds = self._eta_s()
+        return "?" if seconds is None else _clock(seconds)
+
+    # -- events ----------------------------------------------------------------
 
     def _clear(self) -> None:
         if self.live:
             self.stream.write("\r\033[K")
 
-    def begin(self, experiment_id: str) -> None:
+    def begin(self, experiment_id: str, progress_file: Path | None = None) -> None:
+        """An experiment started; ``progress_file`` is where its child reports its steps."""
         with self._lock:
-            self.running[experiment_id] = time.monotonic()
+            now = self._now()
+            self.running[experiment_id] = _Running(now, self._wall(), progress_file, said_at=now)
             if self.live:
                 self._draw()
             else:
@@ -54,15 +247,46 @@ class Progress:
                 self.stream.flush()
 
     def tick(self) -> None:
-        """Redraw the live line (a no-op in log mode)."""
+        """Read the running experiments' steps; redraw the live line, or write due step lines."""
+        self._refresh()
         with self._lock:
-            if self.live and self.running:
+            if not self.running:
+                return
+            if self.live:
                 self._draw()
+            else:
+                self._plain_steps()
+
+    def _plain_steps(self) -> None:
+        now = self._now()
+        due = []
+        for eid, r in self.running.items():
+            p = r.reading
+            if p is None or p.phase == "done" or p.step <= r.said_step:
+                continue
+            if (
+                now - r.said_at >= self.plain_every_s
+                and p.step - r.said_step >= self.plain_every_fraction * p.max_steps
+            ):
+                due.append((eid, r, p))
+        if not due:
+            return
+        eta = self._eta()
+        for eid, r, p in due:
+            r.said_at, r.said_step = now, p.step
+            self.stream.write(
+                f"[{self.done}/{self.total}] {'running':<11} {eid}  {p.describe()}, "
+                f"{_clock(now - r.began)} in; eta {eta}\n"
+            )
+        self.stream.flush()
 
     def _draw(self) -> None:
         width = shutil.get_terminal_size((100, 20)).columns
-        now = time.monotonic()
-        current = ", ".join(f"{eid} {_clock(now - t)}" for eid, t in self.running.items())
+        now = self._now()
+        current = " | ".join(
+            (f"{r.reading.describe()}, " if r.reading else "") + f"{_clock(now - r.began)} {eid}"
+            for eid, r in self.running.items()
+        )
         line = (
             f"[{self.done}/{self.total}] elapsed {_clock(now - self.start)} "
             f"eta {self._eta()} | {current}"
@@ -74,15 +298,20 @@ class Progress:
     def finish(
         self, experiment_id: str, status: str, seconds: float, note: str = "", counted: bool = True
     ) -> None:
+        """An experiment ended; its line says the step it reached, if its child said."""
+        self._refresh(only=experiment_id)
         with self._lock:
             self.done += 1
             if counted:
                 self.durations.append(seconds)
-            self.running.pop(experiment_id, None)
+            ended = self.running.pop(experiment_id, None)
+            reading = ended.reading if ended else None
             self._clear()
+            steps = f", step {reading.step}/{reading.max_steps}" if reading else ""
             detail = f"  {note}" if note else ""
             self.stream.write(
-                f"[{self.done}/{self.total}] {status:<11} {experiment_id}  {seconds:.1f}s{detail}\n"
+                f"[{self.done}/{self.total}] {status:<11} {experiment_id}  "
+                f"{seconds:.1f}s{steps}{detail}\n"
             )
             if self.live and self.running:
                 self._draw()

@@ -121,7 +121,7 @@ def _report_and_record(
     """The full report and the history entry; a failure here never costs the results."""
     try:
         from orchestrator import history
-        from orchestrator.report import CostSettings, write_report
+        from orchestrator.reporting import CostSettings, write_report
 
         root = run_report.layout.root
         report = write_report(
@@ -227,7 +227,7 @@ def _run_exclusive(ctx: _Context, stopping: list[int]) -> None:
             ctx.record(eid, ready, counted=False)
         else:
             devices = ctx.pool[: experiment.num_gpus] if experiment.device == "gpu" else []
-            ctx.progress.begin(eid)
+            ctx.progress.begin(eid, ready.run.progress)
             outcome = run_experiment(
                 experiment,
                 ready.run,
@@ -280,7 +280,7 @@ def _run_packed(ctx: _Context, stopping: list[int]) -> None:
                             for _, (other, _, _, other_with) in running.items():
                                 other_with.add(eid)
                                 together.add(other.experiment.experiment_id)
-                            ctx.progress.begin(eid)
+                            ctx.progress.begin(eid, ready.run.progress)
                             future = executor.submit(
                                 run_experiment,
                                 ready.experiment,
@@ -326,7 +326,7 @@ def run_plan(
     ``executor`` runs the experiments (default: exclusive, or packed with
     ``options.pack``); the SLURM executor plugs in here.
     """
-    from orchestrator.plan import write_plan_csv
+    from orchestrator.plantable import write_plan_csv
 
     parallel = 1
     if options.pack:

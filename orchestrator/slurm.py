@@ -641,7 +641,8 @@ def make_executor(settings: SlurmSettings, cluster: ClusterInfo) -> Any:
 def _wait(ctx: Any, submitted: list[_Submitted], stopping: list[int]) -> None:
     left = {str(s.job.job_id): s for s in submitted}
     for s in submitted:
-        ctx.progress.begin(s.experiment.experiment_id)
+        # the child's progress file is in the run folder, on the shared filesystem
+        ctx.progress.begin(s.experiment.experiment_id, s.run.progress)
     unreachable_said = False
     waiting_since = time.monotonic()
     while left:

@@ -63,6 +63,8 @@ class RunSpec(BaseModel):
 
     #: where rank 0 writes the result
     result_path: str = "result.json"
+    #: where rank 0 keeps its step counter up to date while it trains (None: nowhere)
+    progress_path: str | None = "progress.json"
     #: the trainer's own output folder
     output_dir: str = "trainer_output"
     #: cache of prepared (tokenized) datasets, shared by the runs of a results folder
@@ -91,10 +93,12 @@ class RunSpec(BaseModel):
 
     def resolve(self, base: Path) -> RunSpec:
         """The same spec with its paths made absolute against ``base``."""
+        names = ("result_path", "output_dir", "data_dir", "progress_path")
         return self.model_copy(
             update={
                 name: str((base / getattr(self, name)).resolve())
-                for name in ("result_path", "output_dir", "data_dir")
+                for name in names
+                if getattr(self, name) is not None
             }
         )
 
@@ -111,6 +115,7 @@ def spec_for(
     return RunSpec(
         **experiment.spec(),
         result_path=str(run.result.resolve()),
+        progress_path=str(run.progress.resolve()),
         output_dir=str(run.output_dir.resolve()),
         data_dir=str(data_dir.resolve()),
         memory_stages=memory_stages,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.paths import write_atomic
-from orchestrator.plan import KEY_COLUMNS
+from orchestrator.plantable import KEY_COLUMNS
 
 #: DESIGN.md's columns, in its order, after the key columns.
 METRIC_COLUMNS = (

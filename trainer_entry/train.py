@@ -42,6 +42,7 @@ from trainer_entry.measure import (
     summarize,
 )
 from trainer_entry.models import config_placement, fsdp_loading, load_model
+from trainer_entry.progress import ProgressFile
 
 # Loading bars would fill stderr.log with carriage-return noise.
 hf_logging.disable_progress_bar()
@@ -64,25 +65,37 @@ class _MeasureCallback(TrainerCallback):
         memory: MemoryCounters | None = None,
         *,
         reset_peak_at_begin: bool = True,
+        progress: ProgressFile | None = None,
     ) -> None:
         self.recorder = recorder
         self.memory = memory
         self.reset_peak_at_begin = reset_peak_at_begin
+        self.progress = progress
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.memory is not None:
             # ends the loading interval; the reset makes torch's peak after training
             # training's own, without the load and wrapping spike
             self.memory.mark("train_begin", reset=self.reset_peak_at_begin)
+        if self.progress is not None:
+            # before the first step's clock starts
+            self.progress.begin(state.max_steps)
         self.recorder.train_begin()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.recorder.step_end()
+        if self.progress is not None:
+            # inside the next step's time, like everything between step ends; a write
+            # (about once a second) is a small file replaced, see trainer_entry.progress
+            stats = self.recorder.stats
+            self.progress.step(state.global_step, stats.step_tokens[-1], stats.step_times_s[-1])
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.memory is not None:
             # no reset: run() reads the training peak after train() returns
             self.memory.mark("train_end", reset=False)
+        if self.progress is not None:
+            self.progress.end(state.global_step)
 
 
 class BenchTrainer(Trainer):
@@ -232,6 +245,14 @@ def run(spec: RunSpec, timings: dict[str, float], process_start: float) -> dict[
         memory,
         # HF's tracker measures train() from its start; a reset inside would cut its peak
         reset_peak_at_begin=spec.memory_stages != "hf-tracker",
+        # rank 0 alone: the parent's progress line needs no collective
+        progress=ProgressFile(
+            Path(spec.progress_path),
+            world_size=world,
+            warmup_steps=parsed.measure.warmup_steps_excluded,
+        )
+        if rank == 0 and spec.progress_path
+        else None,
     )
     t = time.perf_counter()
     if memory is not None:

@@ -165,6 +165,11 @@ def test_every_record_once_gives_the_exact_token_count(tmp_path, processes, peft
     assert m["loss_first"] is not None and len(result["loss_history"]) == steps
     for key in ("import_s", "model_load_s", "data_prep_s", "first_step_s", "time_to_first_step_s"):
         assert result["timings"][key] > 0, key
+    # the step counter rank 0 kept for the parent, beside the spec; no temporary file left
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert (progress["step"], progress["max_steps"], progress["phase"]) == (steps, steps, "done")
+    assert progress["world_size"] == world and progress["tokens_per_second_rank0"] > 0
+    assert not list(tmp_path.glob(".progress.json*"))
 
 
 def test_packed_run_counts_full_blocks_and_reuses_the_prepared_data(tmp_path) -> None:

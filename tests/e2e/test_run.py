@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -149,8 +150,17 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
             "memory.csv",
             "result.json",
             "outcome.json",
+            "progress.json",
         ):
             assert (run / name).exists(), name
+        # the child's step counter, read by the parent (piped: plain lines, no redraws)
+        progress = json.loads((run / "progress.json").read_text())
+        assert (progress["step"], progress["max_steps"], progress["phase"]) == (4, 4, "done")
+        assert progress["world_size"] == int(r["num_gpus"])
+        assert re.search(
+            rf"\] ok +{re.escape(r['experiment_id'])}  [0-9.]+s, step 4/4\n", proc.stderr
+        )
+        assert "\r" not in proc.stderr
         assert os.access(run / "command.sh", os.X_OK)
         assert "accelerate" in (run / "command.sh").read_text()
         # the sidecar's peak RSS of each training process, against the process's own ru_maxrss
@@ -254,6 +264,17 @@ def test_timeout_kills_the_whole_group(tmp_path) -> None:
     assert row["error"] == "exceeded the time limit of 12 s; the job's process group was killed"
     spec = str(tmp_path / "res" / "runs" / row["experiment_id"] / "spec.json")
     assert processes_mentioning(spec) == []
+    # how far it got, from the file the child kept while it trained (when it got to train
+    # within the 12 s: on a slow machine the launch alone can take that long)
+    progress = tmp_path / "res" / "runs" / row["experiment_id"] / "progress.json"
+    line = re.search(rf"timeout +{re.escape(row['experiment_id'])}  [0-9.]+s(.*)\n", proc.stderr)
+    assert line, proc.stderr[-2000:]
+    if progress.exists():
+        reached = json.loads(progress.read_text())
+        assert reached["phase"] != "done" and reached["max_steps"] == 100000
+        assert line.group(1).startswith(f", step {reached['step']}/100000  exceeded the time limit")
+    else:
+        assert line.group(1) == "  " + row["error"]
 
 
 def test_ctrl_c_keeps_finished_rows_and_leaves_no_orphan(tmp_path) -> None:

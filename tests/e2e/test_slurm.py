@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -138,6 +139,11 @@ def test_two_experiments_run_as_slurm_jobs(tmp_path, slurm_cluster) -> None:
         run = tmp_path / "results" / "runs" / r["experiment_id"]
         for name in ("spec.json", "command.sh", "result.json", "outcome.json", "slurm.json"):
             assert (run / name).is_file(), name
+        # the step counter the job's child kept in the shared folder, read while waiting
+        assert json.loads((run / "progress.json").read_text())["step"] == 4
+        assert re.search(
+            rf"\] ok +{re.escape(r['experiment_id'])}  [0-9.]+s, step 4/4", proc.stderr
+        )
     assert (tmp_path / "results" / "benchmarks.csv").is_file()
     assert "submitted" in proc.stderr + proc.stdout
     assert queue(slurm_cluster) == []

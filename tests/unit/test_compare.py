@@ -12,8 +12,8 @@ from fakeruns import write_run
 
 from orchestrator import collect, history
 from orchestrator.cli import main
-from orchestrator.compare import cell_label, compare, markdown
-from orchestrator.report import CostSettings, add_derived
+from orchestrator.comparing import cell_label, compare, markdown
+from orchestrator.reporting import CostSettings, add_derived
 from orchestrator.stats import mann_whitney_u
 
 NOISE = (0.98, 1.01, 1.00, 0.99, 1.02)  # ±2% run-to-run

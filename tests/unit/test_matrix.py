@@ -354,8 +354,20 @@ def test_filter_matching_nothing_lists_the_scenarios(plan) -> None:
 
 
 def test_no_scenario_for_the_device(plan) -> None:
-    with pytest.raises(UserError, match=r"no non-slow scenario for device 'cpu'"):
+    with pytest.raises(UserError) as info:
         plan("scenarios:\n  - name: a\n    arguments: {model_name_or_path: m}\n", device="auto")
+    # the refusal says why and what to do instead
+    assert "every non-slow scenario in " in str(info.value)
+    assert " is for gpu, and this run is for cpu (no GPU detected); preview it with " in str(
+        info.value
+    )
+    # only slow scenarios: the plain refusal
+    mixed = (
+        "scenarios:\n  - name: a\n    slow: true\n    arguments: {model_name_or_path: m}\n"
+        "  - name: b\n    device: cpu\n    slow: true\n    arguments: {model_name_or_path: m}\n"
+    )
+    with pytest.raises(UserError, match=r"no non-slow scenario for device 'cpu'"):
+        plan(mixed, device="auto")
 
 
 def test_parse_filters() -> None:
@@ -408,7 +420,7 @@ def test_a_preview_without_a_gpu_plans_for_the_scenarios_device(plan) -> None:
     )
     assert {e.scenario for e in previewed.experiments} == {"big"}
     # a run keeps its refusal, and an explicit --device is obeyed
-    with pytest.raises(UserError, match="no non-slow scenario for device 'cpu'"):
+    with pytest.raises(UserError, match="is for gpu, and this run is for cpu"):
         plan(GPU_ONLY, device="auto", gpu_count=0)
-    with pytest.raises(UserError, match="no non-slow scenario for device 'cpu'"):
+    with pytest.raises(UserError, match=r"is for gpu, and this run is for cpu \(requested\)"):
         plan(GPU_ONLY, device="cpu", preview=True, gpu_count=0)

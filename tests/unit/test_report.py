@@ -13,7 +13,7 @@ import pytest
 from fakeruns import write_run
 
 from orchestrator.cli import main
-from orchestrator.report import CostSettings, build_report, write_report
+from orchestrator.reporting import CostSettings, build_report, write_report
 
 GIB = 2**30
 
@@ -214,3 +214,199 @@ def test_raw_summary_is_json_safe(tmp_path) -> None:
     write_report(root, root, CostSettings(), plots=False)
     row = next(csv.DictReader(io.StringIO((root / "raw_summary.csv").read_text())))
     assert json.loads(row["target_modules"]) == ["q_proj", "v_proj"]
+
+
+# ---------------------------------------------------------------------------
+# The predecessor's published A100 table (fms-acceleration scripts/benchmarks/refs/)
+# ---------------------------------------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+REFS = FIXTURES / "fms_refs_a100_80gb.csv"
+REFS_MOE = FIXTURES / "fms_refs_a100_80gb_moe.csv"
+
+
+def _table(md: str, heading: str) -> tuple[list[str], list[list[str]]]:
+    """The header and rows of the markdown table under ``## heading``."""
+    lines = md.split(f"## {heading}\n", 1)[1].lstrip("\n").split("\n\n", 1)[0].splitlines()
+    cells = [[c.strip() for c in line.strip("|").split(" | ")] for line in lines]
+    return cells[0], cells[2:]
+
+
+def _refs_row(rows: list[list[str]], header: list[str], **match: str) -> list[str]:
+    found = [r for r in rows if all(r[header.index(k)] == v for k, v in match.items())]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_the_hf_estimate_is_shown_apart_from_measured_throughput(tmp_path) -> None:
+    report = write_report(REFS, tmp_path, CostSettings(), plots=False)
+    # 124 rows, 85 of them with HF Trainer's train_tokens_per_second
+    assert len(report.rows) == 124
+    assert report.cells["train_tokens_per_second"].notna().sum() == 85
+    # never taken for a measured figure
+    assert report.cells["tokens_per_second_global"].isna().all()
+    assert report.cells["tokens_per_second_per_device"].isna().all()
+    bench = pd.read_csv(tmp_path / "benchmarks.csv")
+    assert "tokens_per_second_global" not in bench or bench["tokens_per_second_global"].isna().all()
+
+    md = (tmp_path / "summary.md").read_text()
+    header, rows = _table(md, "(no scenario)")
+    assert "HF est. tokens/s/GPU" in header
+    assert "tokens/s" not in header and "tokens/s/GPU" not in header
+    assert "left out: tokens/s, tokens/s/GPU, MFU %, $/1M tokens" in md
+    assert "per device, padding included, estimated by HF Trainer from the first batch" in md
+    # the CSV's first row: santacoder, no framework, 1 GPU, batch 4, 17188.262 tokens/s
+    row = _refs_row(
+        rows,
+        header,
+        model="bigcode/gpt_bigcode-santacoder",
+        framework="none",
+        GPUs="1",
+        **{"batch/dev × accum": "4 × –", "learning_rate": "2e-05"},
+    )
+    assert row[header.index("HF est. tokens/s/GPU")] == "17,188"
+    assert row[header.index("status")] == "ok"
+
+
+def test_our_rows_keep_the_measured_figures_and_no_hf_column(tmp_path) -> None:
+    root = _folder(tmp_path)
+    write_report(root, root, CostSettings(), plots=False)
+    md = (root / "summary.md").read_text()
+    header, _ = _table(md, "s")
+    # our fake runs carry HF's figure too (1.1 × ours); the measured one is what shows
+    assert header[4:6] == ["tokens/s", "tokens/s/GPU"]
+    assert "HF est." not in md
+
+
+def test_epoch_is_no_configuration_column(tmp_path) -> None:
+    from orchestrator.reporting import config_columns, scaling_keys
+
+    report = write_report(REFS, tmp_path, CostSettings(), plots=False)
+    assert "epoch" in report.rows.columns  # read, and kept as an output
+    assert "epoch" not in config_columns(report.cells)
+    assert "epoch" not in scaling_keys(report.cells)
+    header, _ = _table((tmp_path / "summary.md").read_text(), "(no scenario)")
+    assert "epoch" not in header
+    # what does vary between the predecessor's configurations is shown
+    assert {"peft_method", "learning_rate", "target_modules"} <= set(header)
+    # an output of the table is aggregated as an output: the median of the finished runs
+    cells = report.cells.set_index("cell_id")
+    assert cells.loc["row-0", "epoch"] == 0.07
+
+
+def test_failed_rows_near_the_device_memory_are_likely_oom(tmp_path, capsys) -> None:
+    assert main(["report", str(REFS), "--output", str(tmp_path), "--no-plots"]) == 0
+    assert "failed 39 (39 likely OOM), ok 85" in capsys.readouterr().out
+    md = (tmp_path / "summary.md").read_text()
+    assert "Device memory: 80 GiB, nominal for the A100 80GB (from the file name" in md
+    header, rows = _table(md, "(no scenario)")
+    # Mixtral, full fine-tuning on 2 GPUs at batch 2: no metrics, 80,284 MiB of 81,920
+    row = _refs_row(
+        rows,
+        header,
+        model="mistralai/Mixtral-8x7B-Instruct-v0.1",
+        framework="none",
+        GPUs="2",
+        peft_method="none",
+        **{"batch/dev × accum": "2 × –"},
+    )
+    assert row[header.index("status")] == "no metrics (likely OOM: 78.4 of 80 GiB)"
+    assert not any(r[header.index("status")] == "oom" for r in rows)  # likely, not confirmed
+    raw = pd.read_csv(tmp_path / "raw_summary.csv")
+    assert set(raw["status"]) == {"ok", "failed"}
+    failed = raw[raw["status"] == "failed"]
+    assert failed["error"].str.endswith("(≥ 90%): likely out of memory").all()
+
+
+def test_likely_oom_needs_the_device_memory(tmp_path, capsys) -> None:
+    plain = tmp_path / "refs.csv"  # no device in the name
+    plain.write_bytes(REFS.read_bytes())
+    assert main(["report", str(plain), "--output", str(tmp_path / "a"), "--no-plots"]) == 0
+    assert "failed 39, ok 85" in capsys.readouterr().out
+    md = (tmp_path / "a" / "summary.md").read_text()
+    assert "pass `--gpu-memory-gib`" in md
+    header, rows = _table(md, "(no scenario)")
+    statuses = [r[header.index("status")] for r in rows]
+    assert "no metrics (memory reached 79.3 GiB; device capacity unknown)" in statuses
+    assert not any("likely OOM" in s for s in statuses)
+
+    for gib, likely in (("80", 39), ("100", 0)):
+        out = tmp_path / gib
+        args = ["report", str(plain), "--output", str(out), "--no-plots", "--gpu-memory-gib", gib]
+        assert main(args) == 0
+        assert "failed 39" + (f" ({likely} likely OOM)" if likely else ",") in (
+            capsys.readouterr().out
+        )
+        md = (out / "summary.md").read_text()
+        assert f"Device memory: {gib} GiB, given with --gpu-memory-gib" in md
+    # 79.3 GiB is 79% of 100 GiB: below the threshold, a plain failure
+    assert "| failed |" in (tmp_path / "100" / "summary.md").read_text()
+    assert main(["report", str(plain), "--gpu-memory-gib", "0"]) == 2
+
+
+def test_known_device_names() -> None:
+    from orchestrator.reporting import known_gpu_memory
+
+    assert known_gpu_memory("a100_80gb.csv") == (80 * GIB, "A100 80GB")
+    assert known_gpu_memory("NVIDIA A100-SXM4-80GB") == (80 * GIB, "A100 80GB")
+    assert known_gpu_memory("refs/a100_40gb_moe.csv") == (40 * GIB, "A100 40GB")
+    assert known_gpu_memory("NVIDIA H100 80GB HBM3") == (80 * GIB, "H100 80GB")
+    assert known_gpu_memory("h200-runs") == (141 * GIB, "H200")
+    assert known_gpu_memory("NVIDIA H100 NVL") is None  # 94 GB: not the H100 80GB
+    assert known_gpu_memory("a100.csv") is None  # 40 or 80 GB: unknown
+
+
+def test_the_moe_table_reads(tmp_path) -> None:
+    report = write_report(REFS_MOE, tmp_path, CostSettings(), plots=False)
+    assert len(report.rows) == 41 and set(report.rows["status"]) == {"ok"}
+    header, rows = _table((tmp_path / "summary.md").read_text(), "(no scenario)")
+    assert "HF est. tokens/s/GPU" in header and "epoch" not in header
+    # its first row: granite 3b, ep1, 1 GPU, batch 8 × 16 accumulation, 5441.37 tokens/s
+    row = _refs_row(
+        rows,
+        header,
+        model="ibm-granite/granite-3.0-3b-a800m-instruct",
+        framework="moe-scattermoe-granite-ep1",
+        **{"batch/dev × accum": "8 × 16"},
+    )
+    assert row[header.index("HF est. tokens/s/GPU")] == "5,441"
+
+
+def test_a_scaling_family_is_one_table(tmp_path) -> None:
+    root = _folder(tmp_path)
+    write_report(root, root, CostSettings(), plots=False)
+    md = (root / "summary.md").read_text()
+    scaling = md.split("## Scaling", 1)[1]
+    # the family's counts in one table, not one table per speedup
+    assert (
+        "| GPUs | fsdp |\n|---|---|\n| 1 | 1.00 (100%) |\n| 2 | 1.80 (90%) |\n| 4 | 3.00 (75%) |"
+        in scaling
+    )
+    assert "speedup=" not in scaling and "scaling_efficiency" not in scaling
+
+
+def test_benchmarks_table_keeps_the_figures_of_a_single_cell() -> None:
+    """One cell has every column constant; its measured figures must not be dropped."""
+    import pandas as pd
+
+    from orchestrator.reporting import benchmarks_table
+
+    cells = pd.DataFrame(
+        [
+            {
+                "cell_id": "c1",
+                "scenario": "s",
+                "status": "ok",
+                "repeats": 1,
+                "learning_rate": 1e-3,
+                "tokens_per_second_global": 1234.5,
+                "peak_memory_bytes": 2.0**30,
+                "mfu": None,
+            }
+        ]
+    )
+    table = benchmarks_table(cells)
+    assert table.loc[0, "tokens_per_second_global"] == 1234.5
+    assert table.loc[0, "peak_memory_bytes"] == 2.0**30
+    # a constant setting and a figure no cell has are still left out
+    assert "learning_rate" not in table.columns and "mfu" not in table.columns

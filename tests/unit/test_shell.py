@@ -15,7 +15,9 @@ SCRIPT = REPO / "run_benchmarks.sh"
 
 def sh(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {
-        k: v for k, v in os.environ.items() if k not in ("DRY_RUN", "DEVICE", "EFFECTIVE_BS_MATRIX")
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DRY_RUN", "DEVICE", "EFFECTIVE_BS_MATRIX", "FRAMEWORKS")
     }
     return subprocess.run(
         ["bash", str(SCRIPT), *args],
@@ -31,7 +33,10 @@ def test_help_prints_usage(tmp_path) -> None:
     result = sh(tmp_path, "--help")
     assert result.returncode == 0
     assert result.stdout.startswith("tunematrix: run (or preview)")
-    assert "usage: bash run_benchmarks.sh [NUM_GPUS_MATRIX] [RESULT_DIR]" in result.stdout
+    assert (
+        "usage: bash run_benchmarks.sh [--frameworks FILE]... [NUM_GPUS_MATRIX] [RESULT_DIR]"
+        in (result.stdout)
+    )
     assert "DRY_RUN=true" in result.stdout and "examples:" in result.stdout
     assert "set -euo" not in result.stdout
 
@@ -156,3 +161,44 @@ def test_batch_sizes_given_twice_is_one_line(tmp_path) -> None:
         "run_benchmarks.sh: error: effective batch sizes given twice: '4 8' (2nd argument) "
         "and EFFECTIVE_BS_MATRIX='2'; give one\n"
     )
+
+
+def _contents(tmp_path: Path) -> Path:
+    """The predecessor's sample-configurations folder, as published."""
+    import shutil
+
+    folder = tmp_path / "sample-configurations"
+    shutil.copytree(REPO / "tests" / "fixtures" / "fms_sample_configurations", folder)
+    return folder / "CONTENTS.yaml"
+
+
+@pytest.mark.parametrize("how", ["option", "option=", "environment"])
+def test_frameworks_from_the_predecessors_contents_yaml(tmp_path, how: str) -> None:
+    contents = _contents(tmp_path)
+    scenarios = REPO / "tests" / "fixtures" / "fms_scenarios_2026-01.yaml"
+    positionals = ("1", "4", "out", str(scenarios), "accelerated-peft-bnb")
+    if how == "option":
+        result = sh(tmp_path, "--frameworks", str(contents), *positionals, DRY_RUN="true")
+    elif how == "option=":
+        result = sh(tmp_path, f"--frameworks={contents}", *positionals, DRY_RUN="true")
+    else:
+        result = sh(tmp_path, *positionals, DRY_RUN="true", FRAMEWORKS=str(contents))
+    assert result.returncode == 0, result.stderr
+    # the scenario's two frameworks × 4 models, the plugin file of each beside CONTENTS.yaml
+    assert "tunematrix plan: 8 experiments" in result.stdout
+    config = contents.parent / "accelerated-peft-bnb-nf4-sample-configuration.yaml"
+    assert f"ACCELERATION_FRAMEWORK_CONFIG_FILE={config}" in result.stdout
+    assert "read 5 arguments" in result.stdout
+
+
+def test_frameworks_option_mistakes_are_one_line(tmp_path) -> None:
+    missing = sh(tmp_path, "--frameworks")
+    assert missing.returncode == 2
+    assert missing.stderr == "run_benchmarks.sh: error: --frameworks needs a file\n"
+    unknown = sh(tmp_path, "--framework", "x.yaml", "1")
+    assert unknown.returncode == 2
+    assert "unknown option '--framework'" in unknown.stderr
+    absent = sh(tmp_path, "--frameworks", "nowhere.yaml", DRY_RUN="true", DEVICE="cpu")
+    assert absent.returncode == 2
+    assert absent.stderr.startswith("tunematrix: error: ")
+    assert "nowhere.yaml" in absent.stderr and absent.stderr.count("\n") == 1

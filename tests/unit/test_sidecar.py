@@ -231,7 +231,7 @@ def test_the_tree_pss_reaches_the_tables(tmp_path) -> None:
     from fakeruns import write_run
 
     from orchestrator import collect
-    from orchestrator.report import CostSettings, add_derived, aggregate
+    from orchestrator.reporting import CostSettings, add_derived, aggregate
 
     memory = summarize(
         [(1.0, "tree_rss", "tree", 3 * 2**30), (1.0, "tree_pss", "pss+rss", 2 * 2**30)]

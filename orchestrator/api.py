@@ -1,0 +1,435 @@
+"""The Python API: plan, run, report and compare a matrix from code.
+
+``from orchestrator import plan, run, report, compare`` gives these four
+functions; they stay put when the modules behind them move. Each takes paths
+(``str`` or ``Path``) or what is already loaded (a :class:`BenchConfig`, a
+scenarios mapping, a :class:`Plan`, a ``DataFrame``) and returns a typed value:
+
+- :func:`plan` -> :class:`Plan` (``.experiments``: one :class:`Experiment` each);
+- :func:`run` -> :class:`RunResult` (``.rows``: one row per experiment, a DataFrame);
+- :func:`report` -> :class:`Report` (``.rows``, ``.cells``, ``.written``);
+- :func:`compare` -> :class:`Comparison` (``.table``: one verdict per cell and
+  metric; ``.regressions``: the rows that regressed).
+
+Mistakes the user can fix raise :class:`UserError` (or its subclass
+``ConfigError``) with the one line the command line would print.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.config import BenchConfig, load_config
+from orchestrator.errors import UserError
+from orchestrator.experiment import Experiment
+from orchestrator.matrix import Plan, Selection, build_plan
+from orchestrator.paths import shipped
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from orchestrator.comparing import Comparison
+    from orchestrator.jobs import Outcome
+    from orchestrator.reporting import Report
+
+__all__ = [
+    "BenchConfig",
+    "Comparison",
+    "Experiment",
+    "Plan",
+    "Report",
+    "RunResult",
+    "UserError",
+    "compare",
+    "load",
+    "plan",
+    "report",
+    "run",
+]
+
+PathLike = str | os.PathLike[str]
+#: a scenarios file, a loaded config, or the scenarios file's content as a mapping
+ConfigSource = PathLike | BenchConfig | Mapping[str, Any]
+
+
+def __getattr__(name: str) -> Any:
+    # the result types that need pandas, imported when asked for
+    if name == "Comparison":
+        from orchestrator.comparing import Comparison
+
+        return Comparison
+    if name == "Report":
+        from orchestrator.reporting import Report
+
+        return Report
+    raise AttributeError(f"module 'orchestrator.api' has no attribute {name!r}")
+
+
+def _beside_or_shipped(scenarios: Path, name: str) -> Path | None:
+    for candidate in (scenarios.parent / name, shipped(name)):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _ints(values: int | Sequence[int] | None, name: str) -> tuple[int, ...] | None:
+    if values is None:
+        return None
+    if isinstance(values, int):
+        values = (values,)
+    out = tuple(values)
+    if not out or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in out):
+        raise UserError(f"{name}: give positive integers, got {values!r}")
+    if len(set(out)) != len(out):
+        raise UserError(f"{name}: a value is listed twice in {values!r}")
+    return out
+
+
+def load(
+    scenarios: ConfigSource | None = None,
+    *,
+    defaults: PathLike | None = None,
+    frameworks: Sequence[PathLike] = (),
+    accelerate_config: PathLike | None = None,
+) -> BenchConfig:
+    """Load and check a scenarios file (default: ./scenarios.yaml, else the shipped one).
+
+    ``scenarios`` may also be the file's content as a mapping; its relative paths
+    are then taken from the current folder. ``defaults`` is, when not given,
+    ``defaults.yaml`` beside the scenarios file, else the shipped one.
+    ``frameworks`` are extra framework files: ``frameworks:`` mappings or a
+    ``CONTENTS.yaml`` with ``framework_configs:``.
+    """
+    if isinstance(scenarios, BenchConfig):
+        return scenarios
+    document = None
+    if isinstance(scenarios, Mapping):
+        import yaml
+
+        from orchestrator.yamlio import parse_yaml
+
+        path = Path("<scenarios mapping>")
+        try:
+            text = yaml.safe_dump(dict(scenarios), sort_keys=False)
+        except yaml.YAMLError as exc:
+            raise UserError(f"the scenarios mapping cannot be written as YAML: {exc}") from None
+        document = parse_yaml(text, str(path))
+    elif scenarios is None:
+        local = Path("scenarios.yaml")
+        path = local if local.is_file() else shipped("scenarios.yaml")
+    else:
+        path = Path(scenarios)
+    return load_config(
+        path,
+        defaults_file=Path(defaults) if defaults else _beside_or_shipped(path, "defaults.yaml"),
+        frameworks_files=[Path(f) for f in frameworks],
+        accelerate_config=Path(accelerate_config) if accelerate_config else None,
+        accelerate_fallback=_beside_or_shipped(path, "accelerate.yaml"),
+        document=document,
+    )
+
+
+def plan(
+    scenarios: ConfigSource | None = None,
+    *,
+    defaults: PathLike | None = None,
+    frameworks: Sequence[PathLike] = (),
+    accelerate_config: PathLike | None = None,
+    num_gpus: int | Sequence[int] | None = None,
+    effective_batch_size: int | Sequence[int] | None = None,
+    filters: str | Sequence[str] = (),
+    device: str = "auto",
+    repeats: int | None = None,
+    preview: bool = True,
+    gpus: int | None = None,
+    notes: Sequence[str] = (),
+) -> Plan:
+    """Expand the scenarios into the experiments to run; nothing is written.
+
+    ``num_gpus`` and ``effective_batch_size`` override the file's matrix;
+    ``filters`` picks scenarios by name or pattern (slow ones only when named);
+    ``device`` is ``auto``, ``gpu`` or ``cpu``. ``preview=True`` (as ``plan``
+    and DRY_RUN do) plans a file with no scenario for this machine for its
+    scenarios' own device; :func:`run` plans with ``preview=False``. ``gpus``
+    is the GPU count to plan for (default: the GPUs found here).
+    """
+    from orchestrator.matrix import parse_filters
+
+    if device not in ("auto", "gpu", "cpu"):
+        raise UserError(f"device must be auto, gpu or cpu, got {device!r}")
+    if repeats is not None and (isinstance(repeats, bool) or repeats <= 0):
+        raise UserError(f"repeats must be a positive integer, got {repeats!r}")
+    config = load(
+        scenarios, defaults=defaults, frameworks=frameworks, accelerate_config=accelerate_config
+    )
+    selection = Selection(
+        num_gpus=_ints(num_gpus, "num_gpus"),
+        effective_batch_size=_ints(effective_batch_size, "effective_batch_size"),
+        filters=parse_filters([filters] if isinstance(filters, str) else list(filters)),
+        device=device,
+        repeats=repeats,
+        preview=preview,
+    )
+    if gpus is None:
+        # detecting GPUs costs a few milliseconds; only the default axes need it
+        needs_count = device == "auto" or (device == "gpu" and selection.num_gpus is None)
+        if needs_count:
+            from orchestrator.hardware import gpu_count
+
+            gpus = gpu_count()
+        else:
+            gpus = 0
+    built = build_plan(config, selection, gpus)
+    if notes:
+        import dataclasses
+
+        built = dataclasses.replace(built, notes=(*built.notes, *notes))
+    return built
+
+
+@dataclass
+class RunResult:
+    """What :func:`run` did: a row per experiment and where everything is."""
+
+    #: one row per planned experiment (``status``, the figures, the configuration)
+    rows: pd.DataFrame
+    #: per experiment id: the status, error, log path and timing of its job
+    outcomes: dict[str, Outcome]
+    results: Path
+    #: summary.md of the report written after the run (None with ``report=False``)
+    summary: Path | None
+    interrupted: bool
+    #: where an earlier, different run of the folder was moved aside, if one was
+    moved_to: Path | None
+    history_run_id: int | None
+    #: what ``tunematrix run`` would exit with: 0 when every experiment is ok (or an
+    #: honest oom, or skipped on resume), 1 otherwise, 130 when interrupted
+    exit_code: int
+
+
+def run(
+    scenarios: ConfigSource | Plan | None = None,
+    results: PathLike = "results",
+    *,
+    resume: bool = False,
+    timeout_s: float | None = None,
+    fail_fast: bool = False,
+    memory_logging: str = "all",
+    no_data_processing: bool = False,
+    usd_per_gpu_hour: float | None = None,
+    tokens: float | None = None,
+    pack: bool = False,
+    slots: int = 1,
+    report: bool = True,
+    **plan_options: Any,
+) -> RunResult:
+    """Run a plan (or plan ``scenarios`` first, with ``plan_options``) into ``results``.
+
+    Each experiment is a real ``accelerate launch`` of the training child, one
+    at a time (or packed side by side with ``pack=True``). Progress goes to
+    stderr. ``resume=True`` keeps the experiments already ok (NO_OVERWRITE);
+    otherwise an earlier run of a different plan in ``results`` is moved aside,
+    never deleted. Runs here; for SLURM use ``tunematrix run --executor slurm``.
+    """
+    from orchestrator.jobs import RunOptions
+    from orchestrator.needs import require
+    from orchestrator.runner import run_plan
+    from orchestrator.values import MEMORY_LOGGING
+
+    if memory_logging not in MEMORY_LOGGING:
+        raise UserError(
+            f"memory_logging must be one of {', '.join(MEMORY_LOGGING)}, got {memory_logging!r}"
+        )
+    if slots > 1 and not pack:
+        raise UserError("slots only has a meaning with pack=True")
+    if isinstance(scenarios, Plan):
+        if plan_options:
+            raise UserError(
+                f"{', '.join(sorted(plan_options))}: options of plan(), not of an already "
+                "built plan"
+            )
+        the_plan = scenarios
+    else:
+        config = load(
+            scenarios,
+            defaults=plan_options.pop("defaults", None),
+            frameworks=plan_options.pop("frameworks", ()),
+            accelerate_config=plan_options.pop("accelerate_config", None),
+        )
+        the_plan = plan(config, preview=False, **plan_options)
+        usd_per_gpu_hour = usd_per_gpu_hour or config.usd_per_gpu_hour
+    require(the_plan.experiments, "local")
+    options = RunOptions(
+        timeout_s=timeout_s,
+        resume=resume,
+        fail_fast=fail_fast,
+        memory_logging=memory_logging,
+        no_data_processing=no_data_processing,
+        usd_per_gpu_hour=usd_per_gpu_hour,
+        tokens=tokens,
+        pack=pack,
+        slots=slots,
+        report=report,
+    )
+    root = Path(results)
+    done = run_plan(the_plan, root, options, argv=[sys.executable, "-c", "orchestrator.run(...)"])
+    from orchestrator import collect
+    from orchestrator.reporting import CostSettings, add_derived
+
+    rows = add_derived(
+        collect.load(done.layout.root),
+        CostSettings(usd_per_gpu_hour=usd_per_gpu_hour, tokens=tokens),
+    )
+    return RunResult(
+        rows=rows,
+        outcomes=done.outcomes,
+        results=done.layout.root,
+        summary=done.layout.summary_md if done.reported else None,
+        interrupted=done.interrupted,
+        moved_to=done.moved_to,
+        history_run_id=done.history_run_id,
+        exit_code=done.exit_code,
+    )
+
+
+def report_folder(source: Path, output: PathLike | None) -> Path:
+    """Where a report of ``source`` goes: the results folder itself, else beside the table."""
+    if output:
+        return Path(output)
+    if source.is_dir() and ((source / "runs").is_dir() or (source / "plan.csv").is_file()):
+        return source
+    return (source if source.is_dir() else source.parent) / "tunematrix-report"
+
+
+def report(
+    source: PathLike,
+    out: PathLike | None = None,
+    *,
+    usd_per_gpu_hour: float | None = None,
+    tokens: float | None = None,
+    gpu_memory_gib: float | None = None,
+    plots: bool = True,
+) -> Report:
+    """Write ``raw_summary.csv``, ``benchmarks.csv``, ``summary.md`` and plots.
+
+    ``source`` is a results folder or a summary CSV (ours or the predecessor's
+    result table); ``out`` defaults to the results folder itself, else a
+    ``tunematrix-report`` folder beside the table. The price of a GPU-hour
+    defaults to the run's own (its ``env.json``); ``gpu_memory_gib`` is one
+    device's memory where the source does not say it (a predecessor's table),
+    so rows without figures near it read as likely out of memory.
+    Returns the rows and cells.
+    """
+    from orchestrator.reporting import GIB, CostSettings, cost_from_env, write_report
+
+    for value, name in (
+        (usd_per_gpu_hour, "usd_per_gpu_hour"),
+        (tokens, "tokens"),
+        (gpu_memory_gib, "gpu_memory_gib"),
+    ):
+        if value is not None and not value > 0:
+            raise UserError(f"{name} must be a positive number, got {value:g}")
+    path = Path(source)
+    if usd_per_gpu_hour is None and path.is_dir():
+        usd_per_gpu_hour = cost_from_env(path)
+    return write_report(
+        path,
+        report_folder(path, out),
+        CostSettings(usd_per_gpu_hour=usd_per_gpu_hour, tokens=tokens),
+        plots=plots,
+        gpu_memory_bytes=gpu_memory_gib * GIB if gpu_memory_gib is not None else None,
+    )
+
+
+def load_rows(value: PathLike | pd.DataFrame, history_db: Path | None = None) -> pd.DataFrame:
+    """The rows of one side of a comparison, with the derived columns.
+
+    A DataFrame, a results folder, a summary CSV, or ``run:N`` (run N of ``history_db``).
+    """
+    import pandas as pd
+
+    from orchestrator import collect
+    from orchestrator.reporting import CostSettings, add_derived
+
+    if isinstance(value, pd.DataFrame):
+        return add_derived(collect.normalise(value), CostSettings())
+    text = os.fspath(value)
+    if text.startswith("run:"):
+        from orchestrator import history
+
+        if history_db is None:
+            raise UserError(f"{text}: no history to look it up in; give the history file")
+        try:
+            run_id = int(text.removeprefix("run:"))
+        except ValueError:
+            raise UserError(f"{text}: a run id is a number (see tunematrix history)") from None
+        try:
+            frame = collect.normalise(history.load_run(history_db, run_id))
+        except LookupError as exc:
+            raise UserError(str(exc)) from None
+        return add_derived(frame, CostSettings())
+    return add_derived(collect.load(Path(text)), CostSettings())
+
+
+def compare(
+    new: PathLike | pd.DataFrame,
+    ref: PathLike | pd.DataFrame,
+    *,
+    metrics: Sequence[str] | None = None,
+    threshold: float = 0.1,
+    out: PathLike | None = None,
+    plots: bool = True,
+    history: PathLike | None = None,
+    flags: bool = False,
+) -> Comparison:
+    """Compare ``new`` against the reference ``ref``, cell by cell.
+
+    Each side is a results folder, a summary CSV (the predecessor's reference
+    tables too), a DataFrame of rows, or ``run:N`` from ``history``. A metric
+    regresses when it is worse by more than ``threshold`` (a fraction) and by
+    more than the noise of the repeats. With ``out``, ``compare.csv``,
+    ``compare.md`` and plots are written there (``.written`` lists them).
+    ``flags``: name the options in errors as the command line spells them.
+    """
+    from orchestrator import comparing
+
+    dash = "--" if flags else ""
+    if not 0 < threshold < 10:
+        raise UserError(f"{dash}threshold must be a fraction such as 0.1, got {threshold:g}")
+    for metric in metrics or ():
+        try:
+            comparing.direction(metric)
+        except ValueError:
+            known = sorted(comparing.HIGHER_IS_BETTER | comparing.LOWER_IS_BETTER)
+            raise UserError(
+                f"{dash}metric {metric!r} is not a metric compare knows; known: {', '.join(known)}"
+            ) from None
+    db = Path(history) if history else None
+    try:
+        result = comparing.compare(
+            load_rows(new, db),
+            load_rows(ref, db),
+            metrics=list(metrics or []) or None,
+            threshold=threshold,
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if out is not None:
+        result.written = comparing.write(
+            result, Path(out), _label(new, db), _label(ref, db), threshold, with_plots=plots
+        )
+    return result
+
+
+def _label(side: PathLike | pd.DataFrame, db: Path | None) -> str:
+    if not isinstance(side, str | os.PathLike):
+        return "a DataFrame"
+    text = os.fspath(side)
+    if text.startswith("run:") and db is not None:
+        return f"{db}#{text.removeprefix('run:')}"
+    return text
