@@ -519,6 +519,16 @@ def _widen_to_legend(fig: Any, ax: Any) -> None:
         fig.set_size_inches(needed, fig.get_figheight())
 
 
+def _workers(frame: pd.DataFrame) -> str:
+    """What a cell's num_gpus counts: GPUs, processes (CPU), or both in one table."""
+    devices = set(frame["device"].dropna().astype(str)) if "device" in frame.columns else set()
+    if devices == {"cpu"}:
+        return "processes"
+    if "cpu" in devices:
+        return "GPUs (processes on the CPU)"
+    return "GPUs"
+
+
 def throughput_figure(cells: pd.DataFrame) -> Figure | None:
     """Measured tokens/s per cell; None when no cell has one."""
     values = pd.to_numeric(cells["tokens_per_second_global"], errors="coerce")
@@ -529,8 +539,8 @@ def throughput_figure(cells: pd.DataFrame) -> Figure | None:
         shown,
         "tokens_per_second_global",
         scale=1.0,
-        xlabel="measured tokens per second, all GPUs (real tokens, median over repeats; "
-        "bars: min–max)",
+        xlabel=f"measured tokens per second, all {_workers(shown)} (real tokens, median over "
+        "repeats; bars: min–max)",
         title="Throughput per cell" + note,
         whiskers=("tokens_per_second_global_min", "tokens_per_second_global_max"),
     )
@@ -585,7 +595,10 @@ def memory_figure(
         what = "device memory" if capacity.gpu else "machine memory"
         gib = f"{capacity.bytes / GIB:.1f}".removesuffix(".0")
         vline = (capacity.bytes / GIB, f"{what} {gib} GiB")
-    xlabel = "peak memory per device (per process on the CPU), GiB"
+    xlabel = {
+        "processes": "peak memory per process, GiB",
+        "GPUs": "peak memory per device, GiB",
+    }.get(_workers(shown), "peak memory per device (per process on the CPU), GiB")
     if failed.notna().any():
         xlabel += "; hatched: the memory a run that did not finish reached"
         if rows is not None and "failed_peak_memory_bytes" in rows.columns:
@@ -605,6 +618,12 @@ def memory_figure(
 
 
 def scaling_plot(table: pd.DataFrame, path: Path) -> Path | None:
+    fig = scaling_figure(table)
+    return None if fig is None else _save(fig, path)
+
+
+def scaling_figure(table: pd.DataFrame) -> Figure | None:
+    """Scaling efficiency against the GPU (process) count; None without a family."""
     if table.empty:
         return None
     fig, ax = plt.subplots(figsize=(10, 5.5 + 0.2 * min(len(table), MAX_LINES)), dpi=DPI)
@@ -656,15 +675,17 @@ def scaling_plot(table: pd.DataFrame, path: Path) -> Path | None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(counts))
     ax.set_xticklabels([str(c) for c in sorted(counts)])
-    ax.set_xlabel("GPUs (processes on the CPU)")
+    workers = _workers(table)
+    ax.set_xlabel(workers)
     ax.set_ylabel("scaling efficiency, % (speedup / ideal speedup)")
     extra = f" ({len(shown)} of {len(families)} families)" if len(families) > len(shown) else ""
-    ax.set_title("Scaling efficiency vs GPU count" + extra, fontsize=11)
+    counted = "process count" if workers == "processes" else "GPU count"
+    ax.set_title(f"Scaling efficiency vs {counted}" + extra, fontsize=11)
     ax.grid(alpha=0.3)
     ax.set_ylim(0, max(110, float(100 * table["scaling_efficiency"].max()) + 10))
     _legend_below(fig, ax, len(shown))
     _widen_to_legend(fig, ax)
-    return _save(fig, path)
+    return fig
 
 
 def _loss_curves(rows: pd.DataFrame, source: Path) -> tuple[list[tuple[pd.Series, Any]], int]:

@@ -190,3 +190,29 @@ def test_the_fit_check_sees_a_label_off_the_image() -> None:
         assert len(_outside(fig)) == 1
     finally:
         plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    ("device", "axis", "memory", "scaling"),
+    [
+        ("gpu", "all GPUs (", "peak memory per device, GiB", ("GPUs", "vs GPU count")),
+        (
+            "cpu",
+            "all processes (",
+            "peak memory per process, GiB",
+            ("processes", "vs process count"),
+        ),
+    ],
+)
+def test_axes_name_what_num_gpus_counts(tmp_path, device, axis, memory, scaling) -> None:
+    root = tmp_path / "results"
+    write_run(root, "a.g1", device=device, tps=1000.0)
+    write_run(root, "a.g2", device=device, num_gpus=2, tps=1800.0)
+    report = build_report(root, CostSettings())
+    throughput = plots.throughput_figure(report.cells)
+    assert axis in throughput.axes[0].get_xlabel()
+    assert plots.memory_figure(report.cells).axes[0].get_xlabel() == memory
+    figure = plots.scaling_figure(report.scaling)
+    label, title = figure.axes[0].get_xlabel(), figure.axes[0].get_title()
+    plt.close("all")
+    assert label == scaling[0] and scaling[1] in title
