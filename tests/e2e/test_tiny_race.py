@@ -115,9 +115,22 @@ def race(cache: Path, signals: Path, n: int, lock: str) -> list[dict[str, Any]]:
         )
         for i in range(n)
     ]
-    try:
+
+    def release() -> None:
         wait_for(lambda: len(list(signals.glob("ready-*"))) == n, "the builders to import")
         go.touch()
+
+    return finish(procs, release)
+
+
+def finish(
+    procs: list[subprocess.Popen[str]], start: Callable[[], None] | None = None
+) -> list[Any]:
+    """Run ``start``, wait for every process, kill what is left on the way out; each
+    must succeed, and each prints its report as JSON on its last line."""
+    try:
+        if start is not None:
+            start()
         outs = [p.communicate(timeout=240) for p in procs]
     finally:
         for p in procs:
@@ -195,16 +208,7 @@ def test_a_build_by_a_rank_other_than_0_is_whole(tmp_path) -> None:
         )
         for rank in (0, 1)
     ]
-    try:
-        outs = [p.communicate(timeout=240) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    failed = [err[-3000:] for p, (_, err) in zip(procs, outs, strict=True) if p.returncode != 0]
-    assert not failed, "\n---\n".join(failed)
-    got = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    got = finish(procs)
     assert got[0] == got[1]
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(got[0]["files"])
     assert got[0]["vocab"] == 1024 and 0 < got[0]["params"] < 300_000

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hiding import pythonpath_hiding
 
 from orchestrator import __version__, doctor, hardware, needs
 from orchestrator.cli import main
@@ -80,17 +81,8 @@ def test_doctor_on_this_machine(tmp_path) -> None:
 
 
 def test_a_missing_training_package_is_named_with_its_install_and_exit_1(tmp_path) -> None:
-    blocker = tmp_path / "blocker"
-    blocker.mkdir()
-    (blocker / "sitecustomize.py").write_text(
-        "import sys\n"
-        "class _Hide:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] == 'accelerate':\n"
-        "            raise ModuleNotFoundError(name)\n"
-        "sys.meta_path.insert(0, _Hide())\n"
-    )
-    result = _doctor(tmp_path, pythonpath=f"{blocker}{os.pathsep}{REPO}")
+    pythonpath = pythonpath_hiding(tmp_path / "blocker", "accelerate")
+    result = _doctor(tmp_path, pythonpath=pythonpath)
     assert result.returncode == 1, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert (

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hiding import pythonpath_hiding
 
 from orchestrator.errors import UserError
 from orchestrator.needs import needs, require
@@ -57,20 +58,11 @@ def test_one_line_names_every_missing_package(plan) -> None:
 
 def test_run_without_the_training_stack_stops_before_launching(tmp_path) -> None:
     """The real CLI in an interpreter that cannot import accelerate or peft."""
-    blocker = tmp_path / "blocker"
-    blocker.mkdir()
-    (blocker / "sitecustomize.py").write_text(
-        "import sys\n"
-        "class _Hide:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('accelerate', 'peft'):\n"
-        "            raise ModuleNotFoundError(name)\n"
-        "sys.meta_path.insert(0, _Hide())\n"
-    )
+    pythonpath = pythonpath_hiding(tmp_path / "blocker", "accelerate", "peft")
     result = subprocess.run(
         [sys.executable, "-m", "orchestrator", "run", "--device", "cpu", "--results", "res"],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{REPO}"},
+        env={**os.environ, "PYTHONPATH": pythonpath},
         capture_output=True,
         text=True,
         timeout=60,
