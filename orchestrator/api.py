@@ -28,7 +28,7 @@ from orchestrator.config import BenchConfig, load_config
 from orchestrator.errors import UserError
 from orchestrator.experiment import Experiment
 from orchestrator.matrix import Plan, Selection, build_plan
-from orchestrator.paths import shipped
+from orchestrator.paths import ResultsLayout, shipped
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -264,6 +264,7 @@ def run(
         the_plan = plan(config, preview=False, **plan_options)
         usd_per_gpu_hour = usd_per_gpu_hour or config.usd_per_gpu_hour
     require(the_plan.experiments, "local")
+    settle_earlier_jobs(ResultsLayout(Path(results)))
     options = RunOptions(
         timeout_s=timeout_s,
         resume=resume,
@@ -295,6 +296,31 @@ def run(
         history_run_id=done.history_run_id,
         exit_code=done.exit_code,
     )
+
+
+def ids_text(jobs: Sequence[str], most: int = 5) -> str:
+    return ", ".join(jobs[:most]) + (f" and {len(jobs) - most} more" if len(jobs) > most else "")
+
+
+def settle_earlier_jobs(layout: ResultsLayout) -> None:
+    """Collect the earlier SLURM jobs of this folder; refuse while some still run.
+
+    Without this, a resumed run would run again what finished on the cluster
+    after ``--no-wait``, and a fresh run would move aside a folder that
+    running jobs still write into.
+    """
+    if not (layout.runs.is_dir() and any(layout.runs.glob("*/slurm.json"))):
+        return
+    from orchestrator.slurm import settle
+
+    collected, running = settle(layout)
+    if collected:
+        print(f"collected {collected} finished SLURM job(s) of the earlier run")
+    if running:
+        raise UserError(
+            f"{len(running)} SLURM job(s) of an earlier run still write into {layout.root} "
+            f"({ids_text(running)}); wait for them (`tunematrix report {layout.root}`) or scancel them"
+        )
 
 
 def report_folder(source: Path, output: PathLike | None) -> Path:

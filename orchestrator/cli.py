@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from orchestrator import __version__
+from orchestrator.api import ids_text, settle_earlier_jobs
 from orchestrator.config import BenchConfig
 from orchestrator.errors import UserError
 from orchestrator.matrix import Plan
@@ -265,7 +266,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ]
         if given:
             raise UserError(f"{', '.join(given)}: only with --executor slurm")
-    _settle_earlier_jobs(planned.layout)
+    settle_earlier_jobs(planned.layout)
     print(
         format_header(
             plan, planned.config.scenarios_file, planned.config.defaults_file, notes=args.note
@@ -322,31 +323,6 @@ SLURM_FLAGS = (
 )
 
 
-def _ids(jobs: Sequence[str], most: int = 5) -> str:
-    return ", ".join(jobs[:most]) + (f" and {len(jobs) - most} more" if len(jobs) > most else "")
-
-
-def _settle_earlier_jobs(layout: Any) -> None:
-    """Collect the earlier SLURM jobs of this folder; refuse while some still run.
-
-    Without this, a resumed run would run again what finished on the cluster
-    after ``--no-wait``, and a fresh run would move aside a folder that
-    running jobs still write into.
-    """
-    if not (layout.runs.is_dir() and any(layout.runs.glob("*/slurm.json"))):
-        return
-    from orchestrator.slurm import settle
-
-    collected, running = settle(layout)
-    if collected:
-        print(f"collected {collected} finished SLURM job(s) of the earlier run")
-    if running:
-        raise UserError(
-            f"{len(running)} SLURM job(s) of an earlier run still write into {layout.root} "
-            f"({_ids(running)}); wait for them (`tunematrix report {layout.root}`) or scancel them"
-        )
-
-
 def _slurm_settings(args: argparse.Namespace, file: Mapping[str, Any]) -> Any:
     """The file's slurm: section with the command line on top."""
     from orchestrator.slurm import SlurmSettings, parse_time
@@ -396,7 +372,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             print(f"collected {collected} finished SLURM job(s)")
         if running:
             print(
-                f"{len(running)} SLURM job(s) still queued or running ({_ids(running)}); "
+                f"{len(running)} SLURM job(s) still queued or running ({ids_text(running)}); "
                 "the report shows them as not run yet"
             )
     report = api.report(

@@ -166,3 +166,20 @@ def test_the_package_stays_light_until_the_api_is_used() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_run_refuses_a_folder_that_earlier_slurm_jobs_still_write_into(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``tunematrix run`` does (tests/e2e/test_slurm.py runs that against real SLURM)."""
+    import orchestrator.slurm
+
+    path = tmp_path / "scenarios.yaml"
+    path.write_text(SCENARIOS)
+    results = tmp_path / "results"
+    (results / "runs" / "old").mkdir(parents=True)
+    (results / "runs" / "old" / "slurm.json").write_text("{}")
+    monkeypatch.setattr(orchestrator.slurm, "settle", lambda layout: (0, ["4242"]))
+    with pytest.raises(UserError, match=r"1 SLURM job\(s\) of an earlier run still write into"):
+        api.run(api.plan(path, device="cpu"), results)
+    assert sorted(p.name for p in results.rglob("*")) == ["old", "runs", "slurm.json"]
