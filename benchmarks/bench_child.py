@@ -45,7 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.values import MEMORY_LOGGING  # noqa: E402
+from orchestrator.config.values import MEMORY_LOGGING  # noqa: E402
 
 TARGET = 0.99
 BATCH, LENGTH = 4, 256
@@ -127,7 +127,7 @@ def alternate(runs: int, one: Callable[[bool], float]) -> tuple[list[float], lis
 
 def worker(folder: Path, runs: int, steps: int) -> None:
     """Both variants in this one process; prints ``{"instrumented": [...], "bare": [...]}``."""
-    from orchestrator.spec import read_spec
+    from orchestrator.contract.spec import read_spec
     from trainer_entry import train
 
     def one(instrumented: bool, n: int = steps) -> float:

@@ -24,8 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.config import load_config  # noqa: E402
-from orchestrator.matrix import Selection, build_plan  # noqa: E402
+from orchestrator.config.scenarios import load_config  # noqa: E402
+from orchestrator.matrix.expand import Selection, build_plan  # noqa: E402
 
 
 def big_scenarios(n_scenarios: int = 25) -> str:

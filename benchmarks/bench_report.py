@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 CHECK = """
 import sys, time
 start = time.perf_counter()
-from orchestrator.cli import main
+from orchestrator.cli.app import main
 code = main(sys.argv[1:])
 bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'peft', 'accelerate', 'trl')]
 assert not bad, bad

@@ -33,10 +33,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.config import load_config  # noqa: E402
-from orchestrator.matrix import Selection, build_plan  # noqa: E402
-from orchestrator.progress import Progress  # noqa: E402
-from orchestrator.runner import RunOptions, run_plan  # noqa: E402
+from orchestrator.config.scenarios import load_config  # noqa: E402
+from orchestrator.matrix.expand import Selection, build_plan  # noqa: E402
+from orchestrator.running.progress import Progress  # noqa: E402
+from orchestrator.running.runner import RunOptions, run_plan  # noqa: E402
 
 ARCH = {
     "model_type": "llama",
@@ -108,7 +108,7 @@ def sidecar_cpu_share(seconds: float = 20.0) -> float:
             [
                 sys.executable,
                 "-m",
-                "orchestrator.sidecar",
+                "orchestrator.job.sidecar",
                 "--out",
                 f"{tmp}/m.csv",
                 "--interval",
@@ -136,8 +136,8 @@ def sidecar_cpu_share(seconds: float = 20.0) -> float:
 
 def ab_throughput(folder: Path, pairs: int) -> tuple[list[float], list[float]]:
     """Steady-state tokens/s of the same cell with and without the sidecar, interleaved A B B A ..."""
-    from orchestrator.jobs import run_experiment
-    from orchestrator.resultsdir import open_results
+    from orchestrator.job.execute import run_experiment
+    from orchestrator.running.resultsdir import open_results
 
     config = load_config(folder / "scenarios.yaml", defaults_file=None)
     (experiment, *_) = build_plan(

@@ -24,18 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config import BenchConfig, load_config
-from orchestrator.errors import UserError
-from orchestrator.experiment import Experiment
-from orchestrator.matrix import Plan, Selection, build_plan
-from orchestrator.paths import ResultsLayout, shipped
+from orchestrator.config.scenarios import BenchConfig, load_config
+from orchestrator.contract.errors import UserError
+from orchestrator.contract.layout import ResultsLayout, shipped
+from orchestrator.matrix.expand import Plan, Selection, build_plan
+from orchestrator.matrix.experiment import Experiment
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from orchestrator.comparing import Comparison
-    from orchestrator.jobs import Outcome
-    from orchestrator.reporting import Report
+    from orchestrator.job.execute import Outcome
+    from orchestrator.results.compare import Comparison
+    from orchestrator.results.report import Report
 
 __all__ = [
     "BenchConfig",
@@ -60,11 +60,11 @@ ConfigSource = PathLike | BenchConfig | Mapping[str, Any]
 def __getattr__(name: str) -> Any:
     # the result types that need pandas, imported when asked for
     if name == "Comparison":
-        from orchestrator.comparing import Comparison
+        from orchestrator.results.compare import Comparison
 
         return Comparison
     if name == "Report":
-        from orchestrator.reporting import Report
+        from orchestrator.results.report import Report
 
         return Report
     raise AttributeError(f"module 'orchestrator.api' has no attribute {name!r}")
@@ -111,7 +111,7 @@ def load(
     if isinstance(scenarios, Mapping):
         import yaml
 
-        from orchestrator.yamlio import parse_yaml
+        from orchestrator.config.yamlio import parse_yaml
 
         path = Path("<scenarios mapping>")
         try:
@@ -158,7 +158,7 @@ def plan(
     scenarios' own device; :func:`run` plans with ``preview=False``. ``gpus``
     is the GPU count to plan for (default: the GPUs found here).
     """
-    from orchestrator.matrix import parse_filters
+    from orchestrator.matrix.expand import parse_filters
 
     if device not in ("auto", "gpu", "cpu"):
         raise UserError(f"device must be auto, gpu or cpu, got {device!r}")
@@ -179,7 +179,7 @@ def plan(
         # detecting GPUs costs a few milliseconds; only the default axes need it
         needs_count = device == "auto" or (device == "gpu" and selection.num_gpus is None)
         if needs_count:
-            from orchestrator.hardware import gpu_count
+            from orchestrator.running.hardware import gpu_count
 
             gpus = gpu_count()
         else:
@@ -236,10 +236,10 @@ def run(
     otherwise an earlier run of a different plan in ``results`` is moved aside,
     never deleted. Runs here; for SLURM use ``tunematrix run --executor slurm``.
     """
-    from orchestrator.jobs import RunOptions
-    from orchestrator.needs import require
-    from orchestrator.runner import run_plan
-    from orchestrator.values import MEMORY_LOGGING
+    from orchestrator.config.values import MEMORY_LOGGING
+    from orchestrator.job.execute import RunOptions
+    from orchestrator.running.needs import require
+    from orchestrator.running.runner import run_plan
 
     if memory_logging not in MEMORY_LOGGING:
         raise UserError(
@@ -279,8 +279,8 @@ def run(
     )
     root = Path(results)
     done = run_plan(the_plan, root, options, argv=[sys.executable, "-c", "orchestrator.run(...)"])
-    from orchestrator import collect
-    from orchestrator.reporting import CostSettings, add_derived
+    from orchestrator.results import collect
+    from orchestrator.results.report import CostSettings, add_derived
 
     rows = add_derived(
         collect.load(done.layout.root),
@@ -311,7 +311,7 @@ def settle_earlier_jobs(layout: ResultsLayout) -> None:
     """
     if not (layout.runs.is_dir() and any(layout.runs.glob("*/slurm.json"))):
         return
-    from orchestrator.slurm import settle
+    from orchestrator.executors.slurm import settle
 
     collected, running = settle(layout)
     if collected:
@@ -351,7 +351,7 @@ def report(
     so rows without figures near it read as likely out of memory.
     Returns the rows and cells.
     """
-    from orchestrator.reporting import GIB, CostSettings, cost_from_env, write_report
+    from orchestrator.results.report import GIB, CostSettings, cost_from_env, write_report
 
     for value, name in (
         (usd_per_gpu_hour, "usd_per_gpu_hour"),
@@ -379,14 +379,14 @@ def load_rows(value: PathLike | pd.DataFrame, history_db: Path | None = None) ->
     """
     import pandas as pd
 
-    from orchestrator import collect
-    from orchestrator.reporting import CostSettings, add_derived
+    from orchestrator.results import collect
+    from orchestrator.results.report import CostSettings, add_derived
 
     if isinstance(value, pd.DataFrame):
         return add_derived(collect.normalise(value), CostSettings())
     text = os.fspath(value)
     if text.startswith("run:"):
-        from orchestrator import history
+        from orchestrator.results import history
 
         if history_db is None:
             raise UserError(f"{text}: no history to look it up in; give the history file")
@@ -422,7 +422,7 @@ def compare(
     ``compare.md`` and plots are written there (``.written`` lists them).
     ``flags``: name the options in errors as the command line spells them.
     """
-    from orchestrator import comparing
+    from orchestrator.results import compare as comparing
 
     dash = "--" if flags else ""
     if not 0 < threshold < 10:

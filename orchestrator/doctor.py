@@ -1,9 +1,9 @@
 """``tunematrix doctor``: what this machine has for running matrices, and what to install.
 
 Everything is looked up and nothing is changed: packages by ``find_spec`` (as
-``orchestrator.needs`` does before a run) and their metadata, never imported,
+``orchestrator.running.needs`` does before a run) and their metadata, never imported,
 so the training stack is not loaded; GPUs through NVML or the driver's
-``/proc`` entries (``orchestrator.envinfo``, ``orchestrator.hardware``); SLURM
+``/proc`` entries (``orchestrator.running.envinfo``, ``orchestrator.running.hardware``); SLURM
 by its commands on the PATH and one ``sinfo`` with a short timeout.
 
 ``gather`` does the looking; ``diagnose`` turns the facts into rows and a
@@ -27,8 +27,9 @@ from typing import Any, Literal
 
 import yaml
 
-from orchestrator import __version__, envinfo, hardware, needs
-from orchestrator.paths import PROJECT_ROOT
+from orchestrator import __version__
+from orchestrator.contract.layout import PROJECT_ROOT
+from orchestrator.running import envinfo, hardware, needs
 
 State = Literal["ok", "miss", "bad", "warn", "info"]
 

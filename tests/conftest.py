@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import BenchConfig, load_config
-from orchestrator.matrix import Plan, Selection, build_plan
+from orchestrator.config.scenarios import BenchConfig, load_config
+from orchestrator.matrix.expand import Plan, Selection, build_plan
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -47,7 +47,7 @@ def _hermetic_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def tiny_path(_hermetic_cache: Path) -> Path:
     """The tiny model, built once per session."""
-    from trainer_entry.tiny import ensure_tiny
+    from trainer_entry.models.tiny import ensure_tiny
 
     return ensure_tiny()
 

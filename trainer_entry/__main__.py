@@ -64,7 +64,7 @@ def _is_oom(exc: BaseException) -> bool:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(exc, torch.OutOfMemoryError):
         return True
-    from orchestrator.status import looks_like_oom
+    from orchestrator.contract.outcome import looks_like_oom
 
     return looks_like_oom(f"{type(exc).__name__}: {exc}")
 
@@ -103,8 +103,8 @@ def _main(argv: "list[str] | None") -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
 
-    from orchestrator.errors import UserError
-    from orchestrator.spec import read_spec
+    from orchestrator.contract.errors import UserError
+    from orchestrator.contract.spec import read_spec
 
     try:
         spec = read_spec(args.spec)

@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.spec import RunSpec
-from trainer_entry.argnames import (
+from orchestrator.contract.argnames import (
     BATCH_SHARING_SIZES,
     CONTROLLED,
     DATA_ALIASES,
@@ -28,6 +27,7 @@ from trainer_entry.argnames import (
     training_fields,
     unknown_argument,
 )
+from orchestrator.contract.spec import RunSpec
 from trainer_entry.errors import SpecError
 
 FORMATTINGS = ("instruct", "chat", "text", "template")
@@ -35,7 +35,7 @@ FORMATTINGS = ("instruct", "chat", "text", "template")
 
 @dataclass(frozen=True)
 class DataConfig:
-    """How to turn a dataset into training sequences (see ``trainer_entry.data``)."""
+    """How to turn a dataset into training sequences (see ``trainer_entry.data.prepare``)."""
 
     #: local .jsonl/.json/.csv file, or a Hugging Face datasets name; None: the shipped one
     dataset: str | None = None

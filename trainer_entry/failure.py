@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from orchestrator.result import LAUNCH_ID_ENV, one_line, read_result, write_result
-from orchestrator.spec import RunSpec
+from orchestrator.contract.result import LAUNCH_ID_ENV, one_line, read_result, write_result
+from orchestrator.contract.spec import RunSpec
 from trainer_entry.errors import SpecError
 
 

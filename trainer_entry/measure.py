@@ -368,7 +368,7 @@ def stage_memory_figures(
     (``hf_stage_memory``) and ``mem_stage_source``, which names the source only
     when it produced figures.
     """
-    from orchestrator.spec import MEMORY_STAGE_SOURCES
+    from orchestrator.contract.spec import MEMORY_STAGE_SOURCES
 
     chosen = {"torch": counted, "hf-tracker": hf_metrics}.get(source or "", {})
     stages = {k: v for k, v in chosen.items() if k.startswith(HF_GPU_STAGES) and v is not None}

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orchestrator.spec import RunSpec
+from orchestrator.contract.spec import RunSpec
 from trainer_entry.arguments import ParsedArguments, parse_arguments
 from trainer_entry.errors import SpecError
-from trainer_entry.tiny import TINY_NAME
+from trainer_entry.models.tiny import TINY_NAME
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".csv")
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.progress import StepProgress
+from orchestrator.contract.progress import StepProgress
 from trainer_entry.measure import default_warmup
 
 #: at most one write per this much training time (besides the first step and the end)

@@ -15,10 +15,10 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
-from orchestrator.result import write_result
-from orchestrator.spec import RunSpec
+from orchestrator.contract.result import write_result
+from orchestrator.contract.spec import RunSpec
 from trainer_entry.arguments import ParsedArguments, check_launch_env, parse_arguments
-from trainer_entry.data import Collator, SequenceDataset, load_unprocessed, prepare
+from trainer_entry.data.prepare import Collator, SequenceDataset, load_unprocessed, prepare
 from trainer_entry.errors import SpecError
 from trainer_entry.flops import (
     FlopsUnavailable,
@@ -41,7 +41,7 @@ from trainer_entry.measure import (
     stage_memory_figures,
     summarize,
 )
-from trainer_entry.models import config_placement, fsdp_loading, load_model
+from trainer_entry.models.load import config_placement, fsdp_loading, load_model
 from trainer_entry.progress import ProgressFile
 
 # Loading bars would fill stderr.log with carriage-return noise.

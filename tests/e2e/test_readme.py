@@ -65,7 +65,7 @@ def _predecessor_checkout(home: Path) -> None:
 
 
 def test_the_three_command_migration_is_true(tmp_path: Path) -> None:
-    from orchestrator.hardware import gpu_count
+    from orchestrator.running.hardware import gpu_count
 
     home = tmp_path / "home"
     home.mkdir()

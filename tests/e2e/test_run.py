@@ -129,7 +129,7 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
     assert "4 experiment(s) in 4 cell(s); ok 4" in summary and "## Scaling" in summary
     for plot in ("throughput", "memory", "scaling", "loss"):
         assert (results / "plots" / f"{plot}.png").stat().st_size > 10_000, plot
-    from orchestrator import history
+    from orchestrator.results import history
 
     (recorded,) = history.runs(history.path_for(results))
     assert recorded["experiments"] == 4 and json.loads(recorded["counts"]) == {"ok": 4}

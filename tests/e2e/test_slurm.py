@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from orchestrator import history
+from orchestrator.results import history
 
 pytestmark = pytest.mark.e2e
 

@@ -30,7 +30,7 @@ CHILD = """\
 import fcntl, json, os, sys, time
 from pathlib import Path
 from transformers import AutoConfig, AutoTokenizer
-from trainer_entry import tiny
+from trainer_entry.models import tiny
 
 if os.environ["RACE_LOCK"] == "ignored":  # a file system where flock does not exclude
     fcntl.flock = lambda fd, op: None
@@ -63,7 +63,7 @@ import json, sys
 from pathlib import Path
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trainer_entry import tiny
+from trainer_entry.models import tiny
 
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
@@ -146,7 +146,7 @@ def finish(
 def test_concurrent_builders_all_get_the_one_finished_folder(tmp_path, lock) -> None:
     cache = tmp_path / "cache"
     got = race(cache, tmp_path / "signals", 4, lock)
-    from trainer_entry import tiny
+    from trainer_entry.models import tiny
 
     paths = {g["path"] for g in got}
     assert len(paths) == 1

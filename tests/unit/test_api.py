@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from orchestrator import api
-from orchestrator.errors import ConfigError, UserError
-from orchestrator.experiment import Experiment
+from orchestrator.contract.errors import ConfigError, UserError
+from orchestrator.matrix.experiment import Experiment
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -31,14 +31,14 @@ def test_the_facade_is_the_api() -> None:
 
     assert (plan, run, report, compare) == (api.plan, api.run, api.report, api.compare)
     # the modules behind the names can still be imported by their own names
-    import orchestrator.comparing
-    import orchestrator.plantable
-    import orchestrator.reporting
+    import orchestrator.matrix.table
+    import orchestrator.results.compare
+    import orchestrator.results.report
 
     assert orchestrator.plan is api.plan
-    assert orchestrator.reporting.write_report is not None
-    assert orchestrator.plantable.format_table is not None
-    assert orchestrator.comparing.compare is not api.compare
+    assert orchestrator.results.report.write_report is not None
+    assert orchestrator.matrix.table.format_table is not None
+    assert orchestrator.results.compare.compare is not api.compare
 
 
 def test_plan_from_a_path_a_mapping_and_a_loaded_config(tmp_path: Path) -> None:
@@ -156,13 +156,13 @@ def test_the_package_stays_light_until_the_api_is_used() -> None:
     import sys
 
     code = (
-        "import sys, orchestrator.spec, orchestrator.paths\n"
+        "import sys, orchestrator.contract.spec, orchestrator.contract.layout\n"
         "assert 'orchestrator.api' not in sys.modules, 'api imported'\n"
         "assert 'pandas' not in sys.modules, 'pandas imported'\n"
         "from orchestrator import plan, Comparison, Report\n"
         "assert plan.__module__ == 'orchestrator.api'\n"
-        "assert Comparison.__module__ == 'orchestrator.comparing'\n"
-        "assert Report.__module__ == 'orchestrator.reporting'\n"
+        "assert Comparison.__module__ == 'orchestrator.results.compare'\n"
+        "assert Report.__module__ == 'orchestrator.results.report'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -172,14 +172,14 @@ def test_run_refuses_a_folder_that_earlier_slurm_jobs_still_write_into(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As ``tunematrix run`` does (tests/e2e/test_slurm.py runs that against real SLURM)."""
-    import orchestrator.slurm
+    import orchestrator.executors.slurm
 
     path = tmp_path / "scenarios.yaml"
     path.write_text(SCENARIOS)
     results = tmp_path / "results"
     (results / "runs" / "old").mkdir(parents=True)
     (results / "runs" / "old" / "slurm.json").write_text("{}")
-    monkeypatch.setattr(orchestrator.slurm, "settle", lambda layout: (0, ["4242"]))
+    monkeypatch.setattr(orchestrator.executors.slurm, "settle", lambda layout: (0, ["4242"]))
     with pytest.raises(UserError, match=r"1 SLURM job\(s\) of an earlier run still write into"):
         api.run(api.plan(path, device="cpu"), results)
     assert sorted(p.name for p in results.rglob("*")) == ["old", "runs", "slurm.json"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import build_parser, main
+from orchestrator.cli.app import build_parser, main
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = ["--scenarios", str(REPO / "scenarios.yaml")]
@@ -241,7 +241,7 @@ class Blocker:
         return None
 
 sys.meta_path.insert(0, Blocker())
-from orchestrator.cli import main
+from orchestrator.cli.app import main
 code = main(sys.argv[1:])
 loaded = sorted(m for m in sys.modules if m.partition(".")[0] in BLOCKED)
 assert not loaded, loaded

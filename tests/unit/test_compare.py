@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from fakeruns import write_run
 
-from orchestrator import collect, history
-from orchestrator.cli import main
-from orchestrator.comparing import cell_label, compare, markdown
-from orchestrator.reporting import CostSettings, add_derived
-from orchestrator.stats import mann_whitney_u
+from orchestrator.cli.app import main
+from orchestrator.results import collect, history
+from orchestrator.results.compare import cell_label, compare, markdown
+from orchestrator.results.report import CostSettings, add_derived
+from orchestrator.results.stats import mann_whitney_u
 
 NOISE = (0.98, 1.01, 1.00, 0.99, 1.02)  # ±2% run-to-run
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import load_config
-from orchestrator.errors import ConfigError
-from orchestrator.matrix import Selection, build_plan
+from orchestrator.config.scenarios import load_config
+from orchestrator.contract.errors import ConfigError
+from orchestrator.matrix.expand import Selection, build_plan
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

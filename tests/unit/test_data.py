@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from trainer_entry.arguments import DataConfig
-from trainer_entry.data import IGNORE_INDEX, Collator, load_unprocessed, prepare
+from trainer_entry.data.prepare import IGNORE_INDEX, Collator, load_unprocessed, prepare
 from trainer_entry.errors import SpecError
 
 RECORDS = [

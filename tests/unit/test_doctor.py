@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from hiding import pythonpath_hiding
 
-from orchestrator import __version__, doctor, hardware, needs
-from orchestrator.cli import main
+from orchestrator import __version__, doctor
+from orchestrator.cli.app import main
 from orchestrator.doctor import (
     AccelerateFacts,
     DiskFacts,
@@ -24,6 +24,7 @@ from orchestrator.doctor import (
     Requirement,
     SlurmFacts,
 )
+from orchestrator.running import hardware, needs
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1024**3
@@ -96,7 +97,7 @@ def test_a_missing_training_package_is_named_with_its_install_and_exit_1(tmp_pat
 
 BLOCKER_CHECK = """
 import sys
-from orchestrator.cli import main
+from orchestrator.cli.app import main
 code = main(sys.argv[1:])
 stack = {"torch", "transformers", "trl", "peft", "accelerate", "datasets", "deepspeed", "bitsandbytes"}
 loaded = sorted(m for m in sys.modules if m.partition(".")[0] in stack)

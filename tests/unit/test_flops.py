@@ -18,7 +18,7 @@ from trainer_entry.flops import (
     utilization,
 )
 from trainer_entry.measure import RankStats, SequenceLengths, StepRecorder
-from trainer_entry.models import apply_peft
+from trainer_entry.models.load import apply_peft
 
 BATCH, SEQ = 4, 128
 

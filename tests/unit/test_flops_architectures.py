@@ -23,7 +23,7 @@ from trainer_entry.flops import (
     estimate_flops,
 )
 from trainer_entry.measure import SequenceLengths
-from trainer_entry.models import ARCHITECTURES, apply_peft
+from trainer_entry.models.load import ARCHITECTURES, apply_peft
 
 BATCH, SEQ, WINDOW, VOCAB = 2, 64, 16, 512
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": VOCAB}

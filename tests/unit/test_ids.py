@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import load_config
-from orchestrator.ids import model_short_name
-from orchestrator.matrix import Selection, build_plan
-from orchestrator.paths import ResultsLayout
+from orchestrator.config.scenarios import load_config
+from orchestrator.contract.layout import ResultsLayout
+from orchestrator.matrix.expand import Selection, build_plan
+from orchestrator.matrix.ids import model_short_name
 
 REPO = Path(__file__).resolve().parents[2]
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*-[0-9a-f]{8}$")

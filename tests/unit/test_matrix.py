@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import ConfigError, UserError
-from orchestrator.matrix import parse_filters, resolve_batch
+from orchestrator.contract.errors import ConfigError, UserError
+from orchestrator.matrix.expand import parse_filters, resolve_batch
 
 TWO_SCENARIOS = """
 frameworks:
@@ -410,7 +410,7 @@ scenarios:
 
 
 def test_a_preview_without_a_gpu_plans_for_the_scenarios_device(plan) -> None:
-    from orchestrator.errors import UserError
+    from orchestrator.contract.errors import UserError
 
     previewed = plan(GPU_ONLY, device="auto", preview=True, gpu_count=0)
     assert previewed.device == "gpu"

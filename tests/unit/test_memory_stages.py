@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.spec import RunSpec, read_spec
-from orchestrator.summary import build_row, to_csv
-from orchestrator.values import MEMORY_LOGGING
+from orchestrator.config.values import MEMORY_LOGGING
+from orchestrator.contract.spec import RunSpec, read_spec
+from orchestrator.results.rows import build_row, to_csv
 from trainer_entry.measure import (
     MemoryCounters,
     MemoryReading,
@@ -19,7 +19,7 @@ from trainer_entry.measure import (
     memory_stages,
     stage_memory_figures,
 )
-from trainer_entry.models import Placement, config_placement, fsdp_loading
+from trainer_entry.models.load import Placement, config_placement, fsdp_loading
 
 
 class FakeCuda:
@@ -207,7 +207,7 @@ def test_memory_logging_values(logging: str, sidecar: bool, stages: str | None) 
 
 def test_default_memory_logging_does_not_run_hf_tracker(tmp_path: Path) -> None:
     """What the parent writes by default, read by the child: skip_memory_metrics stays on."""
-    from orchestrator.jobs import RunOptions
+    from orchestrator.job.execute import RunOptions
     from trainer_entry.arguments import parse_arguments
     from trainer_entry.train import _training_arguments
 
@@ -231,7 +231,7 @@ def test_old_spec_files_still_read(tmp_path: Path, old: dict, new: str | None) -
 
 
 def test_a_bad_old_memory_flag_is_one_clear_line(tmp_path: Path) -> None:
-    from orchestrator.errors import UserError
+    from orchestrator.contract.errors import UserError
 
     path = tmp_path / "spec.json"
     path.write_text(json.dumps({"hf_memory_metrics": "yes"}))
@@ -294,7 +294,7 @@ def test_a_rank_that_does_not_draw_weights_keeps_correct_buffers(tmp_path: Path)
     """Skipped weights are overwritten by rank 0's broadcast; buffers that are not
     broadcast (rotary frequencies) must still be right."""
     from trainer_entry.arguments import ModelConfig, PeftConfig
-    from trainer_entry.models import load_model
+    from trainer_entry.models.load import load_model
 
     arch = tmp_path / "arch.json"
     arch.write_text(

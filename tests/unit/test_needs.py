@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from hiding import pythonpath_hiding
 
-from orchestrator.errors import UserError
-from orchestrator.needs import needs, require
+from orchestrator.contract.errors import UserError
+from orchestrator.running.needs import needs, require
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import oomkill
-from orchestrator.oomkill import OomWatch, memory_cgroups, parse_kmsg_kills, parse_oom_kill_count
+from orchestrator.job import oomkill
+from orchestrator.job.oomkill import (
+    OomWatch,
+    memory_cgroups,
+    parse_kmsg_kills,
+    parse_oom_kill_count,
+)
 
 
 def test_oom_kill_count_from_v1_and_v2_files() -> None:
@@ -91,7 +96,7 @@ def test_watch_reads_this_machines_cgroups() -> None:
 
 def test_every_node_of_a_launch_shares_one_id(tmp_path, monkeypatch) -> None:
     """Node 1's rank, stopped after node 0's OOM, must not replace node 0's report."""
-    from orchestrator.spec import RunSpec
+    from orchestrator.contract.spec import RunSpec
     from trainer_entry.failure import write_failure
 
     spec = RunSpec(

@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt
 import pytest
 from fakeruns import write_run
 
-from orchestrator import plots
-from orchestrator.reporting import CostSettings, build_report, write_report
+from orchestrator.results import plots
+from orchestrator.results.report import CostSettings, build_report, write_report
 
 GIB = 2**30
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

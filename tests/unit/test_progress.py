@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.paths import RunPaths
-from orchestrator.progress import Progress, StepProgress
-from orchestrator.spec import RunSpec, read_spec
+from orchestrator.contract.layout import RunPaths
+from orchestrator.contract.spec import RunSpec, read_spec
+from orchestrator.running.progress import Progress, StepProgress
 from trainer_entry.progress import ProgressFile
 
 

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from fakeruns import write_run
 
-from orchestrator.cli import main
-from orchestrator.reporting import CostSettings, build_report, write_report
+from orchestrator.cli.app import main
+from orchestrator.results.report import CostSettings, build_report, write_report
 
 GIB = 2**30
 
@@ -189,7 +189,7 @@ def test_report_does_not_import_the_training_stack(tmp_path) -> None:
     root = _folder(tmp_path)
     code = (
         "import sys\n"
-        "from orchestrator.cli import main\n"
+        "from orchestrator.cli.app import main\n"
         f"assert main(['report', {str(root)!r}]) == 0\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'peft', 'accelerate')]\n"
         "assert not bad, bad\n"
@@ -279,7 +279,7 @@ def test_our_rows_keep_the_measured_figures_and_no_hf_column(tmp_path) -> None:
 
 
 def test_epoch_is_no_configuration_column(tmp_path) -> None:
-    from orchestrator.reporting import config_columns, scaling_keys
+    from orchestrator.results.report import config_columns, scaling_keys
 
     report = write_report(REFS, tmp_path, CostSettings(), plots=False)
     assert "epoch" in report.rows.columns  # read, and kept as an output
@@ -345,7 +345,7 @@ def test_likely_oom_needs_the_device_memory(tmp_path, capsys) -> None:
 
 
 def test_known_device_names() -> None:
-    from orchestrator.reporting import known_gpu_memory
+    from orchestrator.results.report import known_gpu_memory
 
     assert known_gpu_memory("a100_80gb.csv") == (80 * GIB, "A100 80GB")
     assert known_gpu_memory("NVIDIA A100-SXM4-80GB") == (80 * GIB, "A100 80GB")
@@ -389,7 +389,7 @@ def test_benchmarks_table_keeps_the_figures_of_a_single_cell() -> None:
     """One cell has every column constant; its measured figures must not be dropped."""
     import pandas as pd
 
-    from orchestrator.reporting import benchmarks_table
+    from orchestrator.results.report import benchmarks_table
 
     cells = pd.DataFrame(
         [

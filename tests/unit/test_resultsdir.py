@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import UserError
-from orchestrator.resultsdir import keep_previous_attempt, open_results
+from orchestrator.contract.errors import UserError
+from orchestrator.running.resultsdir import keep_previous_attempt, open_results
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ def test_a_second_orchestrator_is_refused(tmp_path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from orchestrator.resultsdir import open_results\n"
+            "import sys, time; from pathlib import Path; from orchestrator.running.resultsdir import open_results\n"
             "with open_results(Path(sys.argv[1]), resume=True):\n"
             "    print('locked', flush=True); time.sleep(30)",
             str(root),

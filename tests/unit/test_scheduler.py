@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from orchestrator.scheduler import DevicePool, PackQueue
+from orchestrator.executors.scheduler import DevicePool, PackQueue
 
 
 def simulate(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.sidecar import (
+from orchestrator.job.sidecar import (
     MIB,
     NvmlDevice,
     PssSchedule,
@@ -150,7 +150,7 @@ def test_real_sidecar_follows_a_process_tree(tmp_path) -> None:
     )
     out = tmp_path / "memory.csv"
     side = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.sidecar", "--out", str(out), "--interval", "0.05"],
+        [sys.executable, "-m", "orchestrator.job.sidecar", "--out", str(out), "--interval", "0.05"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -190,7 +190,7 @@ sys.stdin.read()
 
 def test_tree_pss_counts_shared_pages_once(tmp_path) -> None:
     """Two processes map one 96 MiB file: summed RSS counts it twice, the tree's PSS once."""
-    from orchestrator.sidecar import _Tree
+    from orchestrator.job.sidecar import _Tree
 
     size = 96 * MIB
     data = tmp_path / "shared.bin"
@@ -230,8 +230,8 @@ def test_the_tree_pss_reaches_the_tables(tmp_path) -> None:
     """raw_summary.csv and the report's cells carry the tree's PSS peak and how it was measured."""
     from fakeruns import write_run
 
-    from orchestrator import collect
-    from orchestrator.reporting import CostSettings, add_derived, aggregate
+    from orchestrator.results import collect
+    from orchestrator.results.report import CostSettings, add_derived, aggregate
 
     memory = summarize(
         [(1.0, "tree_rss", "tree", 3 * 2**30), (1.0, "tree_pss", "pss+rss", 2 * 2**30)]

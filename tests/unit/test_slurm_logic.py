@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import _slurm_settings as slurm_settings
-from orchestrator.cli import build_parser, main
-from orchestrator.errors import UserError
-from orchestrator.jobs import Outcome, write_outcome
-from orchestrator.paths import ResultsLayout
-from orchestrator.slurm import (
+from orchestrator.cli.run import _slurm_settings as slurm_settings
+from orchestrator.cli.app import build_parser, main
+from orchestrator.contract.errors import UserError
+from orchestrator.contract.layout import ResultsLayout
+from orchestrator.executors.slurm import (
     SlurmSettings,
     Unreachable,
     _gres_gpus,
@@ -27,6 +26,7 @@ from orchestrator.slurm import (
     shape,
     states,
 )
+from orchestrator.job.execute import Outcome, write_outcome
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -300,7 +300,7 @@ def test_slurm_flags_in_the_wrong_place(tmp_path, capsys, monkeypatch, argv, exp
 
 
 def test_slurm_section_of_the_scenarios_file_is_checked(load) -> None:
-    from orchestrator.errors import ConfigError
+    from orchestrator.contract.errors import ConfigError
 
     config = load(
         "slurm:\n  partition: gpu\n  time: '2:00:00'\n  options: {qos: high}\n"

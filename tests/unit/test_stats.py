@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from orchestrator.stats import cv, mann_whitney_u
+from orchestrator.results.stats import cv, mann_whitney_u
 
 
 def test_fully_separated_samples_exact() -> None:
@@ -55,8 +55,8 @@ def test_report_cells_use_the_sample_standard_deviation(tmp_path) -> None:
     """The report's CV of repeats agrees with ``cv`` (ddof=1), not numpy's population default."""
     from fakeruns import write_run
 
-    from orchestrator import collect
-    from orchestrator.reporting import CostSettings, add_derived, aggregate
+    from orchestrator.results import collect
+    from orchestrator.results.report import CostSettings, add_derived, aggregate
 
     for r, tps in enumerate((900.0, 1000.0, 1200.0)):
         write_run(tmp_path, f"a.r{r}", cell_id="a", repeat=r, tps=tps)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.status import RankDeath, classify, root_cause, sigkilled_pids, stderr_error
+from orchestrator.job.classify import RankDeath, classify, root_cause, sigkilled_pids, stderr_error
 
 OK = {"status": "ok", "metrics": {}}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import csv
 import io
 
-from orchestrator.progress import Progress
-from orchestrator.summary import build_row, to_csv
+from orchestrator.results.rows import build_row, to_csv
+from orchestrator.running.progress import Progress
 
 TEXT = """
 scenarios:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_entry import tiny
+from trainer_entry.models import tiny
 
 
 def _digest(folder: Path) -> dict[str, str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import ConfigError
-from orchestrator.yamlio import format_loc, load_yaml, parse_yaml
+from orchestrator.config.yamlio import format_loc, load_yaml, parse_yaml
+from orchestrator.contract.errors import ConfigError
 
 
 def test_scalars_follow_yaml_1_2() -> None:

@@ -1,0 +1,1 @@
+"""``tunematrix``: the command line, a thin layer over the library."""

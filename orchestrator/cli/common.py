@@ -1,0 +1,176 @@
+"""What every command shares: the parser classes and the experiment selection flags."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from orchestrator.config.scenarios import BenchConfig
+from orchestrator.contract.errors import UserError
+from orchestrator.contract.layout import ResultsLayout
+from orchestrator.matrix.expand import Plan
+
+PROG = "tunematrix"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32)
+
+
+def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
+    """``"1 2"`` or ``"1,2"`` -> ``(1, 2)``; every value a distinct positive integer."""
+    values: list[int] = []
+    for word in text.replace(",", " ").split():
+        try:
+            value = int(word)
+        except ValueError:
+            raise UserError(f"{flag}: {word!r} is not an integer (got {text!r})") from None
+        if value <= 0:
+            raise UserError(f"{flag}: {value} is not a positive integer (got {text!r})")
+        if value in values:
+            raise UserError(f"{flag}: {value} is listed twice (got {text!r})")
+        values.append(value)
+    if not values:
+        raise UserError(f'{flag}: no values given; write them like "1 2"')
+    return tuple(values)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def add_selection_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("what to plan")
+    g.add_argument(
+        "--scenarios",
+        metavar="FILE",
+        help="scenarios file (default: ./scenarios.yaml, else the shipped one)",
+    )
+    g.add_argument(
+        "--defaults",
+        metavar="FILE",
+        help="trainer arguments shared by all scenarios "
+        "(default: defaults.yaml beside the scenarios file, else the shipped one)",
+    )
+    g.add_argument(
+        "--frameworks",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="extra framework definitions: a YAML file with a frameworks: mapping, or "
+        "fms-acceleration's sample-configurations/CONTENTS.yaml as it is; repeatable",
+    )
+    g.add_argument(
+        "--accelerate-config",
+        metavar="FILE",
+        help="accelerate config for frameworks that name none "
+        "(default: the file's accelerate_config:, else accelerate.yaml beside it)",
+    )
+    g.add_argument(
+        "--num-gpus",
+        metavar='"N ..."',
+        help='GPU counts to run each cell on, e.g. "1 2 4" (on a CPU: process counts; '
+        "default: 1 2 capped at the GPUs found, or 1 without a GPU)",
+    )
+    g.add_argument(
+        "--effective-batch-size",
+        metavar='"B ..."',
+        help='effective (global) batch sizes, e.g. "4 8" (default: the file\'s matrix, else 4 8)',
+    )
+    g.add_argument(
+        "--filter",
+        metavar="NAME[,NAME]",
+        action="append",
+        default=[],
+        help="scenarios to run, by name or pattern (peft-*); slow scenarios run only when "
+        "named; default: every non-slow scenario for the device",
+    )
+    g.add_argument(
+        "--device",
+        choices=("auto", "gpu", "cpu"),
+        default="auto",
+        help="plan for GPUs or for the CPU (default: auto, GPU when one is found)",
+    )
+    g.add_argument(
+        "--repeats",
+        type=positive_int,
+        metavar="N",
+        help="run each cell N times, each in a fresh process (default: the file's, else 1)",
+    )
+    g.add_argument(
+        "--results",
+        metavar="DIR",
+        default="results",
+        help="results folder (default: results)",
+    )
+    g.add_argument(
+        "--note",
+        metavar="TEXT",
+        action="append",
+        default=[],
+        help="a line for the plan's header (run_benchmarks.sh says how it read its arguments)",
+    )
+
+
+@dataclass(frozen=True)
+class Planned:
+    config: BenchConfig
+    plan: Plan
+    layout: ResultsLayout
+
+
+def plan_from_args(args: argparse.Namespace) -> Planned:
+    from orchestrator import api
+
+    config = api.load(
+        args.scenarios or None,
+        defaults=args.defaults,
+        frameworks=args.frameworks,
+        accelerate_config=args.accelerate_config,
+    )
+    num_gpus = parse_int_list(args.num_gpus, "--num-gpus") if args.num_gpus else None
+    gpus = None
+    needs_count = args.device == "auto" or (args.device == "gpu" and num_gpus is None)
+    if needs_count and getattr(args, "executor", "local") == "slurm":
+        # the jobs run on the cluster's nodes, not here: count a node's GPUs there
+        from orchestrator.executors.slurm import cluster_gpus
+
+        partition = args.slurm_partition or (config.slurm or {}).get("partition")
+        gpus = cluster_gpus(partition)
+    plan = api.plan(
+        config,
+        num_gpus=num_gpus,
+        effective_batch_size=(
+            parse_int_list(args.effective_batch_size, "--effective-batch-size")
+            if args.effective_batch_size
+            else None
+        ),
+        filters=args.filter,
+        device=args.device,
+        repeats=args.repeats,
+        preview=args.command == "plan",
+        gpus=gpus,
+    )
+    return Planned(config=config, plan=plan, layout=ResultsLayout(Path(args.results)))
+
+
+def positive(value: float | None, flag: str) -> float | None:
+    if value is not None and not value > 0:
+        raise UserError(f"{flag} must be a positive number, got {value:g}")
+    return value

@@ -1,0 +1,93 @@
+"""``tunematrix compare``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from orchestrator.cli.common import Formatter
+
+_COMPARE_EPILOG = """\
+Examples:
+  tunematrix compare results results.20261120-101500
+  tunematrix compare results refs/a100_80gb.csv --metric train_tokens_per_second
+  tunematrix compare results run:3 --threshold 0.05
+  tunematrix history results              (the run ids)
+"""
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from orchestrator import api
+    from orchestrator.results import compare as comparing
+    from orchestrator.results import history
+
+    new_path = Path(args.new)
+    if args.history:
+        db: Path | None = Path(args.history)
+    else:
+        db = history.path_for(new_path) if new_path.is_dir() else None
+    output = Path(args.output) if args.output else (new_path if new_path.is_dir() else Path("."))
+    result = api.compare(
+        args.new,
+        args.ref,
+        metrics=args.metric,
+        threshold=args.threshold,
+        out=output,
+        plots=not args.no_plots,
+        history=db,
+        flags=True,
+    )
+    written = result.written
+    regressions = result.regressions
+    matched = result.table[result.keys].drop_duplicates().shape[0] if len(result.table) else 0
+    print(
+        f"tunematrix compare: {matched} matched cells, {len(regressions)} regression(s); "
+        f"{len(result.only_new)} only in new, {len(result.only_ref)} only in the reference"
+    )
+    for note in result.notes:
+        print(f"  note: {note}")
+    for _, row in regressions.iterrows():
+        cell = comparing.cell_label(row, result.keys)
+        change = row["change"]
+        shown = "" if change is None or change != change else f" {100 * change:+.1f}%"
+        print(f"  regression: {cell}: {row['metric']}{shown} {row['why']}".rstrip())
+    for path in written:
+        print(f"  {path}")
+    return 1 if len(regressions) else 0
+
+
+def add_parser(sub: Any) -> None:
+    cmp_ = sub.add_parser(
+        "compare",
+        help="compare a run against a reference; exit 1 on a regression",
+        description="Match the cells of NEW and REF and flag regressions. NEW and REF are "
+        "results folders, summary CSVs (ours or fms-acceleration's), or run:<id> from the "
+        "history of NEW's results folder.",
+        epilog=_COMPARE_EPILOG,
+        formatter_class=Formatter,
+    )
+    cmp_.add_argument("new", metavar="NEW")
+    cmp_.add_argument("ref", metavar="REF")
+    cmp_.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="metric to compare; repeatable (default: throughput, step time, peak memory, MFU)",
+    )
+    cmp_.add_argument(
+        "--threshold",
+        type=float,
+        default=0.1,
+        metavar="FRACTION",
+        help="relative change that counts as a regression (default: 0.1)",
+    )
+    cmp_.add_argument(
+        "--output",
+        metavar="DIR",
+        help="where to write compare.csv/.md (default: NEW's folder, else .)",
+    )
+    cmp_.add_argument("--history", metavar="FILE", help="history.sqlite to look run:<id> up in")
+    cmp_.add_argument("--no-plots", action="store_true", help="tables only")
+    cmp_.set_defaults(func=cmd_compare)

@@ -1,0 +1,58 @@
+"""``tunematrix doctor``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from orchestrator.cli.common import Formatter
+from orchestrator.contract.errors import UserError
+
+_DOCTOR_EPILOG = """\
+Examples:
+  tunematrix doctor
+  tunematrix doctor --results /scratch/results --json
+
+One line per check: ok; miss (not installed, and what to install); bad (the
+wrong version, or a results folder that cannot be written); warn; info. The
+last line says what this machine is ready for. Exit code 0 when the tiny CPU
+matrix can run here, 1 when something it needs is missing. Nothing is
+installed, written or changed, and the training stack is not imported.
+"""
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from orchestrator import api, doctor
+
+    # the config a job gets when its framework names none, found as `plan` finds it
+    project, why = None, None
+    try:
+        default = api.load().default_accelerate
+        project = default.path if default is not None else None
+    except UserError as exc:
+        why = str(exc)
+    diagnosis = doctor.diagnose(doctor.gather(Path(args.results), project, why))
+    sys.stdout.write(doctor.format_json(diagnosis) if args.json else doctor.format_text(diagnosis))
+    return diagnosis.exit_code
+
+
+def add_parser(sub: Any) -> None:
+    doc = sub.add_parser(
+        "doctor",
+        help="check what this machine has for running matrices (changes nothing)",
+        description="List the GPUs and driver, NVML, the training stack and its versions, "
+        "accelerate's default config, SLURM and the results folder's free space, each with "
+        "ok or what to install.",
+        epilog=_DOCTOR_EPILOG,
+        formatter_class=Formatter,
+    )
+    doc.add_argument(
+        "--results",
+        metavar="DIR",
+        default="results",
+        help="results folder whose free space to check (default: results)",
+    )
+    doc.add_argument("--json", action="store_true", help="print the checks as JSON")
+    doc.set_defaults(func=cmd_doctor)

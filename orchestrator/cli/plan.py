@@ -1,0 +1,69 @@
+"""``tunematrix plan``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from orchestrator.cli.common import Formatter, add_selection_args, plan_from_args
+
+_PLAN_EPILOG = """\
+Examples:
+  tunematrix plan
+  tunematrix plan --scenarios scenarios.yaml --filter 'cpu-*' --output plan.csv
+  tunematrix plan --device gpu --num-gpus "1 2 4" --effective-batch-size "8 16" --commands
+  tunematrix plan --output - | column -s, -t
+
+Nothing is created or deleted (except the --output file), no GPU is needed, and
+the training stack is not imported.
+"""
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from orchestrator.matrix.table import (
+        format_commands,
+        format_header,
+        format_table,
+        plan_csv,
+        write_plan_csv,
+    )
+
+    planned = plan_from_args(args)
+    plan = planned.plan
+    if args.output == "-":
+        sys.stdout.write(plan_csv(plan))
+        return 0
+    print(
+        format_header(
+            plan, planned.config.scenarios_file, planned.config.defaults_file, notes=args.note
+        )
+    )
+    print()
+    print(format_table(plan))
+    if args.commands:
+        print()
+        print(format_commands(plan.experiments, planned.layout))
+    if args.output:
+        write_plan_csv(plan, Path(args.output))
+        print(f"\nwrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="print the experiment matrix (the dry run)",
+        description="Expand the scenarios into the experiment matrix and print it.",
+        epilog=_PLAN_EPILOG,
+        formatter_class=Formatter,
+    )
+    add_selection_args(p)
+    p.add_argument("--output", metavar="CSV", help="also write the plan as CSV ('-': stdout only)")
+    p.add_argument(
+        "--commands",
+        action="store_true",
+        help="print the exact accelerate launch command of each experiment",
+    )
+    p.set_defaults(func=cmd_plan)

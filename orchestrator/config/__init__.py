@@ -1,0 +1,1 @@
+"""Stage 1: the scenarios file, loaded once into typed objects and validated."""

@@ -1,0 +1,248 @@
+"""The shapes of the config files (pydantic), and errors that point into the YAML.
+
+Every model forbids unknown keys and is strict about types, so a typo or a
+``"yes"`` where a boolean belongs is an error naming the key path, its line
+and the keys that are allowed.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchestrator.config.values import type_name
+from orchestrator.config.yamlio import Loc, YamlDoc, format_loc
+from orchestrator.contract.errors import ConfigError
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class FrameworkModel(_Strict):
+    """A named overlay that scenarios list under ``framework_config``."""
+
+    description: str | None = None
+    #: accelerate config file for this framework, relative to the file that defines it
+    accelerate_config: str | None = None
+    #: trainer arguments that override the scenario's
+    arguments: dict[str, Any] = {}
+    #: extra environment variables for the job
+    env: dict[str, str] = {}
+
+
+class CostModel(_Strict):
+    """What the hardware costs, for cost per token and time/cost to train."""
+
+    usd_per_gpu_hour: PositiveFloat
+
+
+class SlurmModel(_Strict):
+    """Where and how ``--executor slurm`` submits; the command line overrides each key."""
+
+    partition: str | None = None
+    account: str | None = None
+    #: time limit per job: minutes, or SLURM's HH:MM:SS / D-HH:MM:SS
+    time: int | str | None = None
+    gpus_per_node: PositiveInt | None = None
+    cpus_per_task: PositiveInt | None = None
+    mem: str | None = None
+    #: further sbatch options, e.g. {qos: high, constraint: a100}
+    options: dict[str, str] = {}
+    #: submit job arrays (one per resource shape) with at most this many tasks at once
+    array: bool = False
+    array_parallelism: PositiveInt | None = None
+
+
+class MatrixModel(_Strict):
+    """Axes crossed with every scenario; the command line overrides them."""
+
+    num_gpus: list[PositiveInt] | None = None
+    effective_batch_size: list[PositiveInt] | None = None
+    max_seq_len: list[PositiveInt] | None = None
+    packing: list[bool] | None = None
+    #: how many times each cell runs, each in a fresh process
+    repeats: PositiveInt | None = None
+
+
+class DataProcessingModel(_Strict):
+    """The predecessor's ``data_processing`` stanza: how the training data is prepared."""
+
+    dataset_name: str | None = None
+    dataset_split: str | None = None
+    formatting: str | None = None
+    tokenize: bool | None = None
+    input_field: str | None = None
+    dataset_text_field: str | None = None
+    response_field: str | None = None
+    chat_template: str | None = None
+    response_template: str | None = None
+    additional_dataset_kwargs: dict[str, Any] | None = None
+
+
+class ScenarioModel(_Strict):
+    """One scenario: constants, the models to try, frameworks and sweeps."""
+
+    name: str
+    description: str | None = None
+    #: framework names to cross with (``null`` = no overlay); default ``[null]``
+    framework_config: list[str | None] | None = None
+    #: slow scenarios run only when the filter names them
+    slow: bool = False
+    #: ``gpu`` scenarios are the default on GPU machines, ``cpu`` ones elsewhere
+    device: Literal["gpu", "cpu"] = "gpu"
+    #: restrict the GPU counts of the matrix to these
+    num_gpus: list[PositiveInt] | None = None
+    #: trainer arguments; a list under ``model_name_or_path`` expands
+    arguments: dict[str, Any] = {}
+    #: explicit cartesian sweep: argument name -> values
+    sweep: dict[str, list[Any]] = {}
+    #: time limit of each experiment of this scenario, in seconds
+    timeout_s: PositiveFloat | None = None
+
+
+class ScenariosFileModel(_Strict):
+    """The whole scenarios file; a superset of fms-acceleration's format."""
+
+    accelerate_config: str | None = None
+    #: time limit of each experiment, in seconds (a scenario may set its own)
+    timeout_s: PositiveFloat | None = None
+    cost: CostModel | None = None
+    slurm: SlurmModel | None = None
+    frameworks: dict[str, FrameworkModel] = {}
+    matrix: MatrixModel = MatrixModel()
+    data_processing: DataProcessingModel | None = None
+    scenarios: list[ScenarioModel]
+
+
+class FrameworksFileModel(_Strict):
+    """A separate file of framework definitions (``--frameworks``)."""
+
+    frameworks: dict[str, FrameworkModel]
+
+
+class ContentsEntryModel(_Strict):
+    """One framework of fms-acceleration's ``sample-configurations/CONTENTS.yaml``."""
+
+    shortname: str
+    #: the fms-acceleration plugins the configuration needs
+    plugins: list[str] = []
+    #: the plugin configuration, relative to CONTENTS.yaml
+    filename: str
+
+
+class ContentsFileModel(_Strict):
+    """fms-acceleration's ``CONTENTS.yaml``, accepted as it is by ``--frameworks``."""
+
+    framework_configs: list[ContentsEntryModel]
+
+
+def _pydantic_error(doc: YamlDoc, exc: ValidationError, root: type[BaseModel]) -> ConfigError:
+    # A typo shows up twice: an unknown key and a missing one. The unknown key,
+    # with the allowed names, is the more useful line, so it goes first.
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    first = errors[0]
+    loc = _data_loc(doc.data, first["loc"], keep_last=first["type"] == "missing")
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(root, loc[:-1])
+        message = f"unknown key '{loc[-1]}'"
+        if allowed:
+            message += f"; allowed: {', '.join(allowed)}"
+        return ConfigError(
+            message + _more(errors),
+            file=doc.file,
+            line=doc.line_of(loc),
+            key=format_loc(loc[:-1]) or None,
+        )
+    if kind == "missing":
+        message = f"missing required key '{loc[-1]}'"
+    else:
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        got = first.get("input")
+        message = f"{msg[0].lower()}{msg[1:]} (got {type_name(got)} {_short_repr(got)})"
+    return doc.error(message + _more(errors), loc)
+
+
+def _more(errors: Sequence[Any]) -> str:
+    n = len(errors) - 1
+    return f" (and {n} more problem{'s' if n > 1 else ''})" if n else ""
+
+
+def _short_repr(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _data_loc(data: Any, loc: Sequence[Any], keep_last: bool) -> Loc:
+    """The part of a pydantic error location that exists in the data.
+
+    Pydantic appends markers such as ``[key]`` or union member names; the key
+    path shown to the user stops where the data stops.
+    """
+    out: list[str | int] = []
+    node = data
+    for i, part in enumerate(loc):
+        if part == "[key]":
+            break
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            if keep_last and i == len(loc) - 1:
+                out.append(part)
+            break
+        out.append(part)
+    return tuple(out)
+
+
+def _allowed_keys(root: type[BaseModel], loc: Loc) -> list[str]:
+    """The field names of the model found at ``loc`` inside ``root``."""
+    current: Any = root
+    for part in loc:
+        current = _unwrap(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return []
+            current = field.annotation
+        else:
+            args = typing.get_args(current)
+            current = args[-1] if args else None
+    current = _unwrap(current)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _unwrap(tp: Any) -> Any:
+    """Strip ``Optional`` and ``Annotated`` from a type."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (typing.Union, types.UnionType):
+            members = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(members) != 1:
+                return tp
+            tp = members[0]
+        else:
+            return tp
+
+
+def validate(doc: YamlDoc, model: type[_Strict], what: str) -> Any:
+    if not isinstance(doc.data, dict):
+        raise ConfigError(
+            f"{what} must be a YAML mapping at the top level, got {type_name(doc.data)}",
+            file=doc.file,
+        )
+    try:
+        return model.model_validate(doc.data)
+    except ValidationError as exc:
+        raise _pydantic_error(doc, exc, model) from None

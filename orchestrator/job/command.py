@@ -1,0 +1,95 @@
+"""The command and environment of one experiment's ``accelerate launch``.
+
+Pure functions: the plan prints what they return, and the runner executes it.
+Every experiment goes through ``accelerate launch``, one process or many, so a
+1-GPU cell and an N-GPU cell differ only in N.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.matrix.experiment import Experiment
+
+#: Shown in a plan, where the real port is picked free at launch.
+PLAN_PORT = 29500
+
+
+def accelerate_command() -> list[str]:
+    """``accelerate launch`` of the interpreter running tunematrix.
+
+    The ``accelerate`` script beside this Python when there is one (a venv);
+    otherwise the same launcher as a module, so a job never picks up another
+    environment's accelerate from the PATH.
+    """
+    script = Path(sys.executable).with_name("accelerate")
+    if script.is_file():
+        return [str(script), "launch"]
+    return [sys.executable, "-m", "accelerate.commands.launch"]
+
+
+@dataclass(frozen=True)
+class LaunchSite:
+    """Where this launch sits in a job: one machine, or one of several (SLURM)."""
+
+    num_machines: int = 1
+    machine_rank: int = 0
+    #: the first machine's address; None on one machine
+    main_process_ip: str | None = None
+
+
+def launch_argv(
+    experiment: Experiment,
+    spec: Path,
+    *,
+    port: int,
+    accelerate: Sequence[str] = ("accelerate", "launch"),
+    site: LaunchSite | None = None,
+) -> list[str]:
+    """``accelerate launch [flags] -m trainer_entry --spec SPEC`` as an argument list.
+
+    On GPUs the accelerate config decides the distributed type (FSDP, DDP,
+    DeepSpeed). On the CPU one process runs with ``--cpu``; several run as
+    gloo DDP through ``--multi_gpu``, which is accelerate's multi-process
+    launcher whatever the device. Across machines, ``--num_processes`` is the
+    total, and each machine passes its rank and the first machine's address.
+    """
+    site = site or LaunchSite()
+    argv = list(accelerate)
+    if experiment.accelerate is not None:
+        argv += ["--config_file", str(experiment.accelerate.path)]
+    argv += [
+        "--num_processes",
+        str(experiment.num_gpus),
+        "--num_machines",
+        str(site.num_machines),
+        "--main_process_port",
+        str(port),
+    ]
+    if site.num_machines > 1:
+        argv += ["--machine_rank", str(site.machine_rank)]
+        if site.main_process_ip:
+            argv += ["--main_process_ip", site.main_process_ip]
+    if experiment.device == "cpu":
+        single = experiment.num_gpus == 1 and site.num_machines == 1
+        argv.append("--cpu" if single else "--multi_gpu")
+    argv += ["-m", "trainer_entry", "--spec", str(spec)]
+    return argv
+
+
+def job_env(experiment: Experiment, devices: Sequence[str]) -> dict[str, str]:
+    """Environment variables set for the job on top of the parent's.
+
+    ``devices`` are the ``CUDA_VISIBLE_DEVICES`` entries the scheduler gave the
+    job; a CPU job sees no GPU at all.
+    """
+    env = {
+        "CUDA_VISIBLE_DEVICES": ",".join(devices) if experiment.device == "gpu" else "",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    env.update(experiment.env)
+    return env

@@ -1,0 +1,75 @@
+"""One experiment of the matrix: a fully resolved, immutable cell (and repeat)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.config.scenarios import AccelerateConfig
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """Everything needed to run one cell once; built by ``orchestrator.matrix.expand``."""
+
+    #: readable, stable id; also the folder name under ``runs/``
+    experiment_id: str
+    #: the id shared by all repeats of this cell (the id of its first repeat)
+    cell_id: str
+    scenario: str
+    #: framework overlay name, ``none`` when the scenario listed ``null``
+    framework: str
+    model_name_or_path: str
+    #: ``gpu`` or ``cpu``; on ``cpu`` the GPU count means processes
+    device: str
+    num_gpus: int
+    effective_batch_size: int
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    max_seq_len: int
+    packing: bool
+    repeat: int
+    #: every trainer argument, merged: defaults < scenario < sweep < framework
+    arguments: Mapping[str, Any]
+    #: the swept arguments and their values for this experiment
+    swept: Mapping[str, Any]
+    accelerate: AccelerateConfig | None
+    #: environment overlay of the framework
+    env: Mapping[str, str]
+    data_processing: Mapping[str, Any] | None
+    #: time limit in seconds (not part of the id: it does not change what is measured)
+    timeout_s: float | None = None
+
+    @property
+    def peft_method(self) -> str | None:
+        value = self.arguments.get("peft_method")
+        return None if value is None else str(value)
+
+    @property
+    def torch_dtype(self) -> str | None:
+        value = self.arguments.get("torch_dtype")
+        return None if value is None else str(value)
+
+    def spec(self) -> dict[str, Any]:
+        """The JSON-ready description of the experiment (``spec.json`` without paths)."""
+        return {
+            "experiment_id": self.experiment_id,
+            "cell_id": self.cell_id,
+            "scenario": self.scenario,
+            "framework_config": self.framework,
+            "model_name_or_path": self.model_name_or_path,
+            "device": self.device,
+            "num_gpus": self.num_gpus,
+            "effective_batch_size": self.effective_batch_size,
+            "per_device_train_batch_size": self.per_device_train_batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "max_seq_len": self.max_seq_len,
+            "packing": self.packing,
+            "repeat": self.repeat,
+            "arguments": dict(self.arguments),
+            "swept": dict(self.swept),
+            "accelerate_config": str(self.accelerate.path) if self.accelerate else None,
+            "env": dict(self.env),
+            "data_processing": dict(self.data_processing) if self.data_processing else None,
+        }

@@ -1,0 +1,175 @@
+"""Show a plan: the table, the exact commands, and ``plan.csv``."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract.layout import ResultsLayout, write_atomic
+from orchestrator.job.command import PLAN_PORT, accelerate_command, job_env, launch_argv
+from orchestrator.matrix.expand import Plan
+from orchestrator.matrix.experiment import Experiment
+
+#: The first columns of plan.csv; the same names and meaning as raw_summary.csv.
+KEY_COLUMNS = (
+    "experiment_id",
+    "scenario",
+    "framework_config",
+    "model_name_or_path",
+    "num_gpus",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "effective_batch_size",
+    "max_seq_len",
+    "packing",
+    "peft_method",
+    "torch_dtype",
+    "device",
+    "repeat",
+    "cell_id",
+    "status",
+)
+
+
+def plan_rows(plan: Plan) -> list[dict[str, Any]]:
+    """One row per experiment: the key columns, then one column per swept argument."""
+    extra = [k for k in plan.swept_keys if k not in KEY_COLUMNS]
+    rows = []
+    for e in plan.experiments:
+        row: dict[str, Any] = {
+            "experiment_id": e.experiment_id,
+            "scenario": e.scenario,
+            "framework_config": e.framework,
+            "model_name_or_path": e.model_name_or_path,
+            "num_gpus": e.num_gpus,
+            "per_device_train_batch_size": e.per_device_train_batch_size,
+            "gradient_accumulation_steps": e.gradient_accumulation_steps,
+            "effective_batch_size": e.effective_batch_size,
+            "max_seq_len": e.max_seq_len,
+            "packing": e.packing,
+            "peft_method": e.peft_method,
+            "torch_dtype": e.torch_dtype,
+            "device": e.device,
+            "repeat": e.repeat,
+            "cell_id": e.cell_id,
+            "status": "planned",
+        }
+        for key in extra:
+            row[key] = e.swept.get(key)
+        rows.append(row)
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def plan_csv(plan: Plan) -> str:
+    rows = plan_rows(plan)
+    columns = list(rows[0]) if rows else list(KEY_COLUMNS)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_cell(row[c]) for c in columns])
+    return buf.getvalue()
+
+
+def write_plan_csv(plan: Plan, path: Path) -> None:
+    write_atomic(path, plan_csv(plan))
+
+
+def format_header(
+    plan: Plan, scenarios_file: Path, defaults_file: Path | None, notes: Sequence[str] = ()
+) -> str:
+    """The plan's header: where it comes from, each axis and its source, and the notes."""
+    n = len(plan.experiments)
+    lines = [
+        f"tunematrix plan: {n} experiment{'s' if n != 1 else ''} from {scenarios_file}"
+        + (f" (defaults: {defaults_file})" if defaults_file else " (no defaults file)"),
+        f"  device:    {plan.device} ({plan.device_source})",
+        f"  scenarios: {', '.join(plan.scenarios)}",
+    ]
+    unit = "processes" if plan.device == "cpu" else "GPUs"
+    for name, axis in plan.axes.items():
+        label = f"num_gpus ({unit})" if name == "num_gpus" else name
+        values = ", ".join(_cell(v) for v in axis.values)
+        lines.append(f"  {label + ':':<24} {values}  [{axis.source}]")
+    lines.append(f"  {'repeats:':<24} {plan.repeats.values[0]}  [{plan.repeats.source}]")
+    lines.extend(f"note: {note}" for note in (*plan.notes, *notes))
+    return "\n".join(lines)
+
+
+def format_table(plan: Plan) -> str:
+    """The matrix as a fixed-width text table, one line per experiment."""
+    unit = "procs" if plan.device == "cpu" else "gpus"
+    columns: list[tuple[str, str]] = [
+        ("#", "#"),
+        ("experiment_id", "experiment_id"),
+        ("scenario", "scenario"),
+        ("framework_config", "framework"),
+        ("model_name_or_path", "model"),
+        ("num_gpus", unit),
+        ("per_device_train_batch_size", "per_dev_bs"),
+        ("gradient_accumulation_steps", "grad_acc"),
+        ("effective_batch_size", "eff_bs"),
+        ("max_seq_len", "seq_len"),
+        ("packing", "packing"),
+    ]
+    columns += [(k, k) for k in plan.swept_keys if k not in dict(columns)]
+    if plan.repeats.values[0] > 1:
+        columns.append(("repeat", "repeat"))
+    rows = plan_rows(plan)
+    cells = [[h for _, h in columns]]
+    for i, row in enumerate(rows, 1):
+        cells.append([str(i) if k == "#" else _cell(row.get(k)) or "-" for k, _ in columns])
+    widths = [max(len(r[c]) for r in cells) for c in range(len(columns))]
+    lines = []
+    for r, row_cells in enumerate(cells):
+        line = "  ".join(
+            cell.rjust(w) if c == 0 else cell.ljust(w)
+            for c, (cell, w) in enumerate(zip(row_cells, widths, strict=True))
+        )
+        lines.append(line.rstrip())
+        if r == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def command_for(experiment: Experiment, layout: ResultsLayout) -> tuple[dict[str, str], list[str]]:
+    """The environment overlay and argv that ``run`` will use (GPUs 0..N-1, plan port)."""
+    devices = [str(i) for i in range(experiment.num_gpus)]
+    env = job_env(experiment, devices)
+    argv = launch_argv(
+        experiment,
+        layout.run(experiment.experiment_id).spec,
+        port=PLAN_PORT,
+        accelerate=accelerate_command(),
+    )
+    return env, argv
+
+
+def format_commands(experiments: Sequence[Experiment], layout: ResultsLayout) -> str:
+    lines = [
+        "# The exact command of each experiment. At run time the scheduler picks the",
+        f"# GPUs and a free --main_process_port (shown here as {PLAN_PORT}), and writes",
+        "# runs/<experiment_id>/spec.json before launching.",
+    ]
+    for e in experiments:
+        env, argv = command_for(e, layout)
+        lines.append(f"# {e.experiment_id}")
+        lines.append(shlex.join(["env", *_env_words(env), *argv]))
+    return "\n".join(lines)
+
+
+def _env_words(env: Mapping[str, str]) -> list[str]:
+    return [f"{k}={v}" for k, v in env.items()]

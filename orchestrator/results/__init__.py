@@ -1,0 +1,1 @@
+"""Stage 4: the children's results merged into tables, plots, comparisons and history."""

@@ -1,0 +1,656 @@
+"""Compare a run against a reference and flag regressions.
+
+Rows are matched on the key columns both sides have: scenario, trainer, task,
+framework, model, GPUs, per-device batch, PEFT method, sequence length,
+packing, dtype and device (``KEYS``), plus the effective batch and any
+scenario argument swept on either side. A key one side lacks (a
+predecessor's table has no scenario, sequence length, packing or device)
+drops out of the match, and the report says so. Measured outputs (``epoch``,
+``train_*``, ``mem_*``, any metric) are never keys, whatever varies in them.
+
+Per matched cell and metric: the medians, their ratio, and a regression flag
+when the change goes past the threshold in the bad direction. Where both
+sides have at least 3 repeats, the flag also needs a one-sided Mann–Whitney U
+test at p ≤ 0.05 (in the bad direction), so a change within the run-to-run
+noise is not called a regression. With 3 repeats on each side the smallest p
+the test can give is exactly 0.05, reached only when every new run is worse
+than every reference run. A cell that was ``ok`` and is not any more (failed,
+out of memory, timed out or interrupted) is a regression too.
+
+A matched cell whose sides ran under different conditions (GPU model, memory
+source, run mode: ``ANNOTATED``) is still compared, and marked: the table's
+``differs`` and ``mismatch`` columns, ``≠`` in its label.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.contract.layout import write_atomic
+from orchestrator.contract.outcome import LOST, MEASURED
+from orchestrator.results.stats import mann_whitney_u
+
+#: what makes two rows the same experiment; each is used where both sides have it
+KEYS = (
+    "scenario",
+    "trainer",
+    "task",
+    "framework_config",
+    "model_name_or_path",
+    "num_gpus",
+    "per_device_train_batch_size",
+    "peft_method",
+    "max_seq_len",
+    "packing",
+    "torch_dtype",
+    "device",
+)
+#: conditions of a run that are not part of the experiment but change its figures:
+#: a matched cell whose sides differ in one of them is marked
+ANNOTATED = ("gpu_device_name", "peak_memory_source", "memory_backend", "run_mode")
+HIGHER_IS_BETTER = {
+    "tokens_per_second_global",
+    "tokens_per_second_per_device",
+    "train_tokens_per_second",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "mfu",
+    "achieved_tflops_per_device",
+}
+LOWER_IS_BETTER = {
+    "step_time_median_s",
+    "train_runtime",
+    "peak_memory_bytes",
+    "mem_nvidia_mem_reserved",
+    "mem_peak_torch_mem_alloc_in_bytes",
+    "mem_torch_mem_alloc_in_bytes",
+    "mem_peak_rss_bytes",
+    "mem_tree_peak_pss_bytes",
+    "torch_max_memory_reserved_bytes",
+    "cost_per_1m_tokens_usd",
+    "time_to_first_step_s",
+    "train_loss",
+}
+DEFAULT_METRICS = (
+    "tokens_per_second_global",
+    "tokens_per_second_per_device",
+    "train_tokens_per_second",
+    "step_time_median_s",
+    "peak_memory_bytes",
+    "mfu",
+)
+MIN_REPEATS_FOR_TEST = 3
+ALPHA = 0.05
+#: the predecessor's columns that are no configuration and that no list of ours names:
+#: measured outputs, and bookkeeping (its row position, output folder, config file path)
+PREDECESSOR_NOT_CONFIG = frozenset(
+    {
+        "epoch",
+        "error_messages",
+        "index",
+        "output_dir",
+        "framework_config_file",
+        "acceleration_framework_config_file",
+    }
+)
+#: name patterns of measured outputs (HF's ``train_*``/``eval_*`` metrics, memory, cost, time)
+OUTPUT_PREFIXES = ("train_", "eval_", "mem_", "loss_", "cost_", "time_", "tokens_", "step_time")
+OUTPUT_SUFFIXES = ("_per_second", "_bytes", "_usd", "_tflops_per_device")
+
+
+@dataclass
+class Comparison:
+    table: pd.DataFrame
+    keys: list[str]
+    only_new: pd.DataFrame
+    only_ref: pd.DataFrame
+    metrics: list[str]
+    notes: list[str] = field(default_factory=list)
+    #: the files ``write`` wrote (compare.csv, compare.md, plots)
+    written: list[Path] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> pd.DataFrame:
+        if self.table.empty:
+            return self.table
+        return self.table[self.table["regression"]]
+
+
+def direction(metric: str) -> str:
+    if metric in HIGHER_IS_BETTER:
+        return "higher"
+    if metric in LOWER_IS_BETTER:
+        return "lower"
+    raise ValueError(f"no direction known for metric {metric!r}")
+
+
+def is_output(column: str) -> bool:
+    """Whether ``column`` is a measured output or bookkeeping (so never a key), not configuration.
+
+    That is: every figure our tables declare (metrics, outcome columns,
+    aggregates), the predecessor's ``epoch``, ``error_messages``, ``index``,
+    ``output_dir`` and config file path, and names shaped like outputs
+    (``train_*``, ``mem_*``, ``*_per_second``, ``*_bytes``…).
+    """
+    from orchestrator.results.report import MEDIAN_METRICS, SPREAD_METRICS
+    from orchestrator.results.rows import EXTRA_METRICS, METRIC_COLUMNS, OUTCOME_COLUMNS
+
+    if column in HIGHER_IS_BETTER or column in LOWER_IS_BETTER or column in ANNOTATED:
+        return True
+    if column in PREDECESSOR_NOT_CONFIG or column in ("peak_memory_source", "usd_per_gpu_hour"):
+        return True
+    known = (*METRIC_COLUMNS, *EXTRA_METRICS, *OUTCOME_COLUMNS, *MEDIAN_METRICS, *SPREAD_METRICS)
+    if column in known:
+        return True
+    return column.startswith(OUTPUT_PREFIXES) or column.endswith(OUTPUT_SUFFIXES)
+
+
+#: yes/no keys, and their labels
+_FLAG_LABELS = {"packing": ("packed", "unpacked")}
+_TRUE = {"true", "1", "1.0", "yes"}
+_FALSE = {"false", "0", "0.0", "no"}
+
+
+def _number_text(value: float) -> str:
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def _canonical(value: Any) -> str:
+    """One spelling per value, so both sides' labels compare equal.
+
+    ``2.00E-05``, ``2e-05`` and ``0.00002`` are one number; ``16``, ``16.0``
+    and ``"16"`` another; an empty cell is ``none``.
+    """
+    if value is None or value is pd.NA:
+        return "none"
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)) or hasattr(value, "dtype"):  # numpy scalars too
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            return str(value)
+        return "none" if math.isnan(number) else _number_text(number)
+    text = str(value).strip()
+    if text.lower() in ("", "nan", "none", "<na>", "null"):
+        return "none"
+    if text.lower() in ("true", "false"):
+        return text.lower()
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return text if math.isnan(number) or math.isinf(number) else _number_text(number)
+
+
+def _is_flag(key: str, values: set[str]) -> bool:
+    """A yes/no column: only true/false (and 1/0, as a CSV reader may turn them) and none."""
+    present = values - {"none"}
+    named = key in _FLAG_LABELS or bool(present & {"true", "false"})
+    return named and present <= _TRUE | _FALSE
+
+
+def _key_frames(
+    new: pd.DataFrame, ref: pd.DataFrame, keys: list[str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Both sides with their key columns in one spelling (see ``_canonical``).
+
+    Only the distinct values are spelled out, so this stays fast for large tables.
+    """
+    out_new, out_ref = new.copy(), ref.copy()
+    for k in keys:
+        spelled = [
+            frame[k].map({v: _canonical(v) for v in frame[k].dropna().unique()}).fillna("none")
+            for frame in (new, ref)
+        ]
+        if _is_flag(k, set(spelled[0]) | set(spelled[1])):
+            # a CSV reader turns a yes/no column with blanks into 1.0/NaN on one side only
+            spelled = [
+                s.map(lambda v: "true" if v in _TRUE else "false" if v in _FALSE else v)
+                for s in spelled
+            ]
+        out_new[k], out_ref[k] = spelled
+    return out_new, out_ref
+
+
+def _present(frame: pd.DataFrame, key: str) -> bool:
+    """Whether a side has values in ``key`` (an empty label counts as none)."""
+    if key not in frame.columns:
+        return False
+    values = frame[key]
+    return bool((values.notna() & (values.astype(str) != "")).any())
+
+
+def _varies(frame: pd.DataFrame, column: str) -> bool:
+    return frame[column].map(str).nunique() > 1
+
+
+def _sweep_keys(new: pd.DataFrame, ref: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """Argument columns that vary within a side (swept values) and that both sides have,
+    and the output columns that would have been taken for such arguments.
+
+    Cells that differ only in a swept argument (say the LoRA rank) are different
+    experiments, so they join the match keys. A measured output (the
+    predecessor's ``epoch``) varies too, but is never a key.
+    """
+    from orchestrator.results.report import argument_columns
+
+    both = [c for c in argument_columns(new) if c in ref.columns and c not in KEYS]
+    extra = (
+        ["effective_batch_size"]
+        if _present(new, "effective_batch_size") and _present(ref, "effective_batch_size")
+        else []
+    )
+    varying = [c for c in both if _varies(new, c) or _varies(ref, c)]
+    return extra + [c for c in varying if not is_output(c)], [c for c in varying if is_output(c)]
+
+
+def _conditions(frame: pd.DataFrame, keys: list[str], column: str) -> pd.Series:
+    """Per cell, the distinct values of ``column`` on one side (``A / B`` for a mix)."""
+    values = frame[[*keys, column]].dropna(subset=[column])
+    values = values[values[column].astype(str).str.strip() != ""]
+    values[column] = values[column].astype(str)
+    values = values.drop_duplicates().sort_values(column, kind="stable")
+    return values.groupby(keys, sort=False)[column].agg(" / ".join)
+
+
+def _mismatches(
+    n: pd.DataFrame, r: pd.DataFrame, keys: list[str], cells: pd.Index
+) -> tuple[pd.DataFrame, list[str]]:
+    """For each matched cell, which ``ANNOTATED`` conditions differ between the sides.
+
+    A condition one side does not record is not compared (and noted).
+    """
+    differs = pd.Series([""] * len(cells), index=cells, dtype=object)
+    detail = pd.Series([""] * len(cells), index=cells, dtype=object)
+    notes = []
+    for column in ANNOTATED:
+        has_new, has_ref = _present(n, column), _present(r, column)
+        if has_new != has_ref:
+            side = "reference" if has_new else "new run"
+            notes.append(f"{column} is not recorded in the {side}, so it is not checked")
+        if not (has_new and has_ref):
+            continue
+        both = pd.DataFrame(
+            {"new": _conditions(n, keys, column), "ref": _conditions(r, keys, column)}
+        ).reindex(cells)
+        different = both["new"].notna() & both["ref"].notna() & (both["new"] != both["ref"])
+        if not different.any():
+            continue
+        text = f"{column}: " + both["ref"] + " (ref) vs " + both["new"] + " (new)"
+        differs[different] = differs[different].map(lambda v: v + ", " if v else v) + column
+        detail[different] = detail[different].map(lambda v: v + "; " if v else v) + text
+        notes.append(
+            f"{column} differs between the sides in {int(different.sum())} matched cell(s), "
+            "marked ≠ (columns differs and mismatch)"
+        )
+    return pd.DataFrame({"differs": differs, "mismatch": detail}), notes
+
+
+def _ok_values(frame: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
+    ok = frame[frame["status"].isin(MEASURED)]
+    values = ok[metrics].apply(pd.to_numeric, errors="coerce")
+    for k in keys:
+        values[k] = ok[k]
+    return values
+
+
+def compare(
+    new: pd.DataFrame,
+    ref: pd.DataFrame,
+    *,
+    metrics: list[str] | None = None,
+    threshold: float = 0.1,
+) -> Comparison:
+    """Match ``new`` rows to ``ref`` rows and compare each metric (see the module docstring).
+
+    Medians and counts come from one groupby per side; the rank test runs only
+    for the few cells whose change passes the threshold.
+    """
+    notes: list[str] = []
+    keys = [k for k in KEYS if _present(new, k) and _present(ref, k)]
+    # a key neither side has (the trainer, before there was a choice) changes nothing
+    dropped = [k for k in KEYS if k not in keys and (_present(new, k) or _present(ref, k))]
+    if dropped:
+        notes.append(f"matched without {', '.join(dropped)} (missing on one side)")
+    if not keys:
+        raise ValueError("the two tables share no key column to match rows on")
+    swept, outputs = _sweep_keys(new, ref)
+    keys += swept
+    if outputs:
+        notes.append(f"outputs and bookkeeping, not used to match rows: {', '.join(outputs)}")
+    wanted = list(metrics) if metrics else list(DEFAULT_METRICS)
+    for m in wanted:
+        direction(m)  # unknown metrics are an error before any work
+    usable = [m for m in wanted if m in new.columns and m in ref.columns]
+    skipped = [m for m in wanted if m not in usable]
+    if skipped and metrics:
+        notes.append(f"not on both sides, so not compared: {', '.join(skipped)}")
+
+    n, r = _key_frames(new, ref, keys)
+    cells_new = n.groupby(keys, sort=False).size().rename("rows_new")
+    cells_ref = r.groupby(keys, sort=False).size().rename("rows_ref")
+    matched = cells_new.to_frame().join(cells_ref, how="inner")
+    only_new = cells_new.index.difference(cells_ref.index, sort=False).to_frame(index=False)
+    only_ref = cells_ref.index.difference(cells_new.index, sort=False).to_frame(index=False)
+    conditions, condition_notes = _mismatches(n, r, keys, matched.index)
+    notes += condition_notes
+
+    records: list[dict[str, Any]] = []
+    # status: was ok in the reference, none ok now, and at least one lost (LOST)
+    ok_new = n[n["status"].isin(MEASURED)].groupby(keys, sort=False).size()
+    ok_ref = r[r["status"].isin(MEASURED)].groupby(keys, sort=False).size()
+    bad_new = (
+        n[n["status"].isin(LOST)]
+        .groupby(keys, sort=False)
+        .agg(status=("status", "first"), error=("error", "first"))
+    )
+    broken = (
+        matched.index.intersection(bad_new.index)
+        .intersection(ok_ref.index)
+        .difference(ok_new.index)
+    )
+    for key in broken:
+        status, error = bad_new.loc[key, "status"], bad_new.loc[key, "error"]
+        records.append(
+            {
+                **dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True)),
+                "metric": "status",
+                "ref": "ok",
+                "new": status,
+                "ratio": None,
+                "change": None,
+                "n_ref": int(matched.loc[key, "rows_ref"]),
+                "n_new": int(matched.loc[key, "rows_new"]),
+                "p_value": None,
+                "regression": True,
+                "why": f"was ok, now {status}"
+                + (f": {error}" if isinstance(error, str) and error else ""),
+            }
+        )
+
+    values_new = _ok_values(n, keys, usable)
+    values_ref = _ok_values(r, keys, usable)
+    grouped_new = values_new.groupby(keys, sort=False)
+    grouped_ref = values_ref.groupby(keys, sort=False)
+    frames = [pd.DataFrame(records)] if records else []
+    for metric in usable:
+        side = pd.DataFrame(
+            {"new": grouped_new[metric].median(), "n_new": grouped_new[metric].count()}
+        ).join(
+            pd.DataFrame(
+                {"ref": grouped_ref[metric].median(), "n_ref": grouped_ref[metric].count()}
+            ),
+            how="inner",
+        )
+        side = side[(side["n_new"] > 0) & (side["n_ref"] > 0)]
+        if side.empty:
+            continue
+        side["ratio"] = side["new"] / side["ref"].where(side["ref"] != 0)
+        side["change"] = side["ratio"] - 1
+        higher = direction(metric) == "higher"
+        worse = side["change"] < -threshold if higher else side["change"] > threshold
+        side["regression"] = worse
+        side["p_value"] = math.nan
+        side["why"] = ""
+        tested = (
+            worse
+            & (side["n_new"] >= MIN_REPEATS_FOR_TEST)
+            & (side["n_ref"] >= MIN_REPEATS_FOR_TEST)
+        )
+        for key in side.index[tested]:
+            x = grouped_new.get_group(key)[metric].dropna().tolist()
+            y = grouped_ref.get_group(key)[metric].dropna().tolist()
+            _, p = mann_whitney_u(x, y, "less" if higher else "greater")
+            side.loc[key, "p_value"] = p
+            side.loc[key, "regression"] = p <= ALPHA
+            side.loc[key, "why"] = f"p = {p:.3g}" + (
+                "" if p <= ALPHA else f" > {ALPHA}: within the noise"
+            )
+        alone = worse & ~tested
+        side.loc[alone, "why"] = (
+            side.loc[alone, "n_ref"].astype(str)
+            + " vs "
+            + side.loc[alone, "n_new"].astype(str)
+            + " repeats: threshold alone"
+        )
+        side["metric"] = metric
+        frames.append(side.reset_index())
+    columns = [
+        *keys,
+        "metric",
+        "ref",
+        "new",
+        "ratio",
+        "change",
+        "n_ref",
+        "n_new",
+        "p_value",
+        "regression",
+        "why",
+        "differs",
+        "mismatch",
+    ]
+    table = (
+        pd.concat(frames, ignore_index=True)[columns[:-2]]
+        if frames
+        else pd.DataFrame(columns=columns)
+    )
+    if len(table):
+        table["regression"] = table["regression"].astype(bool)
+        table = table.merge(conditions.reset_index(names=keys), on=keys, how="left")
+        # cells in the order of the new run, each cell's metrics together
+        order = matched.reset_index()[keys].assign(_order=range(len(matched)))
+        table = table.merge(order, on=keys, how="left").sort_values("_order", kind="stable")
+        table = table.drop(columns="_order").reset_index(drop=True)
+    return Comparison(
+        table=table, keys=keys, only_new=only_new, only_ref=only_ref, metrics=usable, notes=notes
+    )
+
+
+_LABELS = {
+    "num_gpus": "{} GPU",
+    "per_device_train_batch_size": "bs {}/dev",
+    "max_seq_len": "seq {}",
+    "effective_batch_size": "eb {}",
+}
+
+
+def cell_label(row: Any, keys: list[str]) -> str:
+    """A short name for a matched cell: ``s · fsdp · org/model · 2 GPU · bs 4/dev · seq 1024``.
+
+    A cell whose sides ran under different conditions ends in ``(≠ gpu_device_name)``.
+    """
+    parts = []
+    for k in keys:
+        value = str(row[k])
+        if value in ("none", "", "nan", "<NA>") and k in ("peft_method", "scenario"):
+            continue
+        if k in _LABELS:
+            parts.append(_LABELS[k].format(value))
+        elif k in _FLAG_LABELS and value in ("true", "false"):
+            parts.append(_FLAG_LABELS[k][0 if value == "true" else 1])
+        elif k in KEYS:
+            parts.append(value)
+        else:
+            parts.append(f"{k}={value}")
+    label = " · ".join(parts)
+    differs = row.get("differs") if hasattr(row, "get") else None
+    if isinstance(differs, str) and differs:
+        label += f" (≠ {differs})"
+    return label
+
+
+def _md(headers: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"] + [
+        "| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows
+    ]
+
+
+def _num(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, str):
+        return value
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4g}"
+
+
+FULL_TABLE_ROWS = 300  # beyond this, compare.md summarises and compare.csv has every row
+
+
+def _rows_md(table: pd.DataFrame, keys: list[str]) -> list[str]:
+    headers = ["cell", "metric", "reference", "new", "change", "repeats", "verdict"]
+    body = []
+    for row in table.to_dict("records"):
+        change = row["change"]
+        verdict = "**regression**" if row["regression"] else "ok"
+        if row["why"]:
+            verdict += f" ({row['why']})"
+        if isinstance(row.get("mismatch"), str) and row["mismatch"]:
+            verdict += f"; ≠ {row['mismatch']}"
+        body.append(
+            [
+                cell_label(row, keys),
+                str(row["metric"]),
+                _num(row["ref"]),
+                _num(row["new"]),
+                "–"
+                if change is None or (isinstance(change, float) and math.isnan(change))
+                else f"{100 * change:+.1f}%",
+                f"{row['n_ref']} → {row['n_new']}",
+                verdict,
+            ]
+        )
+    return _md(headers, body)
+
+
+def markdown(result: Comparison, new_label: str, ref_label: str, threshold: float) -> str:
+    t = result.table
+    regressions = result.regressions
+    matched = t[list(result.keys)].drop_duplicates().shape[0] if len(t) else 0
+    lines = [
+        "# Comparison",
+        "",
+        f"New: `{new_label}`; reference: `{ref_label}`. Matched on {', '.join(result.keys)}; "
+        f"a regression is a change past {100 * threshold:g}% in the bad direction (with ≥ "
+        f"{MIN_REPEATS_FOR_TEST} repeats on both sides, also a one-sided Mann–Whitney U p ≤ {ALPHA}).",
+        "",
+        f"**{len(regressions)} regression(s)** in {matched} matched cell(s).",
+    ]
+    if result.notes:
+        lines += ["", *[f"- {n}" for n in result.notes]]
+    if len(regressions):
+        lines += ["", "## Regressions", "", *_rows_md(regressions, result.keys)]
+    if len(t):
+        numeric = t[t["metric"] != "status"]
+        summary = []
+        for metric, group in numeric.groupby("metric", sort=False):
+            change = pd.to_numeric(group["change"], errors="coerce")
+            summary.append(
+                [
+                    str(metric),
+                    str(len(group)),
+                    f"{100 * change.median():+.1f}%",
+                    f"{100 * change.min():+.1f}%",
+                    f"{100 * change.max():+.1f}%",
+                    str(int(group["regression"].sum())),
+                ]
+            )
+        lines += [
+            "",
+            "## By metric",
+            "",
+            *_md(["metric", "cells", "median change", "min", "max", "regressions"], summary),
+        ]
+        if len(t) <= FULL_TABLE_ROWS:
+            lines += ["", "## Every cell", "", *_rows_md(t, result.keys)]
+        else:
+            lines += ["", f"Every cell and metric ({len(t):,} rows) is in compare.csv."]
+    for label, frame in (
+        ("Only in the new run", result.only_new),
+        ("Only in the reference", result.only_ref),
+    ):
+        if len(frame):
+            shown = frame.head(FULL_TABLE_ROWS)
+            lines += [
+                "",
+                f"## {label} ({len(frame)})",
+                "",
+                *_md(["cell"], [[cell_label(r, result.keys)] for r in shown.to_dict("records")]),
+            ]
+            if len(frame) > len(shown):
+                lines.append(f"... and {len(frame) - len(shown)} more")
+    return "\n".join(lines) + "\n"
+
+
+def plots(result: Comparison, folder: Path, threshold: float) -> list[Path]:
+    """One scatter per metric: reference (x) against new (y), the threshold band around y = x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    t = result.table
+    for metric in result.metrics:
+        sub = t[t["metric"] == metric]
+        if sub.empty:
+            continue
+        x = sub["ref"].astype(float)
+        y = sub["new"].astype(float)
+        fig, ax = plt.subplots(figsize=(6.5, 6), dpi=110)
+        hi = float(max(x.max(), y.max())) * 1.08
+        lo = 0.0
+        line = [lo, hi]
+        ax.plot(line, line, color="grey", linewidth=1, label="no change")
+        ax.fill_between(
+            line,
+            [v * (1 - threshold) for v in line],
+            [v * (1 + threshold) for v in line],
+            color="grey",
+            alpha=0.12,
+            label=f"±{100 * threshold:g}%",
+        )
+        colors = ["firebrick" if r else "tab:blue" for r in sub["regression"]]
+        ax.scatter(x, y, c=colors, s=28, zorder=3)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel(f"reference: {metric}")
+        ax.set_ylabel(f"new: {metric}")
+        better = "higher is better" if direction(metric) == "higher" else "lower is better"
+        ax.set_title(f"{metric} ({better}); red: regression", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+        fig.tight_layout()
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"compare-{metric}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write(
+    result: Comparison,
+    output: Path,
+    new_label: str,
+    ref_label: str,
+    threshold: float,
+    *,
+    with_plots: bool = True,
+) -> list[Path]:
+    output.mkdir(parents=True, exist_ok=True)
+    csv_path = output / "compare.csv"
+    write_atomic(csv_path, result.table.to_csv(index=False))
+    md_path = output / "compare.md"
+    write_atomic(md_path, markdown(result, new_label, ref_label, threshold))
+    written = [csv_path, md_path]
+    if with_plots:
+        written += plots(result, output / "plots", threshold)
+    return written

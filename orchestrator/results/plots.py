@@ -1,0 +1,828 @@
+"""The report's plots (matplotlib, headless PNG).
+
+Each plot stays readable whatever the table: bars are horizontal with one
+labelled row per cell; a label names what tells its cell apart from the others
+(long ones wrap), and the figure is sized to its labels and legends, so that
+nothing falls off the image. With more cells than fit, each scenario keeps its
+highest and the title says how many are shown (every cell is in
+benchmarks.csv).
+
+Colours: bars of finished cells take their scenario's colour (a palette with
+no red, orange, green or grey); a cell without a figure is marked by its status
+in the status's colour: ok green, likely OOM orange, oom deep orange, failed
+red, timeout and interrupted grey.
+
+A plot with nothing to draw is not written; ``write_all`` says why in
+``report.plot_notes``, which summary.md lists.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import json
+import math
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+
+from orchestrator.matrix.ids import model_short_name
+from orchestrator.results.report import LIKELY_OOM_FRACTION, config_columns, shows_hf_estimate
+
+if TYPE_CHECKING:
+    from orchestrator.results.report import Report
+
+MAX_BARS = 60
+MAX_LINES = 12
+GIB = 2**30
+DPI = 110
+#: lines of the line plots (one per family or cell)
+COLORS = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]
+#: bars, one colour per scenario: no red, orange, green or grey, which statuses use
+SCENARIO_COLORS = (
+    "#1f77b4",
+    "#9467bd",
+    "#17becf",
+    "#8c564b",
+    "#bcbd22",
+    "#393b79",
+    "#7b4173",
+    "#6baed6",
+)
+#: what a status looks like, by meaning; ``likely_oom``: failed without metrics, memory full
+STATUS_COLORS = {
+    "ok": "#2e7d32",
+    "skipped": "#2e7d32",
+    "likely_oom": "#ef6c00",
+    "oom": "#d84315",
+    "failed": "#c62828",
+    "timeout": "#616161",
+    "interrupted": "#757575",
+    "planned": "#90a4ae",
+}
+UNKNOWN_STATUS_COLOR = "#616161"
+#: a status by its bar; the legend says more (``STATUS_LEGEND``)
+STATUS_LABELS = {
+    "ok": "ok, no figure",
+    "skipped": "ok, no figure",
+    "likely_oom": "likely OOM",
+    "oom": "OOM",
+}
+STATUS_LEGEND = {
+    **STATUS_LABELS,
+    "likely_oom": f"likely OOM: failed, no metrics, memory ≥ {100 * LIKELY_OOM_FRACTION:.0f}% "
+    "of the device",
+    "oom": "OOM: out of memory",
+}
+#: a mix of repeats' statuses takes the colour of the first of these it has
+_SEVERITY = ("oom", "failed", "timeout", "interrupted", "planned")
+#: a label's lines, in characters
+WRAP = 56
+#: the width of the bars' axes, inches
+AXES_WIDTH_IN = 7.0
+
+
+def status_kind(status: str, likely_oom: bool = False) -> str:
+    """The kind a cell's status colours as: its status, ``likely_oom``, or a mix's worst."""
+    if likely_oom:
+        return "likely_oom"
+    parts = {p.split("×")[0] for p in str(status).split()}
+    if parts <= {"ok", "skipped"}:
+        return "ok"
+    for kind in _SEVERITY:
+        if kind in parts:
+            return kind
+    return next(iter(parts)) if len(parts) == 1 else "failed"
+
+
+def status_color(kind: str) -> str:
+    return STATUS_COLORS.get(kind, UNKNOWN_STATUS_COLOR)
+
+
+def is_reddish(color: str) -> bool:
+    """Red to orange: hue within 40° of red, saturated."""
+    hue, lightness, saturation = colorsys.rgb_to_hls(*to_rgb(color))
+    return (hue < 40 / 360 or hue > 340 / 360) and saturation > 0.4 and 0.2 < lightness < 0.8
+
+
+def _number(value: float) -> str:
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def _missing(value: Any) -> bool:
+    if value is None:
+        return True
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _value_text(value: Any) -> str:
+    if _missing(value):
+        return "none"
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else f"{value:g}"
+    return str(value)
+
+
+def _part(column: str, cell: pd.Series) -> str:
+    """One labelled part of a cell's label."""
+    value = cell.get(column)
+    unit = "proc" if cell.get("device") == "cpu" else "GPU"
+    if column == "model_name_or_path":
+        return model_short_name(str(value))
+    if column == "framework_config":
+        return str(value)
+    if column == "num_gpus":
+        return f"{_value_text(value)} {unit}" if not _missing(value) else f"? {unit}"
+    if column == "effective_batch_size":
+        return f"eb {_value_text(value)}"
+    if column == "per_device_train_batch_size":
+        return f"bs {_value_text(value)}/{unit}"
+    if column == "gradient_accumulation_steps":
+        return f"accum {_value_text(value)}"
+    if column == "max_seq_len":
+        return f"seq {_value_text(value)}"
+    if column == "peft_method":
+        return "no PEFT" if _value_text(value) == "none" else str(value)
+    if column == "packing":
+        return {"true": "packed", "false": "unpacked"}.get(_value_text(value).lower(), "packing ?")
+    if column == "learning_rate":
+        return f"lr {_value_text(value)}"
+    return f"{column}={_value_text(value)}"
+
+
+def _label_columns(cells: pd.DataFrame) -> list[str]:
+    """Model, framework and GPU count, then each column that tells more cells apart.
+
+    A column joins the label only when it splits cells the label so far does not
+    (within a scenario): LoRA's rank is left out where the PEFT method already
+    says it, the learning rate where the framework already does.
+    """
+    base = ["model_name_or_path", "framework_config", "num_gpus"]
+    candidates = [
+        "effective_batch_size",
+        "per_device_train_batch_size",
+        "peft_method",
+        "max_seq_len",
+        "torch_dtype",
+        "packing",
+        "gradient_accumulation_steps",
+        *config_columns(cells),
+    ]
+    text = cells.astype(object).map(_value_text)
+    chosen = [c for c in base if c in cells.columns]
+
+    def distinct(columns: list[str]) -> int:
+        return len(text[["scenario", *columns]].drop_duplicates())
+
+    count = distinct(chosen)
+    for column in candidates:
+        if column not in cells.columns or column in chosen:
+            continue
+        more = distinct([*chosen, column])
+        if more > count:
+            chosen.append(column)
+            count = more
+    return chosen
+
+
+def _fill(pieces: Sequence[str], width: int) -> list[str]:
+    lines: list[str] = []
+    for piece in pieces:
+        if lines and len(lines[-1]) + 3 + len(piece) <= width:
+            lines[-1] += " · " + piece
+        else:
+            lines.append(piece)
+    return lines
+
+
+def _wrap(parts: Sequence[str], width: int = WRAP) -> str:
+    """Parts joined by `` · ``, in as few lines of at most about ``width`` characters as
+    it takes, of even length (a lone last word on a line of its own reads badly)."""
+    pieces = [piece for part in parts for piece in (textwrap.wrap(part, width) or [part])]
+    fewest = len(_fill(pieces, width))
+    shortest = max(len(" · ".join(pieces)) // fewest, *(len(p) for p in pieces))
+    for target in range(shortest, width + 1):
+        lines = _fill(pieces, target)
+        if len(lines) <= fewest:
+            return "\n".join(lines)
+    return "\n".join(_fill(pieces, width))
+
+
+def labels(cells: pd.DataFrame) -> list[str]:
+    """One label per cell, wrapped to lines of about ``WRAP`` characters."""
+    columns = _label_columns(cells)
+    return [_wrap([_part(c, cell) for c in columns]) for _, cell in cells.iterrows()]
+
+
+def _select(cells: pd.DataFrame, values: pd.Series) -> tuple[pd.DataFrame, str]:
+    """At most MAX_BARS cells, the highest of each scenario when there are more."""
+    if len(cells) <= MAX_BARS:
+        return cells, ""
+    per = max(1, MAX_BARS // max(1, cells["scenario"].nunique()))
+    picked = (
+        cells.assign(_rank=values.fillna(-math.inf))
+        .sort_values("_rank", ascending=False, kind="stable")
+        .groupby("scenario", sort=False)
+        .head(per)
+        .drop(columns="_rank")
+    )
+    return picked, (
+        f" — the {per} highest per scenario, {len(picked)} of {len(cells)} cells "
+        "(all are in benchmarks.csv)"
+    )
+
+
+def _ordered(cells: pd.DataFrame) -> pd.DataFrame:
+    """Scenarios in file order; within one, by model, framework and GPU count."""
+    order = {s: i for i, s in enumerate(dict.fromkeys(cells["scenario"]))}
+    keys = [
+        "_s",
+        *[
+            k
+            for k in (
+                "model_name_or_path",
+                "framework_config",
+                "num_gpus",
+                "effective_batch_size",
+                "per_device_train_batch_size",
+            )
+            if k in cells.columns
+        ],
+    ]
+    return (
+        cells.assign(_s=cells["scenario"].map(order))
+        .sort_values(keys, kind="stable")
+        .drop(columns="_s")
+    )
+
+
+def _scenario_name(scenario: Any) -> str:
+    return str(scenario) if str(scenario) not in ("", "nan", "None") else "(no scenario)"
+
+
+def bar_figure(
+    cells: pd.DataFrame,
+    metric: str,
+    *,
+    scale: float,
+    xlabel: str,
+    title: str,
+    whiskers: tuple[str, str] | None = None,
+    vline: tuple[float, str] | None = None,
+    failed_metric: str | None = None,
+) -> Figure:
+    """Horizontal bars of ``metric`` per cell, the figure sized to fit every text in it.
+
+    ``failed_metric``: a column whose value is drawn, hatched in the status's colour,
+    for a cell that did not finish (the memory a failed run reached).
+    """
+    cells = _ordered(cells).reset_index(drop=True)
+    likely = (
+        cells["likely_oom"].fillna(False).astype(bool)
+        if "likely_oom" in cells.columns
+        else pd.Series(False, index=cells.index)
+    )
+    kinds = [status_kind(s, lo) for s, lo in zip(cells["status"].astype(str), likely, strict=True)]
+    names = [_scenario_name(s) for s in cells["scenario"]]
+    scenarios = list(dict.fromkeys(names))
+    texts = labels(cells)
+    lines = max(t.count("\n") + 1 for t in texts)
+    row_in = max(0.3, 0.15 * lines + 0.12)
+
+    fig = plt.figure(figsize=(12, 4), dpi=DPI)
+    ax = fig.add_subplot()
+    y = list(range(len(cells)))[::-1]
+    values = (pd.to_numeric(cells[metric], errors="coerce") / scale).tolist()
+    fallback = (
+        (pd.to_numeric(cells[failed_metric], errors="coerce") / scale).tolist()
+        if failed_metric and failed_metric in cells.columns
+        else [math.nan] * len(cells)
+    )
+    shown_kinds: list[str] = []
+    value_texts = []
+    finite = [v for v in [*values, *fallback] if not math.isnan(v)]
+    top = max(finite) if finite else 1.0
+    statuses = cells["status"].astype(str).tolist()
+    lo = hi = [math.nan] * len(cells)
+    if whiskers is not None:
+        lo = (pd.to_numeric(cells[whiskers[0]], errors="coerce") / scale).tolist()
+        hi = (pd.to_numeric(cells[whiskers[1]], errors="coerce") / scale).tolist()
+    for yi, v, v_failed, kind, name, status, v_hi in zip(
+        y, values, fallback, kinds, names, statuses, hi, strict=True
+    ):
+        if not math.isnan(v):
+            color = SCENARIO_COLORS[scenarios.index(name) % len(SCENARIO_COLORS)]
+            ax.barh(yi, v, color=color, height=0.7)
+            # a figure of the finished repeats of a cell some of whose repeats did not finish
+            mix = f" ({status})" if "×" in status else ""
+            value_texts.append(
+                ax.text(
+                    (v if math.isnan(v_hi) else max(v, v_hi)) + top * 0.01,
+                    yi,
+                    _number(v) + mix,
+                    va="center",
+                    ha="left",
+                    fontsize=7,
+                    zorder=4,
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85},
+                )
+            )
+            continue
+        label = STATUS_LABELS.get(kind, kind.replace("_", " "))
+        if kind not in shown_kinds:
+            shown_kinds.append(kind)
+        if not math.isnan(v_failed):
+            ax.barh(
+                yi,
+                v_failed,
+                color="white",
+                edgecolor=status_color(kind),
+                hatch="///",
+                height=0.7,
+            )
+            text, x = f"{_number(v_failed)} · {label}", v_failed + top * 0.01
+        else:
+            text, x = label, top * 0.01
+        value_texts.append(
+            ax.text(
+                x,
+                yi,
+                text,
+                va="center",
+                ha="left",
+                color=status_color(kind),
+                fontsize=7.5,
+                fontweight="bold",
+                zorder=4,
+                # the capacity line passes behind the text, not through it
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85},
+            )
+        )
+    for yi, a, b in zip(y, lo, hi, strict=True):
+        if not (math.isnan(a) or math.isnan(b)) and b > a:
+            ax.plot([a, b], [yi, yi], color="black", linewidth=1)
+    if vline is not None:
+        ax.axvline(vline[0], color="#b71c1c", linestyle="--", linewidth=1)
+        ax.text(
+            vline[0],
+            1.0,
+            f"{vline[1]} ",
+            color="#b71c1c",
+            fontsize=8,
+            va="bottom",
+            ha="right",
+            transform=ax.get_xaxis_transform(),
+        )
+        top = max(top, vline[0])
+    ax.set_yticks(y)
+    ax.set_yticklabels(texts, fontsize=8)
+    ax.set_ylim(-0.6, len(cells) - 0.4)
+    ax.set_xlim(0, top * 1.05)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    legends = []
+    if len(scenarios) > 1 or scenarios[0] != "(no scenario)":
+        handles = [
+            Patch(color=SCENARIO_COLORS[i % len(SCENARIO_COLORS)]) for i in range(len(scenarios))
+        ]
+        legends.append(
+            ax.legend(handles, scenarios, title="scenario", fontsize=8, loc="upper left")
+        )
+    if shown_kinds:
+        if legends:
+            ax.add_artist(legends[0])
+        handles = [
+            Patch(facecolor="white", edgecolor=status_color(k), hatch="///") for k in shown_kinds
+        ]
+        legends.append(
+            ax.legend(
+                handles,
+                [STATUS_LEGEND.get(k, k.replace("_", " ")) for k in shown_kinds],
+                title="status",
+                fontsize=8,
+                loc="upper left",
+            )
+        )
+    title_artist = fig.suptitle(title, fontsize=11, x=0.01, ha="left", y=0.99, va="top")
+    _fit(fig, ax, legends, title_artist, value_texts, rows=len(cells), row_in=row_in)
+    return fig
+
+
+def _fit(
+    fig: Figure,
+    ax: Any,
+    legends: list[Any],
+    title: Any,
+    value_texts: list[Any],
+    *,
+    rows: int,
+    row_in: float,
+) -> None:
+    """Size the figure to its texts: the labels on the left, legends on the right,
+    the title above (wrapped to the figure's width), the value texts inside the axes."""
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    dpi = fig.dpi
+
+    def inches(artist: Any) -> tuple[float, float]:
+        box = artist.get_window_extent(renderer)
+        return box.width / dpi, box.height / dpi
+
+    label_w = max((inches(t)[0] for t in ax.get_yticklabels() if t.get_text()), default=0.0)
+    legend_sizes = [inches(legend) for legend in legends]
+    legend_w = max((w for w, _ in legend_sizes), default=0.0)
+    legend_h = sum(h for _, h in legend_sizes) + 0.15 * max(0, len(legends) - 1)
+    pad, gap = 0.15, 0.12
+    left_in = pad + label_w + gap
+    right_in = (gap + legend_w + pad) if legends else pad + 0.1
+    width = left_in + AXES_WIDTH_IN + right_in
+    # the title wraps to the figure's width
+    title_w = inches(title)[0]
+    if title_w > width - 2 * pad:
+        chars = max(20, int(len(title.get_text()) * (width - 2 * pad) / title_w) - 2)
+        title.set_text(textwrap.fill(title.get_text(), chars))
+    title_h = inches(title)[1]
+    top_in = pad + title_h + 0.3
+    # the tick labels, then the axis label (one line or more)
+    bottom_in = 0.45 + inches(ax.xaxis.label)[1] + pad
+    axes_h = max(rows * row_in, legend_h + 0.1, 1.0)
+    height = top_in + axes_h + bottom_in
+    fig.set_size_inches(width, height)
+    fig.subplots_adjust(
+        left=left_in / width,
+        right=1 - right_in / width,
+        top=1 - top_in / height,
+        bottom=bottom_in / height,
+    )
+    # legends stacked at the right of the axes, from its top
+    offset = 0.0
+    for legend, (_, h) in zip(legends, legend_sizes, strict=True):
+        legend.set_bbox_to_anchor((1 + gap / AXES_WIDTH_IN, 1 - offset / axes_h), ax.transAxes)
+        offset += h + 0.15
+    title.set_y(1 - pad / height)
+    # room at the right of the bars for their value texts
+    axes_px = AXES_WIDTH_IN * dpi
+    xmax = ax.get_xlim()[1]
+    for t in value_texts:
+        x = t.get_position()[0]
+        w = t.get_window_extent(renderer).width + 4
+        if w < axes_px:
+            xmax = max(xmax, x * axes_px / (axes_px - w))
+    ax.set_xlim(0, xmax)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _legend_below(fig: Any, ax: Any, entries: int) -> None:
+    """The legend under the axes, where it cannot hide a line."""
+    height = fig.get_figheight()
+    legend_in = 0.2 * entries + 0.3
+    fig.subplots_adjust(
+        left=0.08, right=0.97, top=1 - 0.45 / height, bottom=(legend_in + 0.75) / height
+    )
+    ax.legend(
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.75 / (height - legend_in - 1.2)),
+        ncol=1,
+        frameon=False,
+    )
+
+
+def _widen_to_legend(fig: Any, ax: Any) -> None:
+    """A legend wider than the figure widens the figure."""
+    legend = ax.get_legend()
+    if legend is None:
+        return
+    renderer = fig.canvas.get_renderer()
+    needed = legend.get_window_extent(renderer).width / fig.dpi + 0.4
+    if needed > fig.get_figwidth():
+        fig.set_size_inches(needed, fig.get_figheight())
+
+
+def _workers(frame: pd.DataFrame) -> str:
+    """What a cell's num_gpus counts: GPUs, processes (CPU), or both in one table."""
+    devices = set(frame["device"].dropna().astype(str)) if "device" in frame.columns else set()
+    if devices == {"cpu"}:
+        return "processes"
+    if "cpu" in devices:
+        return "GPUs (processes on the CPU)"
+    return "GPUs"
+
+
+def throughput_figure(cells: pd.DataFrame) -> Figure | None:
+    """Measured tokens/s per cell; None when no cell has one."""
+    values = pd.to_numeric(cells["tokens_per_second_global"], errors="coerce")
+    if values.isna().all():
+        return None
+    shown, note = _select(cells, values)
+    return bar_figure(
+        shown,
+        "tokens_per_second_global",
+        scale=1.0,
+        xlabel=f"measured tokens per second, all {_workers(shown)} (real tokens, median over "
+        "repeats; bars: min–max)",
+        title="Throughput per cell" + note,
+        whiskers=("tokens_per_second_global_min", "tokens_per_second_global_max"),
+    )
+
+
+def hf_estimate_figure(cells: pd.DataFrame) -> Figure | None:
+    """HF Trainer's tokens/s estimate per cell, apart from measured throughput."""
+    if "train_tokens_per_second" not in cells.columns:
+        return None
+    values = pd.to_numeric(cells["train_tokens_per_second"], errors="coerce")
+    if values.isna().all():
+        return None
+    shown, note = _select(cells, values)
+    return bar_figure(
+        shown,
+        "train_tokens_per_second",
+        scale=1.0,
+        xlabel="HF Trainer's train_tokens_per_second: per GPU, padding included, "
+        "estimated from the first batch × steps",
+        title="HF Trainer's throughput estimate per cell (not measured; not comparable "
+        "with measured tokens/s)" + note,
+    )
+
+
+def _sources(frame: pd.DataFrame, mask: pd.Series) -> str:
+    if "peak_memory_source" not in frame.columns:
+        return ""
+    return " / ".join(sorted(frame.loc[mask, "peak_memory_source"].dropna().astype(str).unique()))
+
+
+def memory_figure(
+    cells: pd.DataFrame, capacity: Any = None, rows: pd.DataFrame | None = None
+) -> Figure | None:
+    """Peak memory per cell, and the memory failed cells reached, against the capacity.
+
+    ``rows``: when given, and the failed runs' memory comes from another source than
+    the finished ones' (the predecessor: HF's figure for these, NVML's for those),
+    the axis says which is which.
+    """
+    peak = pd.to_numeric(cells["peak_memory_bytes"], errors="coerce")
+    failed = (
+        pd.to_numeric(cells["failed_peak_memory_bytes"], errors="coerce")
+        if "failed_peak_memory_bytes" in cells.columns
+        else pd.Series(math.nan, index=cells.index)
+    )
+    values = peak.fillna(failed)
+    if values.isna().all():
+        return None
+    shown, note = _select(cells, values)
+    vline = None
+    if capacity is not None:
+        what = "device memory" if capacity.gpu else "machine memory"
+        gib = f"{capacity.bytes / GIB:.1f}".removesuffix(".0")
+        vline = (capacity.bytes / GIB, f"{what} {gib} GiB")
+    xlabel = {
+        "processes": "peak memory per process, GiB",
+        "GPUs": "peak memory per device, GiB",
+    }.get(_workers(shown), "peak memory per device (per process on the CPU), GiB")
+    if failed.notna().any():
+        xlabel += "; hatched: the memory a run that did not finish reached"
+        if rows is not None and "failed_peak_memory_bytes" in rows.columns:
+            finished = _sources(cells, peak.notna())
+            unfinished = _sources(rows, rows["failed_peak_memory_bytes"].notna())
+            if finished and unfinished and finished != unfinished:
+                xlabel += f"\nsources differ: bars {finished}; hatched {unfinished}"
+    return bar_figure(
+        shown,
+        "peak_memory_bytes",
+        scale=GIB,
+        xlabel=xlabel,
+        title="Peak memory per cell" + note,
+        vline=vline,
+        failed_metric="failed_peak_memory_bytes",
+    )
+
+
+def scaling_plot(table: pd.DataFrame, path: Path) -> Path | None:
+    fig = scaling_figure(table)
+    return None if fig is None else _save(fig, path)
+
+
+def scaling_figure(table: pd.DataFrame) -> Figure | None:
+    """Scaling efficiency against the GPU (process) count; None without a family."""
+    if table.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 5.5 + 0.2 * min(len(table), MAX_LINES)), dpi=DPI)
+    keys = [
+        k
+        for k in (
+            "scenario",
+            "model_name_or_path",
+            "framework_config",
+            "effective_batch_size",
+            "max_seq_len",
+            "peft_method",
+        )
+        if k in table.columns
+    ]
+    families = list(table.groupby(keys, sort=False, dropna=False))
+    shown = families[:MAX_LINES]
+    counts: set[int] = set()
+    for i, (key, group) in enumerate(shown):
+        group = group.sort_values("num_gpus")
+        parts: dict[str, Any] = dict(
+            zip(keys, key if isinstance(key, tuple) else (key,), strict=True)
+        )
+        label = " · ".join(
+            str(v)
+            for v in (
+                parts.get("scenario"),
+                model_short_name(str(parts.get("model_name_or_path"))),
+                parts.get("framework_config"),
+                f"eb {int(parts['effective_batch_size'])}"
+                if pd.notna(parts.get("effective_batch_size"))
+                else None,
+            )
+            if v
+        )
+        if int(group["base_num_gpus"].iloc[0]) > min(int(n) for n in table["num_gpus"]):
+            label += f" (relative to {int(group['base_num_gpus'].iloc[0])})"
+        ax.plot(
+            group["num_gpus"],
+            100 * group["scaling_efficiency"],
+            marker="o",
+            color=COLORS[i % len(COLORS)],
+            linestyle=("-", "--", ":", "-.")[(i // len(COLORS)) % 4],
+            label=label,
+        )
+        counts.update(int(n) for n in group["num_gpus"])
+    ax.axhline(100, color="grey", linestyle="--", linewidth=1)
+    ax.text(max(counts), 101, "ideal ", color="grey", fontsize=8, ha="right", va="bottom")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(counts))
+    ax.set_xticklabels([str(c) for c in sorted(counts)])
+    workers = _workers(table)
+    ax.set_xlabel(workers)
+    ax.set_ylabel("scaling efficiency, % (speedup / ideal speedup)")
+    extra = f" ({len(shown)} of {len(families)} families)" if len(families) > len(shown) else ""
+    counted = "process count" if workers == "processes" else "GPU count"
+    ax.set_title(f"Scaling efficiency vs {counted}" + extra, fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.set_ylim(0, max(110, float(100 * table["scaling_efficiency"].max()) + 10))
+    _legend_below(fig, ax, len(shown))
+    _widen_to_legend(fig, ax)
+    return fig
+
+
+def _loss_curves(rows: pd.DataFrame, source: Path) -> tuple[list[tuple[pd.Series, Any]], int]:
+    """The loss history of each cell's first finished run (at most MAX_LINES), and how
+    many finished cells there are."""
+    runs = source / "runs"
+    if not runs.is_dir():
+        return [], 0
+    ok = (
+        rows[rows["status"].isin(["ok", "skipped"])]
+        .sort_values("repeat")
+        .drop_duplicates("cell_id")
+    )
+    curves: list[tuple[pd.Series, Any]] = []
+    for _, row in ok.iterrows():
+        if len(curves) == MAX_LINES:
+            break  # reading thousands of result files for lines nobody could tell apart
+        try:
+            result = json.loads((runs / str(row["experiment_id"]) / "result.json").read_text())
+        except (OSError, ValueError):
+            continue
+        history = result.get("loss_history") or []
+        if history:
+            curves.append((row, history))
+    return curves, len(ok)
+
+
+def loss_curves(rows: pd.DataFrame, source: Path, path: Path) -> Path | None:
+    """Loss per step of each cell's first finished run (read from its result.json)."""
+    curves, finished = _loss_curves(rows, source)
+    if not curves:
+        return None
+    shown = curves[:MAX_LINES]
+    columns = [c for c in _label_columns(rows) if c in rows.columns]
+    fig, ax = plt.subplots(figsize=(10, 5.5 + 0.2 * len(shown)), dpi=DPI)
+    for i, (row, history) in enumerate(shown):
+        steps = [h[0] for h in history]
+        values = [h[1] for h in history]
+        ax.plot(
+            steps,
+            values,
+            color=COLORS[i % len(COLORS)],
+            # identical curves (the same seed and data) stay apart by marker and dash
+            linestyle=("-", "--", ":", "-.")[i % 4],
+            marker="osd^v<>"[i % 7] if len(steps) <= 40 else None,
+            markersize=4,
+            linewidth=1.2,
+            label=f"{_scenario_name(row['scenario'])} · "
+            + " · ".join(_part(c, row) for c in columns),
+        )
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    extra = f" (the first {len(shown)} of {finished} cells)" if finished > len(shown) else ""
+    ax.set_title("Loss curves" + extra, fontsize=11)
+    ax.grid(alpha=0.3)
+    _legend_below(fig, ax, len(shown))
+    _widen_to_legend(fig, ax)
+    return _save(fig, path)
+
+
+#: the files ``write_all`` writes into the plots folder
+PLOT_NAMES = (
+    "throughput.png",
+    "throughput_hf_estimate.png",
+    "memory.png",
+    "scaling.png",
+    "loss.png",
+)
+
+
+def write_all(report: Report, folder: Path, *, source: Path | None = None) -> list[Path]:
+    """Every plot there is something to draw for; ``report.plot_notes`` gets a line per
+    plot, what it shows or why it was not drawn. A plot of ``PLOT_NAMES`` not drawn
+    this time is removed, so that none is left from an earlier report."""
+    written: list[Path] = []
+    notes = report.plot_notes
+    cells = report.cells
+    if cells.empty:
+        notes.append("no plots: the source has no cells")
+        return written
+
+    def name(path: Path) -> str:
+        return f"`plots/{path.name}`"
+
+    path = folder / "throughput.png"
+    figure = throughput_figure(cells)
+    if figure is not None:
+        written.append(_save(figure, path))
+        notes.append(f"{name(path)}: measured tokens/s per cell")
+    else:
+        notes.append(f"{name(path)}: not drawn, no cell has a measured tokens/s")
+    path = folder / "throughput_hf_estimate.png"
+    if shows_hf_estimate(cells):
+        figure = hf_estimate_figure(cells)
+        if figure is not None:
+            written.append(_save(figure, path))
+            notes.append(
+                f"{name(path)}: HF Trainer's estimate (`train_tokens_per_second`), drawn apart "
+                "from measured throughput"
+            )
+    path = folder / "memory.png"
+    figure = memory_figure(cells, report.capacity, report.rows)
+    if figure is not None:
+        written.append(_save(figure, path))
+        hatched = (
+            "failed_peak_memory_bytes" in cells.columns
+            and cells["failed_peak_memory_bytes"].notna().any()
+        )
+        notes.append(
+            f"{name(path)}: peak memory per cell"
+            + ("; hatched, the memory a failed run reached" if hatched else "")
+        )
+    else:
+        notes.append(f"{name(path)}: not drawn, no cell has a memory figure")
+    path = folder / "scaling.png"
+    scaled = scaling_plot(report.scaling, path)
+    if scaled is not None:
+        written.append(scaled)
+        notes.append(f"{name(path)}: scaling efficiency against the GPU count")
+    else:
+        notes.append(
+            f"{name(path)}: not drawn, no family of cells has a measured tokens/s at two or "
+            "more GPU counts"
+        )
+    path = folder / "loss.png"
+    loss = loss_curves(report.rows, source, path) if source is not None else None
+    if loss is not None:
+        written.append(loss)
+        notes.append(f"{name(path)}: loss per optimizer step")
+    else:
+        notes.append(
+            f"{name(path)}: not drawn, no finished run left a loss history"
+            + ("" if source is not None and (source / "runs").is_dir() else " (no runs/ folder)")
+        )
+    # a plot an earlier report drew and this one does not would show figures of then
+    for stale in PLOT_NAMES:
+        if folder / stale not in written:
+            (folder / stale).unlink(missing_ok=True)
+    return written

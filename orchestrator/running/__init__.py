@@ -1,0 +1,1 @@
+"""Stage 3: a plan run through an executor: the results folder, the order, progress and ETA."""

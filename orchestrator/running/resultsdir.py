@@ -1,0 +1,145 @@
+"""Opening a results folder for a run: a lock, and nothing of an earlier run lost.
+
+- A lock file (``RESULT_DIR/.lock``, ``flock``) keeps two orchestrators from
+  writing one folder; the second gets a one-line error naming the first.
+- Without resume, the outputs of an earlier run are moved aside to
+  ``RESULT_DIR.<timestamp>/`` before anything is written, never deleted. The
+  prepared-data cache (``data/``) and the history of runs (``history.sqlite``)
+  stay, since later runs use them, and so do dotfiles such as ``.gitkeep``.
+- A folder that is not empty but holds no tunematrix outputs (``--results .``
+  by mistake, say) is refused rather than reorganised.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.contract.errors import UserError
+from orchestrator.contract.layout import ResultsLayout
+
+#: What a run writes at the top of its folder (the data cache stays put).
+RUN_OUTPUTS = (
+    "env.json",
+    "plan.csv",
+    "raw_summary.csv",
+    "benchmarks.csv",
+    "summary.md",
+    "plots",
+    "runs",
+    "scaling.csv",
+    "compare.csv",
+    "compare.md",
+)
+#: kept in place across runs: the prepared-data cache and the history of runs
+KEEP = ("data", "history.sqlite")
+
+
+@dataclass(frozen=True)
+class OpenedResults:
+    layout: ResultsLayout
+    #: where an earlier run's outputs went, if they were moved
+    moved_to: Path | None
+
+
+def _entries(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
+
+
+def _lock(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = ""
+        try:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        except OSError:
+            pass
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            by = f" (pid {holder})" if holder else ""
+            raise UserError(
+                f"results folder {path.parent} is in use by another tunematrix run{by}; "
+                "wait for it or choose another --results"
+            ) from None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def _aside_name(root: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate = root.with_name(f"{root.name}.{stamp}")
+    n = 1
+    while candidate.exists():
+        candidate = root.with_name(f"{root.name}.{stamp}-{n}")
+        n += 1
+    return candidate
+
+
+def move_aside(root: Path) -> Path | None:
+    """Move an earlier run's outputs to ``root.<timestamp>/``; None if there were none."""
+    present = [name for name in RUN_OUTPUTS if (root / name).exists()]
+    if not present:
+        return None
+    target = _aside_name(root)
+    target.mkdir()
+    for name in present:
+        os.rename(root / name, target / name)
+    return target
+
+
+@contextmanager
+def open_results(root: Path, *, resume: bool) -> Iterator[OpenedResults]:
+    """Lock ``root`` for a run; without ``resume``, move an earlier run aside first."""
+    if root.exists() and not root.is_dir():
+        raise UserError(f"results folder {root} exists and is not a folder")
+    root.mkdir(parents=True, exist_ok=True)
+    if not os.access(root, os.W_OK):
+        raise UserError(f"results folder {root} is not writable")
+    fd = _lock(root / ".lock")
+    try:
+        entries = _entries(root)
+        known = set(RUN_OUTPUTS) | set(KEEP)
+        if entries and not known & set(entries):
+            raise UserError(
+                f"results folder {root} is not empty and holds no tunematrix results "
+                f"({', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); "
+                "choose an empty or new folder"
+            )
+        moved = None if resume else move_aside(root)
+        yield OpenedResults(layout=ResultsLayout(root), moved_to=moved)
+    finally:
+        os.close(fd)
+
+
+def previous_attempt_dir(run_dir: Path) -> Path:
+    """A fresh ``attempts/<n>`` folder inside a run folder for its earlier files."""
+    attempts = run_dir / "attempts"
+    n = 1
+    while (attempts / str(n)).exists():
+        n += 1
+    return attempts / str(n)
+
+
+def keep_previous_attempt(run_dir: Path) -> Path | None:
+    """Move the files of an earlier, unfinished attempt into ``attempts/<n>/``."""
+    if not run_dir.is_dir():
+        return None
+    files = [p for p in run_dir.iterdir() if p.name != "attempts"]
+    if not files:
+        return None
+    target = previous_attempt_dir(run_dir)
+    target.mkdir(parents=True)
+    for path in files:
+        shutil.move(str(path), target / path.name)
+    return target

@@ -1,0 +1,1 @@
+"""The child's training data: read, tokenized, cached and collated."""

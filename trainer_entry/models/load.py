@@ -1,0 +1,315 @@
+"""Load the model and tokenizer of a run, and apply LoRA or QLoRA.
+
+``model_name_or_path`` may be:
+
+- ``tiny-llama``: the embedded default, built offline on first use;
+- ``config:<name>`` (an architecture shipped in ``assets/architectures``, e.g.
+  ``config:llama-3.1-8b``) or ``config:<path>`` (any ``config.json``, or a
+  folder holding one): the architecture only, randomly initialised, with no
+  weights downloaded. Throughput and memory do not depend on weight values, so
+  this benchmarks an 8B model without a 16 GB download;
+- a Hugging Face hub id or a local folder with weights.
+
+``trust_remote_code`` stays off unless the scenario sets it.
+
+Under FSDP a ``config:`` model is built on the CPU, never whole on a GPU:
+FSDP moves it to the GPUs shard by shard, so the GPU memory a run reports is
+training's, not a loading spike (see ``config_placement``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer_entry.arguments import ModelConfig, PeftConfig
+from trainer_entry.errors import SpecError
+from trainer_entry.models.tiny import ASSETS, TINY_NAME, ensure_tiny
+
+ARCHITECTURES = ASSETS / "architectures"
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this rank builds a ``config:`` model, and whether it draws its weights."""
+
+    #: ``cuda`` (this rank's GPU) or ``cpu``
+    device: str
+    #: False: weights are left uninitialised because rank 0's are broadcast over them
+    init_weights: bool = True
+
+
+def _env_true(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def fsdp_loading(env: Mapping[str, str], fsdp_argument: object = None) -> tuple[bool, bool]:
+    """(FSDP in use, rank 0's weights broadcast to the others) for this process.
+
+    FSDP comes from ``accelerate launch`` with ``distributed_type: FSDP``
+    (``ACCELERATE_USE_FSDP``) or from the ``fsdp`` trainer argument; the broadcast is
+    ``fsdp_cpu_ram_efficient_loading`` (``FSDP_CPU_RAM_EFFICIENT_LOADING``, which both set
+    and accelerate's launcher turns on by default). Read after ``TrainingArguments``
+    exists, as that is where the trainer argument sets the variable.
+    """
+    fsdp = _env_true(env, "ACCELERATE_USE_FSDP") or bool(fsdp_argument)
+    return fsdp, fsdp and _env_true(env, "FSDP_CPU_RAM_EFFICIENT_LOADING")
+
+
+def config_placement(*, on_gpu: bool, fsdp: bool, broadcast: bool, rank: int) -> Placement:
+    """Where a ``config:`` model is built on this rank.
+
+    Without FSDP, straight on this rank's GPU: DDP needs the whole model there
+    anyway, and drawing 8B random weights on the CPU takes minutes. Under FSDP, on
+    the CPU: the GPU then only ever holds shards (FSDP2 with
+    ``cpu_ram_efficient_loading`` moves the model to ``meta`` and loads rank 0's
+    weights one parameter at a time; otherwise each wrapped block moves to the GPU
+    and is sharded in turn). When rank 0's weights are broadcast, the other ranks
+    skip drawing their own, which spares their CPU time and memory.
+    """
+    if not on_gpu:
+        return Placement("cpu")
+    if not fsdp:
+        return Placement("cuda")
+    return Placement("cpu", init_weights=not (broadcast and rank != 0))
+
+
+def shipped_architectures() -> list[str]:
+    return sorted(p.stem for p in ARCHITECTURES.glob("*.json"))
+
+
+def _dtype(cfg: ModelConfig, on_gpu: bool, kind: str) -> torch.dtype | str:
+    if cfg.dtype is None or cfg.dtype == "auto":
+        # Pretrained weights keep the dtype they were saved in; a model built
+        # here gets bf16 on a GPU and fp32 on the CPU.
+        if kind == "pretrained":
+            return "auto"
+        return torch.bfloat16 if on_gpu else torch.float32
+    try:
+        return DTYPES[cfg.dtype.lower()]
+    except KeyError:
+        raise SpecError(
+            f"torch_dtype must be one of {', '.join(sorted(set(DTYPES)))} or auto, got {cfg.dtype!r}"
+        ) from None
+
+
+def _architecture_config(spec: str) -> dict[str, Any]:
+    """The config dict for ``config:<name or path>``."""
+    target = spec.removeprefix("config:")
+    path = Path(target).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        shipped = ARCHITECTURES / f"{target}.json"
+        if not shipped.is_file():
+            raise SpecError(
+                f"model 'config:{target}': no such architecture; shipped ones: "
+                f"{', '.join(shipped_architectures())} (or give a path to a config.json)"
+            )
+        path = shipped
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"model 'config:{target}': cannot read {path}: {exc}") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise SpecError(f"model 'config:{target}': {path} has no model_type")
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def _model_error(name: str, exc: Exception) -> SpecError:
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    where = "not a local folder" + (
+        ", not cached, and the hub is offline (HF_HUB_OFFLINE=1)" if offline else ""
+    )
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return SpecError(
+        f"model '{name}' could not be loaded ({where}): {type(exc).__name__}: {first}; "
+        f"use {TINY_NAME}, config:<architecture> ({', '.join(shipped_architectures())}), "
+        "a local folder, or a hub id when online"
+    )
+
+
+def load_model(
+    cfg: ModelConfig,
+    peft: PeftConfig,
+    *,
+    on_gpu: bool,
+    local_rank: int,
+    placement: Placement | None = None,
+) -> LoadedModel:
+    """Model (with PEFT applied) and tokenizer, on the CPU or this rank's GPU.
+
+    ``placement`` says where a ``config:`` model is built (default: this rank's
+    GPU when ``on_gpu``, see ``config_placement``); other models load on the CPU
+    and the trainer (or FSDP) moves them.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    name = cfg.name
+    kind = "tiny" if name == TINY_NAME else "config" if name.startswith("config:") else "pretrained"
+    dtype = _dtype(cfg, on_gpu, kind)
+    attn = cfg.attn_implementation or "sdpa"
+    common: dict[str, Any] = {
+        "attn_implementation": attn,
+        "trust_remote_code": cfg.trust_remote_code,
+    }
+    quant = None
+    if peft.method == "qlora":
+        quant = _qlora_quantization(on_gpu, dtype, kind)
+        common["quantization_config"] = quant
+        common["device_map"] = {"": local_rank}
+
+    tokenizer_name = cfg.tokenizer
+    place = placement or Placement("cuda" if on_gpu else "cpu")
+    try:
+        if kind == "config":
+            config = AutoConfig.for_model(**_architecture_config(name))
+            device = torch.device("cuda", local_rank) if place.device == "cuda" else "cpu"
+            with torch.device(device), _weights_drawn(place.init_weights):
+                model = AutoModelForCausalLM.from_config(
+                    config,
+                    dtype=dtype,
+                    attn_implementation=attn,
+                    trust_remote_code=cfg.trust_remote_code,
+                )
+            tokenizer_name = tokenizer_name or str(ensure_tiny())
+        else:
+            path = str(ensure_tiny()) if kind == "tiny" else name
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, revision=cfg.revision, **common
+            )
+            tokenizer_name = tokenizer_name or path
+    except SpecError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        raise _model_error(name, exc) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            tokenizer_name, trust_remote_code=cfg.trust_remote_code
+        )
+    except (OSError, ValueError) as exc:
+        raise SpecError(
+            f"tokenizer '{tokenizer_name}' could not be loaded: {type(exc).__name__}: {exc}"
+        ) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    vocab = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > vocab:
+        raise SpecError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {vocab}; "
+            "set tokenizer_name_or_path to a matching tokenizer"
+        )
+
+    info: dict[str, Any] = {
+        "kind": kind,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "attn_implementation": getattr(model.config, "_attn_implementation", attn),
+        "architecture": type(model).__name__,
+        "quantization": "nf4" if quant is not None else None,
+        # where a config: model was built, and whether this rank drew its weights
+        "built_on": place.device if kind == "config" else None,
+        "weights_drawn": place.init_weights if kind == "config" else None,
+    }
+    model = apply_peft(model, peft, quantized=quant is not None)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    info.update(trainable_params=trainable, total_params=total, peft_method=peft.method)
+    return LoadedModel(model=model, tokenizer=tokenizer, info=info)
+
+
+def _weights_drawn(draw: bool) -> contextlib.AbstractContextManager[Any]:
+    """Nothing, or transformers' switch that leaves new weights uninitialised."""
+    if draw:
+        return contextlib.nullcontext()
+    from transformers.initialization import no_init_weights
+
+    return no_init_weights()
+
+
+def _qlora_quantization(on_gpu: bool, dtype: torch.dtype | str, kind: str) -> Any:
+    if not on_gpu:
+        raise SpecError(
+            "peft_method qlora needs a CUDA GPU (4-bit bitsandbytes); this run is on the CPU"
+        )
+    if kind == "config":
+        raise SpecError("peft_method qlora quantizes pretrained weights; a config: model has none")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise SpecError("peft_method qlora needs bitsandbytes: pip install bitsandbytes") from None
+    from transformers import BitsAndBytesConfig
+
+    compute = dtype if isinstance(dtype, torch.dtype) else torch.bfloat16
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute,
+    )
+
+
+def linear_module_names(model: Any) -> list[str]:
+    """The distinct last names of the model's linear layers (what target_modules matches)."""
+    names = {
+        full.rsplit(".", 1)[-1]
+        for full, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+    }
+    return sorted(names)
+
+
+def apply_peft(model: Any, cfg: PeftConfig, *, quantized: bool) -> Any:
+    if cfg.method is None:
+        return model
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    available = linear_module_names(model)
+    target = cfg.target_modules
+    if isinstance(target, list):
+        module_names = {full.rsplit(".", 1)[-1] for full, _ in model.named_modules()}
+        missing = [t for t in target if t not in module_names]
+        if len(missing) == len(target):
+            raise SpecError(
+                f"target_modules {target} match no module of the model; its linear layers: "
+                f"{', '.join(available)}"
+            )
+    if quantized:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    config = LoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=target,
+        bias=cfg.bias,
+        modules_to_save=cfg.modules_to_save,
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:
+        raise SpecError(
+            f"LoRA could not be applied: {exc}; linear layers: {', '.join(available)}"
+        ) from None
