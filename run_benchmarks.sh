@@ -25,7 +25,8 @@
 #   EFFECTIVE_BS_MATRIX="4 8" effective batch sizes (default: the scenarios file's)
 #   DEVICE=auto|gpu|cpu       plan for GPUs or the CPU (default: auto)
 #   FRAMEWORKS=FILE           as --frameworks FILE
-#   EXECUTOR=local|slurm      run here one job at a time (default), or submit each
+#   EXECUTOR=local|packed|slurm  run here one job at a time (default), packed on this
+#                             node's GPUs (as --pack), or submit each
 #                             experiment as a SLURM job (options: the file's slurm:)
 #   PYTHON                    the interpreter to use (default: python3)
 #
@@ -125,8 +126,8 @@ export PYTHONPATH="$SCRIPT_DIR${PYTHONPATH:+:$PYTHONPATH}"
 PYTHON=${PYTHON:-python3}
 
 case "${EXECUTOR:-local}" in
-    local | slurm) ;;
-    *) die "EXECUTOR must be local or slurm, got '${EXECUTOR}'" ;;
+    local | packed | slurm) ;;
+    *) die "EXECUTOR must be local, packed or slurm, got '${EXECUTOR}'" ;;
 esac
 
 if flag DRY_RUN; then

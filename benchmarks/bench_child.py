@@ -132,7 +132,8 @@ def worker(folder: Path, runs: int, steps: int) -> None:
 
     def one(instrumented: bool, n: int = steps) -> float:
         result = train.run(read_spec(write_spec(folder, n, instrumented)), {}, time.time())
-        return n * BATCH * LENGTH / result["metrics"]["train_runtime"]
+        assert result is not None and result.metrics is not None  # one process: rank 0
+        return n * BATCH * LENGTH / result.metrics.train_runtime
 
     one(True, 2)  # warm the imports, the tokenizer and the data cache
     instrumented, bare = alternate(runs, one)

@@ -151,7 +151,7 @@ def ab_throughput(folder: Path, pairs: int) -> tuple[list[float], list[float]]:
             order = (on, off) if i % 2 == 0 else (off, on)
             for options in order:
                 run = opened.layout.run(f"ab-{len(with_sidecar) + len(without)}")
-                outcome = run_experiment(experiment, run, opened.layout, options, [])
+                outcome = run_experiment(experiment, run, opened.layout, options)
                 assert outcome.status == "ok", outcome
                 tps = json.loads(run.result.read_text())["metrics"]["tokens_per_second_global"]
                 (with_sidecar if options is on else without).append(tps)

@@ -19,21 +19,23 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config.scenarios import BenchConfig, load_config
+from orchestrator.config.scenarios import BenchConfig
 from orchestrator.contract.errors import UserError
-from orchestrator.contract.layout import ResultsLayout, shipped
-from orchestrator.matrix.expand import Plan, Selection, build_plan
+from orchestrator.contract.layout import ResultsLayout
+from orchestrator.matrix.expand import Selection, build_plan
 from orchestrator.matrix.experiment import Experiment
+from orchestrator.matrix.plan import Plan
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from orchestrator.job.execute import Outcome
+    from orchestrator.contract.outcome import Outcome
+    from orchestrator.executors.base import Settled
     from orchestrator.results.compare import Comparison
     from orchestrator.results.report import Report
 
@@ -70,13 +72,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'orchestrator.api' has no attribute {name!r}")
 
 
-def _beside_or_shipped(scenarios: Path, name: str) -> Path | None:
-    for candidate in (scenarios.parent / name, shipped(name)):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def _ints(values: int | Sequence[int] | None, name: str) -> tuple[int, ...] | None:
     if values is None:
         return None
@@ -105,9 +100,12 @@ def load(
     ``frameworks`` are extra framework files: ``frameworks:`` mappings or a
     ``CONTENTS.yaml`` with ``framework_configs:``.
     """
+    from orchestrator.config.files import load_found
+
     if isinstance(scenarios, BenchConfig):
         return scenarios
     document = None
+    path = None
     if isinstance(scenarios, Mapping):
         import yaml
 
@@ -119,17 +117,13 @@ def load(
         except yaml.YAMLError as exc:
             raise UserError(f"the scenarios mapping cannot be written as YAML: {exc}") from None
         document = parse_yaml(text, str(path))
-    elif scenarios is None:
-        local = Path("scenarios.yaml")
-        path = local if local.is_file() else shipped("scenarios.yaml")
-    else:
+    elif scenarios is not None:
         path = Path(scenarios)
-    return load_config(
+    return load_found(
         path,
-        defaults_file=Path(defaults) if defaults else _beside_or_shipped(path, "defaults.yaml"),
-        frameworks_files=[Path(f) for f in frameworks],
+        defaults=Path(defaults) if defaults else None,
+        frameworks=[Path(f) for f in frameworks],
         accelerate_config=Path(accelerate_config) if accelerate_config else None,
-        accelerate_fallback=_beside_or_shipped(path, "accelerate.yaml"),
         document=document,
     )
 
@@ -146,7 +140,7 @@ def plan(
     device: str = "auto",
     repeats: int | None = None,
     preview: bool = True,
-    gpus: int | None = None,
+    gpus: int | Callable[[], int] | None = None,
     notes: Sequence[str] = (),
 ) -> Plan:
     """Expand the scenarios into the experiments to run; nothing is written.
@@ -156,7 +150,9 @@ def plan(
     ``device`` is ``auto``, ``gpu`` or ``cpu``. ``preview=True`` (as ``plan``
     and DRY_RUN do) plans a file with no scenario for this machine for its
     scenarios' own device; :func:`run` plans with ``preview=False``. ``gpus``
-    is the GPU count to plan for (default: the GPUs found here).
+    is the GPU count to plan for, or a function that counts them, called only
+    when the plan needs a count (``device="auto"``, or no GPU-count axis given);
+    default: the GPUs found here.
     """
     from orchestrator.matrix.expand import parse_filters
 
@@ -176,14 +172,9 @@ def plan(
         preview=preview,
     )
     if gpus is None:
-        # detecting GPUs costs a few milliseconds; only the default axes need it
-        needs_count = device == "auto" or (device == "gpu" and selection.num_gpus is None)
-        if needs_count:
-            from orchestrator.running.hardware import gpu_count
+        from orchestrator.running.hardware import gpu_count
 
-            gpus = gpu_count()
-        else:
-            gpus = 0
+        gpus = gpu_count
     built = build_plan(config, selection, gpus)
     if notes:
         import dataclasses
@@ -226,6 +217,7 @@ def run(
     pack: bool = False,
     slots: int = 1,
     report: bool = True,
+    executor: str = "local",
     **plan_options: Any,
 ) -> RunResult:
     """Run a plan (or plan ``scenarios`` first, with ``plan_options``) into ``results``.
@@ -234,12 +226,16 @@ def run(
     at a time (or packed side by side with ``pack=True``). Progress goes to
     stderr. ``resume=True`` keeps the experiments already ok (NO_OVERWRITE);
     otherwise an earlier run of a different plan in ``results`` is moved aside,
-    never deleted. Runs here; for SLURM use ``tunematrix run --executor slurm``.
+    never deleted. Runs here; ``executor`` names another registered executor
+    (``orchestrator.executors.registry``; its flags and file section are the
+    command line's: ``tunematrix run --executor NAME``).
     """
     from orchestrator.config.values import MEMORY_LOGGING
+    from orchestrator.executors import registry
+    from orchestrator.executors.packed import PackedExecutor
     from orchestrator.job.execute import RunOptions
     from orchestrator.running.needs import require
-    from orchestrator.running.runner import run_plan
+    from orchestrator.running.runner import preflight, run_plan
 
     if memory_logging not in MEMORY_LOGGING:
         raise UserError(
@@ -263,8 +259,8 @@ def run(
         )
         the_plan = plan(config, preview=False, **plan_options)
         usd_per_gpu_hour = usd_per_gpu_hour or config.usd_per_gpu_hour
-    require(the_plan.experiments, "local")
-    settle_earlier_jobs(ResultsLayout(Path(results)))
+    chosen = PackedExecutor(slots=slots) if pack else registry.get(executor).default()
+    require(the_plan.experiments, chosen.name)
     options = RunOptions(
         timeout_s=timeout_s,
         resume=resume,
@@ -273,12 +269,18 @@ def run(
         no_data_processing=no_data_processing,
         usd_per_gpu_hour=usd_per_gpu_hour,
         tokens=tokens,
-        pack=pack,
-        slots=slots,
         report=report,
     )
     root = Path(results)
-    done = run_plan(the_plan, root, options, argv=[sys.executable, "-c", "orchestrator.run(...)"])
+    preflight(chosen, the_plan, ResultsLayout(root), options)
+    settle_earlier_jobs(ResultsLayout(root))
+    done = run_plan(
+        the_plan,
+        root,
+        options,
+        argv=[sys.executable, "-c", "orchestrator.run(...)"],
+        executor=chosen,
+    )
     from orchestrator.results import collect
     from orchestrator.results.report import CostSettings, add_derived
 
@@ -303,24 +305,24 @@ def ids_text(jobs: Sequence[str], most: int = 5) -> str:
 
 
 def settle_earlier_jobs(layout: ResultsLayout) -> None:
-    """Collect the earlier SLURM jobs of this folder; refuse while some still run.
+    """Collect the earlier jobs of this folder that executors submitted and that have
+    ended since; refuse while some still run.
 
-    Without this, a resumed run would run again what finished on the cluster
+    Without this, a resumed run would run again what finished on a cluster
     after ``--no-wait``, and a fresh run would move aside a folder that
     running jobs still write into.
     """
-    if not (layout.runs.is_dir() and any(layout.runs.glob("*/slurm.json"))):
-        return
-    from orchestrator.executors.slurm import settle
+    from orchestrator.executors.registry import settle_all
 
-    collected, running = settle(layout)
-    if collected:
-        print(f"collected {collected} finished SLURM job(s) of the earlier run")
-    if running:
-        raise UserError(
-            f"{len(running)} SLURM job(s) of an earlier run still write into {layout.root} "
-            f"({ids_text(running)}); wait for them (`tunematrix report {layout.root}`) or scancel them"
-        )
+    for settled in settle_all(layout):
+        if settled.collected:
+            print(f"collected {settled.collected} finished {settled.noun}(s) of the earlier run")
+        if settled.running:
+            raise UserError(
+                f"{len(settled.running)} {settled.noun}(s) of an earlier run still write into "
+                f"{layout.root} ({ids_text(settled.running)}); wait for them "
+                f"(`tunematrix report {layout.root}`) or {settled.cancel}"
+            )
 
 
 def report_folder(source: Path, output: PathLike | None) -> Path:
@@ -330,6 +332,26 @@ def report_folder(source: Path, output: PathLike | None) -> Path:
     if source.is_dir() and ((source / "runs").is_dir() or (source / "plan.csv").is_file()):
         return source
     return (source if source.is_dir() else source.parent) / "tunematrix-report"
+
+
+@dataclass
+class Reported:
+    """What :func:`settle_and_report` did: the report, and what it settled first."""
+
+    report: Report
+    #: per executor with jobs in the folder: how many had ended (and have their
+    #: outcome now), and the ids of those still queued or running (the report
+    #: shows them as not run yet)
+    settled: list[Settled] = field(default_factory=list)
+    #: the run's id in the history, when its last job had ended and it was recorded now
+    history_run_id: int | None = None
+    #: the history file it was recorded in
+    history: Path | None = None
+
+    @property
+    def running(self) -> list[str]:
+        """The ids of the jobs still queued or running, of every executor."""
+        return [job for settled in self.settled for job in settled.running]
 
 
 def report(
@@ -349,7 +371,38 @@ def report(
     defaults to the run's own (its ``env.json``); ``gpu_memory_gib`` is one
     device's memory where the source does not say it (a predecessor's table),
     so rows without figures near it read as likely out of memory.
-    Returns the rows and cells.
+    A results folder of jobs submitted without waiting is settled first, as
+    :func:`settle_and_report` says. Returns the rows and cells.
+    """
+    return settle_and_report(
+        source,
+        out,
+        usd_per_gpu_hour=usd_per_gpu_hour,
+        tokens=tokens,
+        gpu_memory_gib=gpu_memory_gib,
+        plots=plots,
+    ).report
+
+
+def settle_and_report(
+    source: PathLike,
+    out: PathLike | None = None,
+    *,
+    usd_per_gpu_hour: float | None = None,
+    tokens: float | None = None,
+    gpu_memory_gib: float | None = None,
+    plots: bool = True,
+    flags: bool = False,
+) -> Reported:
+    """:func:`report`, and what ``tunematrix report`` does around it.
+
+    In a results folder whose jobs were submitted without waiting (``tunematrix
+    run --executor slurm --no-wait``), the jobs that have ended get their
+    outcome before the report is written; once
+    none is left running, the run enters the folder's history, once (as a run
+    that waited for its jobs does at its end; later runs check time limits
+    against it). ``flags``: name the options in errors as the command line
+    spells them.
     """
     from orchestrator.results.report import GIB, CostSettings, cost_from_env, write_report
 
@@ -359,17 +412,51 @@ def report(
         (gpu_memory_gib, "gpu_memory_gib"),
     ):
         if value is not None and not value > 0:
-            raise UserError(f"{name} must be a positive number, got {value:g}")
+            shown = "--" + name.replace("_", "-") if flags else name
+            raise UserError(f"{shown} must be a positive number, got {value:g}")
     path = Path(source)
+    settled = _settle_jobs(path)
     if usd_per_gpu_hour is None and path.is_dir():
         usd_per_gpu_hour = cost_from_env(path)
-    return write_report(
+    written = write_report(
         path,
         report_folder(path, out),
         CostSettings(usd_per_gpu_hour=usd_per_gpu_hour, tokens=tokens),
         plots=plots,
         gpu_memory_bytes=gpu_memory_gib * GIB if gpu_memory_gib is not None else None,
     )
+    done = Reported(written, settled=settled)
+    if path.is_dir() and not done.running:
+        done.history, done.history_run_id = _record_awaited_run(path, written.rows)
+    return done
+
+
+def _settle_jobs(source: Path) -> list[Settled]:
+    """Every executor's jobs of a results folder: outcomes for those that have ended."""
+    if not (source.is_dir() and (source / "runs").is_dir()):
+        return []
+    from orchestrator.executors.registry import settle_all
+
+    return settle_all(ResultsLayout(source))
+
+
+def _record_awaited_run(source: Path, rows: pd.DataFrame) -> tuple[Path | None, int | None]:
+    """Enter a run submitted without waiting into the history, once its jobs have ended.
+
+    ``env.json`` says whether it is still awaited; it says no once recorded.
+    """
+    from orchestrator.results import history
+    from orchestrator.running import envinfo
+
+    env = envinfo.read(source)
+    if env is None or env.get("awaiting_jobs") is not True:
+        return None, None
+    env["finished_at"] = envinfo.now()
+    env["awaiting_jobs"] = False
+    db = history.path_for(source)
+    run_id = history.record(db, rows, env, source)
+    envinfo.write(ResultsLayout(source).env, env)
+    return db, run_id
 
 
 def load_rows(value: PathLike | pd.DataFrame, history_db: Path | None = None) -> pd.DataFrame:
@@ -416,7 +503,8 @@ def compare(
     """Compare ``new`` against the reference ``ref``, cell by cell.
 
     Each side is a results folder, a summary CSV (the predecessor's reference
-    tables too), a DataFrame of rows, or ``run:N`` from ``history``. A metric
+    tables too), a DataFrame of rows, or ``run:N`` from ``history`` (default: the
+    history of ``new``'s results folder, when it is one). A metric
     regresses when it is worse by more than ``threshold`` (a fraction) and by
     more than the noise of the repeats. With ``out``, ``compare.csv``,
     ``compare.md`` and plots are written there (``.written`` lists them).
@@ -431,11 +519,11 @@ def compare(
         try:
             comparing.direction(metric)
         except ValueError:
-            known = sorted(comparing.HIGHER_IS_BETTER | comparing.LOWER_IS_BETTER)
+            known = comparing.known_metrics()
             raise UserError(
                 f"{dash}metric {metric!r} is not a metric compare knows; known: {', '.join(known)}"
             ) from None
-    db = Path(history) if history else None
+    db = Path(history) if history else _history_of(new)
     try:
         result = comparing.compare(
             load_rows(new, db),
@@ -450,6 +538,22 @@ def compare(
             result, Path(out), _label(new, db), _label(ref, db), threshold, with_plots=plots
         )
     return result
+
+
+def compare_folder(new: PathLike, output: PathLike | None) -> Path:
+    """Where ``tunematrix compare`` writes: ``output``, else NEW's results folder, else here."""
+    if output:
+        return Path(output)
+    return Path(new) if Path(new).is_dir() else Path(".")
+
+
+def _history_of(side: PathLike | pd.DataFrame) -> Path | None:
+    """The history of a results folder (where ``run:N`` is looked up); None for anything else."""
+    if not isinstance(side, str | os.PathLike) or not Path(side).is_dir():
+        return None
+    from orchestrator.results import history
+
+    return history.path_for(Path(side))
 
 
 def _label(side: PathLike | pd.DataFrame, db: Path | None) -> str:

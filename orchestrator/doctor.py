@@ -3,8 +3,9 @@
 Everything is looked up and nothing is changed: packages by ``find_spec`` (as
 ``orchestrator.running.needs`` does before a run) and their metadata, never imported,
 so the training stack is not loaded; GPUs through NVML or the driver's
-``/proc`` entries (``orchestrator.running.envinfo``, ``orchestrator.running.hardware``); SLURM
-by its commands on the PATH and one ``sinfo`` with a short timeout.
+``/proc`` entries (``orchestrator.running.envinfo``, ``orchestrator.running.hardware``);
+each executor looks for what it needs itself (``Executor.probe``, quick and
+read-only) and says what it found (``Executor.readiness``).
 
 ``gather`` does the looking; ``diagnose`` turns the facts into rows and a
 verdict and is pure, so tests can hand it any machine.
@@ -17,27 +18,26 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from orchestrator import __version__
 from orchestrator.contract.layout import PROJECT_ROOT
+from orchestrator.executors.base import State
+from orchestrator.executors.registry import EXECUTORS
 from orchestrator.running import envinfo, hardware, needs
-
-State = Literal["ok", "miss", "bad", "warn", "info"]
 
 #: below this much free space in the results folder's file system, a warning
 LOW_DISK_GIB = 10.0
-#: how long ``sinfo`` may take to answer before the controller counts as unreachable
-SINFO_TIMEOUT_S = 3.0
 GIB = 1024**3
+#: extras of tunematrix's own development, not looked up
+_DEV_EXTRAS = ("test", "lint")
 
 #: import names of the distributions whose names differ from them
 _MODULES = {"nvidia-ml-py": "pynvml", "pyyaml": "yaml"}
@@ -48,9 +48,7 @@ _OPTIONAL = {
 }
 _NOT_USED = "the child trains with transformers.Trainer"
 #: how a row that is not a package's starts its line
-_LABELS = {
-    n: f"{n}:" for n in ("NVML", "GPUs", "accelerate default config", "SLURM", "results", "env")
-}
+_LABELS = {n: f"{n}:" for n in ("NVML", "GPUs", "accelerate default config", "results", "env")}
 #: environment variables worth seeing next to the rest
 _ENV_SHOWN = ("CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_OFFLINE", "TUNEMATRIX_CACHE")
 
@@ -67,7 +65,7 @@ class Requirement:
     name: str
     #: e.g. ">=2.4"; empty for any version
     specifier: str
-    #: the extra it belongs to (train, slurm, ...); None for the core
+    #: the extra it belongs to (train, ...); None for the core
     extra: str | None
 
 
@@ -91,16 +89,6 @@ class AccelerateFacts:
     project: Path | None
     #: why that is unknown (the scenarios file does not load)
     project_error: str | None = None
-
-
-@dataclass(frozen=True)
-class SlurmFacts:
-    #: sbatch, squeue, sinfo -> their path, None where not on the PATH
-    commands: Mapping[str, str | None]
-    #: the partitions ``sinfo`` named; None where it was not asked or did not answer
-    partitions: Sequence[str] | None
-    #: why ``sinfo`` did not answer
-    error: str | None
 
 
 @dataclass(frozen=True)
@@ -135,9 +123,10 @@ class Facts:
     #: ``CUDA_VISIBLE_DEVICES`` entries; None where unset
     visible: Sequence[str] | None
     accelerate: AccelerateFacts
-    slurm: SlurmFacts
     disk: DiskFacts
     env: Mapping[str, str]
+    #: what each executor's ``probe`` found, by executor name (where it looks at anything)
+    executors: Mapping[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------
@@ -203,11 +192,11 @@ def accelerate_default_config(env: Mapping[str, str]) -> Path:
     """The config file ``accelerate launch`` reads when it is given no ``--config_file``.
 
     accelerate's own rule, replicated because importing accelerate imports
-    torch (accelerate/commands/config/config_args.py, accelerate 1.x):
+    torch (``accelerate.commands.config.config_args``, accelerate 1.x):
     ``$HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else
     ``~/.cache/huggingface``; then ``accelerate/default_config.yaml``.
     ``accelerate launch`` reads it only without ``--config_file``
-    (commands/launch.py, ``_validate_launch_command``).
+    (``accelerate.commands.launch._validate_launch_command``).
     """
     home = env.get("HF_HOME", os.path.join(env.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
     return Path(os.path.expanduser(home)) / "accelerate" / "default_config.yaml"
@@ -232,30 +221,6 @@ def _accelerate(
     return AccelerateFacts(path, fields, error, project, project_error)
 
 
-def _slurm() -> SlurmFacts:
-    commands = {name: shutil.which(name) for name in ("sbatch", "squeue", "sinfo")}
-    sinfo = commands["sinfo"]
-    if sinfo is None:
-        return SlurmFacts(commands, None, None)
-    try:
-        proc = subprocess.run(
-            [sinfo, "-h", "-o", "%P"],
-            capture_output=True,
-            text=True,
-            timeout=SINFO_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired:
-        return SlurmFacts(commands, None, f"no answer in {SINFO_TIMEOUT_S:g} s")
-    except OSError as exc:
-        return SlurmFacts(commands, None, str(exc))
-    if proc.returncode != 0:
-        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
-        return SlurmFacts(commands, None, lines[-1] if lines else f"exit code {proc.returncode}")
-    return SlurmFacts(commands, proc.stdout.split(), None)
-
-
 def _disk(results: Path) -> DiskFacts:
     path = results.absolute()
     existing = path
@@ -278,15 +243,16 @@ def gather(
     env: Mapping[str, str] | None = None,
     find: Callable[[str], Any] = importlib.util.find_spec,
 ) -> Facts:
-    """Look at this machine. Reads files and metadata, runs ``sinfo``; writes nothing.
+    """Look at this machine. Reads files and metadata, lets each executor look; writes nothing.
 
     ``project_accelerate`` is the accelerate config jobs get when their framework
     names none (``project_error`` says why it is unknown).
     """
     env = dict(os.environ if env is None else env)
     requires_python, requirements = declared()
-    dists = {r.name for r in requirements.values() if r.extra in (None, "train", "slurm")}
-    dists |= {*needs.TRAIN_STACK, "datasets", "trl", "submitit", "nvidia-ml-py", *_OPTIONAL}
+    dists = {r.name for r in requirements.values() if r.extra not in _DEV_EXTRAS}
+    dists |= {*needs.TRAIN_STACK, "datasets", "trl", "nvidia-ml-py", *_OPTIONAL}
+    dists |= {need.module for cls in EXECUTORS.values() for need in cls.needs}
     torch_requires = metadata.requires("torch") if envinfo.version("torch") else None
     proc_names, proc_driver = hardware.proc_gpus()
     return Facts(
@@ -301,9 +267,11 @@ def gather(
         proc_driver=proc_driver,
         visible=hardware.visible_devices(env),
         accelerate=_accelerate(env, project_accelerate, project_error),
-        slurm=_slurm(),
         disk=_disk(results),
         env={k: env[k] for k in _ENV_SHOWN if k in env},
+        executors={
+            name: found for name, cls in EXECUTORS.items() if (found := cls.probe()) is not None
+        },
     )
 
 
@@ -315,7 +283,7 @@ def gather(
 @dataclass(frozen=True)
 class Row:
     state: State
-    #: what was checked: a package, "GPUs", "SLURM", ...
+    #: what was checked: a package, "GPUs", an executor's title, ...
     name: str
     #: what was found
     detail: str = ""
@@ -557,40 +525,34 @@ def _accelerate_row(facts: Facts) -> Row:
     )
 
 
-def _submitit_row(facts: Facts) -> Row:
-    got = facts.packages["submitit"]
-    install = f"for --executor slurm: {needs.SLURM_INSTALL}"
+def _executor_package_row(facts: Facts, need: needs.Need, present: bool) -> Row:
+    """A package an executor needs: a miss only where the executor runs from this machine."""
+    dist = need.module
+    got = facts.packages[dist]
+    install = f"for {need.why}: {need.install}"
     if not got.importable:
-        # worth a miss only where SLURM is: elsewhere no one needs it
-        has_slurm = facts.slurm.commands.get("sbatch") is not None
-        return Row("miss" if has_slurm else "info", "submitit", "", install)
-    spec = _too_old(facts, "submitit")
+        return Row("miss" if present else "info", dist, "", install)
+    spec = _too_old(facts, dist)
     if spec is not None:
-        return Row(
-            "bad", "submitit", f"{got.version}, tunematrix needs {spec}", _pip(facts, "submitit")
-        )
-    return Row("ok", "submitit", got.version or "(version unknown)")
+        return Row("bad", dist, f"{got.version}, tunematrix needs {spec}", _pip(facts, dist))
+    return Row("ok", dist, got.version or "(version unknown)")
 
 
-def _slurm_row(facts: Facts) -> Row:
-    slurm = facts.slurm
-    have = [c for c, path in slurm.commands.items() if path]
-    lack = [c for c, path in slurm.commands.items() if not path]
-    if not have:
-        return Row(
-            "info",
-            "SLURM",
-            "no sbatch, squeue or sinfo on the PATH (--executor slurm runs from a login node)",
-        )
-    detail = f"{', '.join(have)} on the PATH" + (f", not {', '.join(lack)}" if lack else "")
-    if slurm.partitions is not None:
-        parts = list(slurm.partitions)
-        listed = ", ".join(parts[:5]) + (f" and {len(parts) - 5} more" if len(parts) > 5 else "")
-        detail += f"; sinfo answers (partitions: {listed or 'none'})"
-    elif slurm.error is not None:
-        detail += f"; sinfo does not answer: {slurm.error}"
-    state: State = "ok" if not lack and slurm.partitions else "warn"
-    return Row(state, "SLURM", detail)
+def _executors(facts: Facts) -> tuple[list[Row], dict[str, list[str]]]:
+    """Each executor's package rows and own row, and what each one lacks to be used here."""
+    rows: list[Row] = []
+    uses: dict[str, list[str]] = {}
+    for name, cls in EXECUTORS.items():
+        if name not in facts.executors:
+            continue
+        said = cls.readiness(facts.executors[name])
+        if said is None:
+            continue
+        rows += [_executor_package_row(facts, need, said.present) for need in cls.needs]
+        rows.append(Row(said.state, cls.title, said.detail, label=f"{cls.title}:"))
+        absent = [need.module for need in cls.needs if not _ok(facts, need.module)]
+        uses[cls.title] = absent + list(said.lacks)
+    return rows, uses
 
 
 def _disk_row(facts: Facts) -> Row:
@@ -637,6 +599,7 @@ def diagnose(facts: Facts) -> Diagnosis:
     """Rows for every check, what the machine is ready for, and what each other use lacks."""
     gpus = gpu_count(facts)
     gpus_found = bool(_gpus(facts)[0])
+    executor_rows, executor_uses = _executors(facts)
     rows: list[Row | None] = [
         _python_row(facts),
         _core_row(facts),
@@ -651,8 +614,7 @@ def diagnose(facts: Facts) -> Diagnosis:
         _nvml_row(facts, gpus_found),
         _gpu_row(facts),
         _accelerate_row(facts),
-        _submitit_row(facts),
-        _slurm_row(facts),
+        *executor_rows,
         _disk_row(facts),
         _env_row(facts),
     ]
@@ -662,10 +624,6 @@ def diagnose(facts: Facts) -> Diagnosis:
     no_gpu = [] if gpus else ["no GPU"]
     if gpus and _cpu_torch(facts):
         no_gpu = ["torch's CUDA build"]
-    slurm = [] if _ok(facts, "submitit") else ["submitit"]
-    slurm += [c for c in ("sbatch", "sinfo") if not facts.slurm.commands.get(c)]
-    if facts.slurm.commands.get("sinfo") and facts.slurm.partitions is None:
-        slurm.append("sinfo does not answer")
     # the count where they can run; where they cannot, what they lack says enough
     lacks_gpu = core + no_gpu
     gpu_matrices = f"GPU matrices ({gpus} GPU{'s' if gpus != 1 else ''})"
@@ -673,7 +631,7 @@ def diagnose(facts: Facts) -> Diagnosis:
     uses = {
         "CPU matrices": core,
         gpu_matrices: lacks_gpu,
-        "SLURM": slurm,
+        **executor_uses,
         "qlora": core + no_gpu + ([] if _ok(facts, "bitsandbytes") else ["bitsandbytes"]),
         "DeepSpeed": core + no_gpu + ([] if _ok(facts, "deepspeed") else ["deepspeed"]),
         "hub datasets": [] if _ok(facts, "datasets") else ["datasets"],

@@ -57,18 +57,6 @@ def _process_start() -> float:
         return _WALL_START
 
 
-def _is_oom(exc: BaseException) -> bool:
-    """Out of memory by the same patterns the parent reads a stderr with."""
-    if isinstance(exc, MemoryError):
-        return True
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
-        return True
-    from orchestrator.contract.outcome import looks_like_oom
-
-    return looks_like_oom(f"{type(exc).__name__}: {exc}")
-
-
 def main(argv: "list[str] | None" = None) -> int:
     code = _main(argv)
     _exit_if_distributed(code)
@@ -112,7 +100,7 @@ def _main(argv: "list[str] | None") -> int:
         print(f"trainer_entry: error: {exc}", file=sys.stderr)
         return 2
 
-    from trainer_entry.failure import write_failure
+    from trainer_entry.failure import is_oom, write_failure
 
     process_start = _process_start()
     timings: dict[str, float] = {"interpreter_start_s": _WALL_START - process_start}
@@ -123,8 +111,9 @@ def _main(argv: "list[str] | None") -> int:
         t = time.perf_counter()
         from trainer_entry import train
 
+        backend = train.load_backend(spec)  # its training stack, timed with the rest
         timings["import_s"] = time.perf_counter() - t
-        train.run(spec, timings, process_start)
+        train.run(spec, timings, process_start, backend)
         return 0
     except KeyboardInterrupt as exc:
         write_failure(spec, "interrupted", exc, timings)
@@ -137,7 +126,7 @@ def _main(argv: "list[str] | None") -> int:
 
         if not isinstance(exc, SpecError):
             traceback.print_exc()
-        status = "oom" if _is_oom(exc) else "failed"
+        status = "oom" if is_oom(exc) else "failed"
         line = write_failure(spec, status, exc, timings)
         print(f"trainer_entry: error: {line}", file=sys.stderr)
         return 1

@@ -2,9 +2,10 @@
 
 A scenario writes all its arguments in one flat mapping, as the predecessor
 did. Here each key finds its owner: tunematrix's model, data, PEFT and
-measurement settings, or ``transformers.TrainingArguments``. A key that
-belongs to none is an error naming the closest known key, so a typo never
-silently does nothing. A few old spellings are translated.
+measurement settings, or the trainer backend's arguments (``trainer``
+names the backend; the default ``hf`` takes ``transformers.TrainingArguments``).
+A key that belongs to none is an error naming the closest known key, so a
+typo never silently does nothing. A few old spellings are translated.
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ from orchestrator.contract.argnames import (
     unknown_argument,
 )
 from orchestrator.contract.spec import RunSpec
+from trainer_entry.backends import DEFAULT_BACKEND, backend_name, get_backend
+from trainer_entry.data.formats import FORMATTINGS
 from trainer_entry.errors import SpecError
-
-FORMATTINGS = ("instruct", "chat", "text", "template")
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """How to turn a dataset into training sequences (see ``trainer_entry.data.prepare``)."""
+    """How to turn a dataset into training sequences (see ``trainer_entry.data``)."""
 
     #: local .jsonl/.json/.csv file, or a Hugging Face datasets name; None: the shipped one
     dataset: str | None = None
@@ -92,19 +93,12 @@ class ParsedArguments:
     data: DataConfig
     peft: PeftConfig
     measure: MeasureConfig
+    #: the trainer backend's own arguments
     training: dict[str, Any]
     pad_to_multiple_of: int | None = None
     notes: list[str] = field(default_factory=list)
-
-
-def _training_fields() -> frozenset[str]:
-    """The fields of the installed TrainingArguments (and the saved list)."""
-    from transformers import TrainingArguments
-
-    return (
-        frozenset(f.name for f in dataclasses.fields(TrainingArguments) if f.init)
-        | training_fields()
-    )
+    #: the trainer backend (``trainer_entry.backends``)
+    backend: str = DEFAULT_BACKEND
 
 
 def _check_type(key: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
@@ -127,8 +121,8 @@ def parse_arguments(
 ) -> ParsedArguments:
     """Sort every argument of ``spec`` to its owner; unknown keys are errors.
 
-    ``known_fields`` defaults to the installed ``TrainingArguments`` (which
-    imports transformers); ``check_names=False`` checks values only.
+    ``known_fields`` defaults to the trainer backend's argument fields (which
+    imports its training stack); ``check_names=False`` checks values only.
     """
     args = dict(spec.arguments)
     notes: list[str] = []
@@ -150,10 +144,11 @@ def parse_arguments(
         if refused:
             raise SpecError(f"spec arguments.{key}: {refused}")
 
+    backend = backend_name(args)
     if known_fields is not None:
         fields = known_fields
     else:
-        fields = _training_fields() if check_names else training_fields()
+        fields = get_backend(backend).argument_fields() if check_names else training_fields()
     for key in args if check_names else ():
         problem = unknown_argument(key, fields)
         if problem:
@@ -204,6 +199,7 @@ def parse_arguments(
         training=training,
         pad_to_multiple_of=pad_multiple,
         notes=notes,
+        backend=backend,
     )
 
 

@@ -4,13 +4,31 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
-from orchestrator.contract.result import LAUNCH_ID_ENV, one_line, read_result, write_result
+from orchestrator.contract.outcome import Status, looks_like_oom
+from orchestrator.contract.result import (
+    LAUNCH_ID_ENV,
+    ChildResult,
+    ResultError,
+    RunTimings,
+    load_result,
+    one_line,
+    timestamp,
+    write_result,
+)
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.errors import SpecError
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Out of memory by the same patterns the parent reads a stderr with."""
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return looks_like_oom(f"{type(exc).__name__}: {exc}")
 
 
 def describe(exc: BaseException) -> str:
@@ -40,7 +58,16 @@ def launch_id() -> str:
         return str(ppid)
 
 
-def write_failure(spec: RunSpec, status: str, exc: BaseException, timings: dict[str, float]) -> str:
+def _earlier_failure(path: Path) -> ChildResult | None:
+    try:
+        return load_result(path)
+    except ResultError:
+        return None  # not a report a peer of this launch wrote: replace it
+
+
+def write_failure(
+    spec: RunSpec, status: Status, exc: BaseException, timings: dict[str, float]
+) -> str:
     """Record the failure in ``result.json`` unless a peer rank of this launch already did.
 
     When one rank fails, the launcher stops the others with SIGTERM; their
@@ -51,30 +78,28 @@ def write_failure(spec: RunSpec, status: str, exc: BaseException, timings: dict[
     path = Path(spec.result_path)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     this_launch = launch_id()
-    existing = read_result(path) if world > 1 else None
-    if (
-        existing is not None
-        and existing.get("status") not in (None, "ok")
-        and existing.get("launch_id") == this_launch
-    ):
+    existing = _earlier_failure(path) if world > 1 else None
+    if existing is not None and existing.status != "ok" and existing.launch_id == this_launch:
         return message
-    result: dict[str, Any] = {
-        "experiment_id": spec.experiment_id,
-        "cell_id": spec.cell_id,
-        "scenario": spec.scenario,
-        "framework_config": spec.framework_config,
-        "model_name_or_path": spec.arguments.get("model_name_or_path", spec.model_name_or_path),
-        "repeat": spec.repeat,
-        "swept": spec.swept,
-        "status": status,
-        "error": message,
-        "error_type": type(exc).__name__,
-        "error_rank": int(os.environ.get("RANK", "0")),
-        "world_size": world,
-        "launch_id": this_launch,
-        "timings": timings,
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
+    model = spec.arguments.get("model_name_or_path", spec.model_name_or_path)
+    result = ChildResult(
+        experiment_id=spec.experiment_id,
+        cell_id=spec.cell_id,
+        scenario=spec.scenario,
+        framework_config=spec.framework_config,
+        # a name that is not a string is what failed; it is reported as written
+        model_name_or_path=model if model is None or isinstance(model, str) else str(model),
+        repeat=spec.repeat,
+        swept=spec.swept,
+        status=status,
+        error=message,
+        error_type=type(exc).__name__,
+        error_rank=int(os.environ.get("RANK", "0")),
+        world_size=world,
+        launch_id=this_launch,
+        timings=RunTimings.model_validate(timings),
+        finished_at=timestamp(),
+    )
     try:
         write_result(path, result)
     except OSError as write_error:

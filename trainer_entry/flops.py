@@ -28,7 +28,7 @@ Definitions (all per real token, i.e. padding excluded, of one optimizer step):
   a causal kernel may skip the masked half), capped at the window ``w`` on
   sliding-window layers (``L = min(r, w)``). Averaged over the real tokens of
   the run, ``L = Σ r·min(r, w) / Σ r``, which is ``Σ r² / Σ r`` without a
-  window — not the padded batch width. Packed data (``trainer_entry.data.prepare``)
+  window — not the padded batch width. Packed data (``trainer_entry.data.tokenize``)
   keeps no document boundaries (no per-document position ids or
   ``cu_seqlens``), so a packed row attends across its documents and ``r``
   is the row length.

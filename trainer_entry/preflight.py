@@ -1,8 +1,8 @@
 """Checks that need no training stack, run before importing it.
 
 Importing torch and transformers takes seconds; a misspelt dataset path, a
-QLoRA run on a CPU or a model that cannot be found offline should fail in a
-fraction of that, with the same one-line error.
+QLoRA run on a CPU, an unknown trainer backend or a model that cannot be found
+offline should fail in a fraction of that, with the same one-line error.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.arguments import ParsedArguments, parse_arguments
+from trainer_entry.data.load import LOCAL_SUFFIXES
 from trainer_entry.errors import SpecError
+from trainer_entry.models.kinds import model_kind
 from trainer_entry.models.tiny import TINY_NAME
-
-LOCAL_SUFFIXES = (".jsonl", ".json", ".csv")
 
 
 def _offline() -> bool:
@@ -26,7 +26,7 @@ def _offline() -> bool:
 
 def _model_is_reachable(name: str) -> bool:
     """False only when the model is certainly not loadable: offline and in no cache."""
-    if name == TINY_NAME or name.startswith("config:") or Path(name).expanduser().exists():
+    if model_kind(name) != "pretrained" or Path(name).expanduser().exists():
         return True
     if not _offline():
         return True  # the hub will answer; let the loader say what it says

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -10,7 +11,8 @@ from typing import NoReturn
 from orchestrator.config.scenarios import BenchConfig
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout
-from orchestrator.matrix.expand import Plan
+from orchestrator.executors.base import positive_int
+from orchestrator.matrix.plan import Plan
 
 PROG = "tunematrix"
 
@@ -43,16 +45,6 @@ def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
     if not values:
         raise UserError(f'{flag}: no values given; write them like "1 2"')
     return tuple(values)
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:
@@ -130,12 +122,23 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class Planned:
+    """What ``plan`` and ``run`` planned: the loaded config (for the header), the plan,
+    and the results folder."""
+
     config: BenchConfig
     plan: Plan
     layout: ResultsLayout
 
 
-def plan_from_args(args: argparse.Namespace) -> Planned:
+def plan_from_args(
+    args: argparse.Namespace,
+    gpu_counter: Callable[[BenchConfig], Callable[[], int] | None] | None = None,
+) -> Planned:
+    """The selection flags, read into :func:`orchestrator.api.plan`.
+
+    ``gpu_counter``: given the loaded config, how to count the GPUs the plan
+    is for when they are not this machine's (the chosen executor's answer).
+    """
     from orchestrator import api
 
     config = api.load(
@@ -144,18 +147,9 @@ def plan_from_args(args: argparse.Namespace) -> Planned:
         frameworks=args.frameworks,
         accelerate_config=args.accelerate_config,
     )
-    num_gpus = parse_int_list(args.num_gpus, "--num-gpus") if args.num_gpus else None
-    gpus = None
-    needs_count = args.device == "auto" or (args.device == "gpu" and num_gpus is None)
-    if needs_count and getattr(args, "executor", "local") == "slurm":
-        # the jobs run on the cluster's nodes, not here: count a node's GPUs there
-        from orchestrator.executors.slurm import cluster_gpus
-
-        partition = args.slurm_partition or (config.slurm or {}).get("partition")
-        gpus = cluster_gpus(partition)
     plan = api.plan(
         config,
-        num_gpus=num_gpus,
+        num_gpus=parse_int_list(args.num_gpus, "--num-gpus") if args.num_gpus else None,
         effective_batch_size=(
             parse_int_list(args.effective_batch_size, "--effective-batch-size")
             if args.effective_batch_size
@@ -165,12 +159,6 @@ def plan_from_args(args: argparse.Namespace) -> Planned:
         device=args.device,
         repeats=args.repeats,
         preview=args.command == "plan",
-        gpus=gpus,
+        gpus=gpu_counter(config) if gpu_counter is not None else None,
     )
     return Planned(config=config, plan=plan, layout=ResultsLayout(Path(args.results)))
-
-
-def positive(value: float | None, flag: str) -> float | None:
-    if value is not None and not value > 0:
-        raise UserError(f"{flag} must be a positive number, got {value:g}")
-    return value

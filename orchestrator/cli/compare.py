@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from orchestrator.cli.common import Formatter
@@ -20,22 +19,15 @@ Examples:
 def cmd_compare(args: argparse.Namespace) -> int:
     from orchestrator import api
     from orchestrator.results import compare as comparing
-    from orchestrator.results import history
 
-    new_path = Path(args.new)
-    if args.history:
-        db: Path | None = Path(args.history)
-    else:
-        db = history.path_for(new_path) if new_path.is_dir() else None
-    output = Path(args.output) if args.output else (new_path if new_path.is_dir() else Path("."))
     result = api.compare(
         args.new,
         args.ref,
         metrics=args.metric,
         threshold=args.threshold,
-        out=output,
+        out=api.compare_folder(args.new, args.output),
         plots=not args.no_plots,
-        history=db,
+        history=args.history,
         flags=True,
     )
     written = result.written

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cli.common import Formatter
-from orchestrator.contract.errors import UserError
 
 _DOCTOR_EPILOG = """\
 Examples:
@@ -24,16 +23,10 @@ installed, written or changed, and the training stack is not imported.
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from orchestrator import api, doctor
+    from orchestrator import doctor
+    from orchestrator.config.files import default_accelerate
 
-    # the config a job gets when its framework names none, found as `plan` finds it
-    project, why = None, None
-    try:
-        default = api.load().default_accelerate
-        project = default.path if default is not None else None
-    except UserError as exc:
-        why = str(exc)
-    diagnosis = doctor.diagnose(doctor.gather(Path(args.results), project, why))
+    diagnosis = doctor.diagnose(doctor.gather(Path(args.results), *default_accelerate()))
     sys.stdout.write(doctor.format_json(diagnosis) if args.json else doctor.format_text(diagnosis))
     return diagnosis.exit_code
 

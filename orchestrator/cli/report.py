@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from orchestrator.api import ids_text
-from orchestrator.cli.common import Formatter, positive
+from orchestrator.cli.common import Formatter
 
 _REPORT_EPILOG = """\
 Examples:
@@ -18,62 +17,36 @@ Examples:
 """
 
 
-def _record_awaited_run(source: Path, rows: Any) -> int | None:
-    """A run submitted with --no-wait ends when its last job has: it enters the
-    history then, as a waited-for run does (later runs check time limits against
-    it). Once: env.json says whether it is still awaited."""
-    from orchestrator.results import history
-    from orchestrator.running import envinfo
-
-    env = envinfo.read(source)
-    if env is None or env.get("awaiting_jobs") is not True:
-        return None
-    env["finished_at"] = envinfo.now()
-    env["awaiting_jobs"] = False
-    run_id = history.record(history.path_for(source), rows, env, source)
-    envinfo.write(source / "env.json", env)
-    return run_id
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     from orchestrator import api
     from orchestrator.results.report import status_counts
 
-    source = Path(args.source)
-    gpu_memory = positive(args.gpu_memory_gib, "--gpu-memory-gib")
-    price = positive(args.usd_per_gpu_hour, "--usd-per-gpu-hour")
-    tokens = positive(args.tokens, "--tokens")
-    running: list[str] = []
-    if source.is_dir() and (source / "runs").is_dir():
-        from orchestrator.contract.layout import ResultsLayout
-        from orchestrator.executors.slurm import settle
-
-        collected, running = settle(ResultsLayout(source))
-        if collected:
-            print(f"collected {collected} finished SLURM job(s)")
-        if running:
-            print(
-                f"{len(running)} SLURM job(s) still queued or running ({ids_text(running)}); "
-                "the report shows them as not run yet"
-            )
-    report = api.report(
-        source,
+    done = api.settle_and_report(
+        args.source,
         args.output,
-        usd_per_gpu_hour=price,
-        tokens=tokens,
-        gpu_memory_gib=gpu_memory,
+        usd_per_gpu_hour=args.usd_per_gpu_hour,
+        tokens=args.tokens,
+        gpu_memory_gib=args.gpu_memory_gib,
         plots=not args.no_plots,
+        flags=True,
     )
+    for settled in done.settled:
+        if settled.collected:
+            print(f"collected {settled.collected} finished {settled.noun}(s)")
+        if settled.running:
+            print(
+                f"{len(settled.running)} {settled.noun}(s) still queued or running "
+                f"({ids_text(settled.running)}); the report shows them as not run yet"
+            )
+    report = done.report
     print(
         f"tunematrix report: {len(report.rows)} experiments, {len(report.cells)} cells — "
         + status_counts(report.rows)
     )
     for path in report.written:
         print(f"  {path}")
-    if source.is_dir() and not running:
-        run_id = _record_awaited_run(source, report.rows)
-        if run_id is not None:
-            print(f"  recorded as run {run_id} in {source / 'history.sqlite'}")
+    if done.history_run_id is not None:
+        print(f"  recorded as run {done.history_run_id} in {done.history}")
     return 0
 
 

@@ -12,9 +12,11 @@ import dataclasses
 import functools
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 from orchestrator.config.schema import (
     ContentsFileModel,
@@ -23,6 +25,7 @@ from orchestrator.config.schema import (
     MatrixModel,
     ScenarioModel,
     ScenariosFileModel,
+    scenarios_file_model,
     validate,
 )
 from orchestrator.config.values import (
@@ -109,7 +112,12 @@ class BenchConfig:
     scenarios: tuple[Scenario, ...]
     timeout_s: float | None = None
     usd_per_gpu_hour: float | None = None
-    slurm: Mapping[str, Any] | None = None
+    #: the executors' sections of the file that it has, by executor name (``<executor>:``)
+    executors: Mapping[str, BaseModel] = field(default_factory=dict)
+
+    def section(self, executor: str) -> BaseModel | None:
+        """The file's section for ``executor``, where it has one."""
+        return self.executors.get(executor)
 
     def where(self, scenario: Scenario, key: str | None = None) -> dict[str, Any]:
         """Keyword arguments of ``ConfigError`` pointing at ``scenario``."""
@@ -420,7 +428,11 @@ def load_config(
     ``accelerate_config:`` key (relative to the file), ``accelerate_fallback``.
     """
     doc = document if document is not None else load_yaml(scenarios_file, "scenarios file")
-    model: ScenariosFileModel = validate(doc, ScenariosFileModel, "a scenarios file")
+    from orchestrator.executors.registry import sections
+
+    executor_sections = sections()
+    file_model = scenarios_file_model(executor_sections)
+    model: ScenariosFileModel = validate(doc, file_model, "a scenarios file")
 
     frameworks: dict[str, Framework] = {}
     _load_frameworks(doc, model.frameworks, frameworks)
@@ -494,5 +506,9 @@ def load_config(
         scenarios=tuple(scenarios),
         timeout_s=model.timeout_s,
         usd_per_gpu_hour=model.cost.usd_per_gpu_hour if model.cost else None,
-        slurm=model.slurm.model_dump(exclude_none=True) if model.slurm else None,
+        executors={
+            name: getattr(model, name)
+            for name in executor_sections
+            if getattr(model, name) is not None
+        },
     )

@@ -7,12 +7,13 @@ and the keys that are allowed.
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from orchestrator.config.values import type_name
 from orchestrator.config.yamlio import Loc, YamlDoc, format_loc
@@ -42,23 +43,6 @@ class CostModel(_Strict):
     """What the hardware costs, for cost per token and time/cost to train."""
 
     usd_per_gpu_hour: PositiveFloat
-
-
-class SlurmModel(_Strict):
-    """Where and how ``--executor slurm`` submits; the command line overrides each key."""
-
-    partition: str | None = None
-    account: str | None = None
-    #: time limit per job: minutes, or SLURM's HH:MM:SS / D-HH:MM:SS
-    time: int | str | None = None
-    gpus_per_node: PositiveInt | None = None
-    cpus_per_task: PositiveInt | None = None
-    mem: str | None = None
-    #: further sbatch options, e.g. {qos: high, constraint: a100}
-    options: dict[str, str] = {}
-    #: submit job arrays (one per resource shape) with at most this many tasks at once
-    array: bool = False
-    array_parallelism: PositiveInt | None = None
 
 
 class MatrixModel(_Strict):
@@ -115,11 +99,38 @@ class ScenariosFileModel(_Strict):
     #: time limit of each experiment, in seconds (a scenario may set its own)
     timeout_s: PositiveFloat | None = None
     cost: CostModel | None = None
-    slurm: SlurmModel | None = None
     frameworks: dict[str, FrameworkModel] = {}
     matrix: MatrixModel = MatrixModel()
     data_processing: DataProcessingModel | None = None
     scenarios: list[ScenarioModel]
+
+
+def scenarios_file_model(sections: Mapping[str, type[BaseModel]]) -> type[_Strict]:
+    """The scenarios file's model with an optional top-level section per executor that has one
+    (``NAME:`` for ``--executor NAME``), each checked by the executor's own model.
+
+    The model has ``ScenariosFileModel``'s fields, the sections placed after ``cost``
+    (so the keys an error lists as allowed read in the file's usual order).
+    """
+    return _with_sections(tuple(sections.items()))
+
+
+@functools.lru_cache(maxsize=16)
+def _with_sections(sections: tuple[tuple[str, type[BaseModel]], ...]) -> type[_Strict]:
+    if not sections:
+        return ScenariosFileModel
+    own = ScenariosFileModel.model_fields
+    taken = [name for name, _ in sections if name in own]
+    if taken:
+        raise ValueError(f"an executor's section may not be named {', '.join(taken)}")
+    names = list(own)
+    at = names.index("cost") + 1
+    fields: dict[str, Any] = {name: (own[name].annotation, own[name]) for name in names[:at]}
+    fields.update({name: (model | None, None) for name, model in sections})
+    fields.update({name: (own[name].annotation, own[name]) for name in names[at:]})
+    return create_model(
+        "ScenariosFileModel", __base__=_Strict, __doc__=ScenariosFileModel.__doc__, **fields
+    )
 
 
 class FrameworksFileModel(_Strict):

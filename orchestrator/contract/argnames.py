@@ -2,10 +2,10 @@
 
 The orchestrator checks scenario arguments against these names while
 planning, so a typo is an error before any job starts; the child checks them
-again against the transformers it actually runs with. ``TRAINING_FIELDS``
+again against the transformers it actually runs with. ``FIELDS_FILE``
 lists ``transformers.TrainingArguments``' fields, saved from the version the
-project is tested with (``python -m orchestrator.contract.argnames`` rewrites it;
-a test fails when it falls out of date).
+project is tested with (``python -m trainer_entry.backends`` rewrites it, as
+only the child may import transformers; a test fails when it falls out of date).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ PEFT_KEYS = frozenset(
     }
 )
 MEASURE_KEYS = frozenset({"warmup_steps_excluded", "peak_tflops_per_device", "instrumentation"})
+#: names the child's trainer backend (``hf``, the default: the Hugging Face Trainer)
+BACKEND_KEY = "trainer"
 
 #: tunematrix's data setting <- the spellings accepted for it (in arguments and in
 #: the scenarios file's data_processing stanza)
@@ -77,7 +79,7 @@ DROPPED = {
 #: set by the child from the spec; a scenario's value is ignored with a note
 CONTROLLED = frozenset({"output_dir", "skip_memory_metrics", "use_cpu"})
 
-OWN_KEYS = MODEL_KEYS | PEFT_KEYS | MEASURE_KEYS | DATA_KEYS
+OWN_KEYS = MODEL_KEYS | PEFT_KEYS | MEASURE_KEYS | DATA_KEYS | {BACKEND_KEY}
 
 #: TrainingArguments that would make a row describe a run other than the one measured:
 #: name -> (why, what to do). Refused while planning and again by the child.
@@ -153,19 +155,3 @@ def unknown_argument(key: str, fields: frozenset[str] | None = None) -> str | No
     close = difflib.get_close_matches(key, sorted(OWN_KEYS | fields), n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return f"unknown argument '{key}': not a TrainingArguments field nor a tunematrix setting{hint}"
-
-
-def _installed_fields() -> tuple[str, list[str]]:
-    import dataclasses
-
-    import transformers
-    from transformers import TrainingArguments
-
-    names = sorted(f.name for f in dataclasses.fields(TrainingArguments) if f.init)
-    return transformers.__version__, names
-
-
-if __name__ == "__main__":
-    version, names = _installed_fields()
-    FIELDS_FILE.write_text(json.dumps({"transformers": version, "fields": names}, indent=1) + "\n")
-    print(f"wrote {len(names)} TrainingArguments fields of transformers {version} to {FIELDS_FILE}")

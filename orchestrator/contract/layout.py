@@ -27,6 +27,16 @@ def shipped(name: str) -> Path:
 
 
 @dataclass(frozen=True)
+class NodeFiles:
+    """What one node of a job writes into the run folder (the first node: the run's own files)."""
+
+    stdout: Path
+    stderr: Path
+    memory: Path
+    sidecar_log: Path
+
+
+@dataclass(frozen=True)
 class RunPaths:
     """The files of one experiment under ``runs/<experiment_id>/``."""
 
@@ -66,10 +76,40 @@ class RunPaths:
         """Where the trainer may write its own files (checkpoints are off by default)."""
         return self.dir / "trainer_output"
 
+    @property
+    def outcome(self) -> Path:
+        """The parent's record of the run (``orchestrator.contract.outcome``)."""
+        return self.dir / "outcome.json"
+
+    @property
+    def sidecar_log(self) -> Path:
+        return self.dir / "sidecar.log"
+
+    @property
+    def attempts(self) -> Path:
+        """Where the files of earlier, unfinished attempts are kept (``attempts/<n>/``)."""
+        return self.dir / "attempts"
+
+    def job_record(self, executor: str) -> Path:
+        """What an executor that submits jobs keeps of the submission (``<executor>.json``)."""
+        return self.dir / f"{_component(executor)}.json"
+
+    def node(self, rank: int) -> NodeFiles:
+        """The files node ``rank`` of a job writes; node 0 writes the run's own."""
+        if rank == 0:
+            return NodeFiles(self.stdout, self.stderr, self.memory, self.sidecar_log)
+        suffix = f".node{rank}"
+        return NodeFiles(
+            self.dir / f"stdout{suffix}.log",
+            self.dir / f"stderr{suffix}.log",
+            self.dir / f"memory{suffix}.csv",
+            self.dir / f"sidecar{suffix}.log",
+        )
+
 
 @dataclass(frozen=True)
 class ResultsLayout:
-    """The layout of a results folder (see DESIGN.md, "Results folder")."""
+    """The layout of a results folder: every path a run, report or compare reads or writes."""
 
     root: Path
 
@@ -109,11 +149,79 @@ class ResultsLayout:
     def lock(self) -> Path:
         return self.root / ".lock"
 
+    @property
+    def history(self) -> Path:
+        """The history of runs into this folder (kept when a run is moved aside)."""
+        return self.root / "history.sqlite"
+
+    @property
+    def scaling_csv(self) -> Path:
+        return self.root / "scaling.csv"
+
+    @property
+    def compare_csv(self) -> Path:
+        return self.root / "compare.csv"
+
+    @property
+    def compare_md(self) -> Path:
+        return self.root / "compare.md"
+
+    @property
+    def run_outputs(self) -> tuple[Path, ...]:
+        """What a run and its report write at the top of the folder (executor logs aside)."""
+        return (
+            self.env,
+            self.plan_csv,
+            self.raw_summary,
+            self.benchmarks,
+            self.summary_md,
+            self.plots,
+            self.runs,
+            self.scaling_csv,
+            self.compare_csv,
+            self.compare_md,
+        )
+
+    @property
+    def kept(self) -> tuple[Path, ...]:
+        """What stays when a run is moved aside: the prepared-data cache and the history."""
+        return (self.data, self.history)
+
     def run(self, experiment_id: str) -> RunPaths:
         """The folder of one experiment; the id must be a single safe path component."""
         if not _SAFE_COMPONENT.match(experiment_id) or ".." in experiment_id:
             raise UserError(f"experiment id {experiment_id!r} is not a safe folder name")
         return RunPaths(self.runs / experiment_id)
+
+    def run_folders(self) -> list[RunPaths]:
+        """Every experiment folder under ``runs/``, in name order."""
+        if not self.runs.is_dir():
+            return []
+        return [RunPaths(p) for p in sorted(self.runs.iterdir()) if p.is_dir()]
+
+    def executor_logs(self, executor: str) -> Path:
+        """The folder where an executor keeps logs of its own (``<executor>/``)."""
+        return self.root / _component(executor)
+
+    def job_logs(self, executor: str, job_id: str) -> Path:
+        """The logs of one of an executor's jobs (``<executor>/<job_id>/``).
+
+        ``job_id`` may be a placeholder the executor fills in (``%j``).
+        """
+        return self.executor_logs(executor) / job_id
+
+    def relative(self, path: Path) -> str:
+        """A path inside the folder, relative to it (the folder may move); others as they are."""
+        try:
+            return str(path.relative_to(self.root))
+        except ValueError:
+            return str(path)
+
+
+def _component(name: str) -> str:
+    if not _SAFE_COMPONENT.match(name) or ".." in name:
+        raise UserError(f"{name!r} is not a safe folder name")
+    return name
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -1,15 +1,23 @@
-"""What became of an experiment: the statuses, and the out-of-memory evidence.
+"""What became of an experiment: the statuses, the outcome record, and the out-of-memory evidence.
 
 ``Status`` is the one list of statuses a row can have; ``ACCEPTABLE`` says which
-of them leave a run's exit code at 0. ``OOM_PATTERNS`` is the one list of
+of them leave a run's exit code at 0. ``Outcome`` is the parent's record of one
+run (``outcome.json``), written by ``write_outcome`` and read by
+``read_outcome``, nowhere else. ``OOM_PATTERNS`` is the one list of
 out-of-memory messages: the child uses it to classify its own exceptions, the
 parent to read a stderr without a result.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Literal, get_args
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchestrator.contract.layout import RunPaths, write_atomic
 
 Status = Literal["ok", "oom", "timeout", "failed", "interrupted", "skipped", "planned"]
 #: every ``Status``, in the order tables list them
@@ -36,3 +44,80 @@ OOM_PATTERNS = (
 def looks_like_oom(text: str) -> bool:
     """Whether ``text`` (an exception message or a stderr tail) reports out-of-memory."""
     return any(p.search(text) for p in OOM_PATTERNS)
+
+
+class Outcome(BaseModel):
+    """The parent's record of one run of an experiment (``runs/<id>/outcome.json``)."""
+
+    # unknown keys of an older or newer record are ignored; assignments are checked
+    model_config = ConfigDict(extra="ignore", validate_assignment=True)
+
+    status: Status
+    error: str | None = None
+    #: the log that explains the run, relative to the results folder
+    log: str | None = None
+    returncode: int | None = None
+    #: from the experiment's start to the end of its cleanup (spec, sidecar, job, stop)
+    wall_s: float | None = None
+    #: from launching the job to its exit: the child's own lifetime
+    job_s: float | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    #: the sidecar's summary (``orchestrator.job.sidecar.summarize``)
+    memory: dict[str, Any] = Field(default_factory=dict)
+    memory_backend: str | None = None
+    gpu_device_name: str | None = None
+    devices: list[str] = Field(default_factory=list)
+    attempt: int = 1
+    #: ``alone`` or ``packed`` (with ``packed_with``: the jobs that ran beside it)
+    run_mode: str = "alone"
+    packed_with: list[str] = Field(default_factory=list)
+    #: the name of the executor that ran it (``local``, ``packed``, ...)
+    executor: str = "local"
+    #: the executor's own id of the job, where it has one
+    job_id: str | None = None
+
+    def as_dict(self, *, recorded_only: bool = False) -> dict[str, Any]:
+        """Every field, as JSON values (what ``outcome.json`` holds).
+
+        ``recorded_only``: only the fields the record it was read from had (an
+        older or hand-written record leaves the others out, rather than defaulted).
+        """
+        return self.model_dump(mode="json", exclude_unset=recorded_only)
+
+
+#: an older record named its job id ``<executor>_job_id``
+_OLD_JOB_ID = re.compile(r"^([a-z][a-z0-9]*)_job_id$")
+
+
+def outcome_from_record(record: dict[str, Any]) -> Outcome | None:
+    """An ``Outcome`` from the mapping an ``outcome.json`` holds; None if it is not one.
+
+    Records written before the executor field was generic carry the job id as
+    ``<executor>_job_id``: that maps to ``executor`` and ``job_id``.
+    """
+    record = dict(record)
+    for key in [k for k in record if _OLD_JOB_ID.match(k)]:
+        value = record.pop(key)
+        match = _OLD_JOB_ID.match(key)
+        if value is not None and match is not None and record.get("job_id") is None:
+            record["executor"], record["job_id"] = match.group(1), str(value)
+    try:
+        return Outcome.model_validate(record)
+    except ValidationError:
+        return None
+
+
+def read_outcome(run: RunPaths | Path) -> Outcome | None:
+    """The outcome of a run folder (or an ``outcome.json`` path); None where there is none."""
+    path = run.outcome if isinstance(run, RunPaths) else run
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return outcome_from_record(data) if isinstance(data, dict) else None
+
+
+def write_outcome(run: RunPaths, outcome: Outcome) -> None:
+    """Write a run's ``outcome.json`` atomically."""
+    write_atomic(run.outcome, json.dumps(outcome.as_dict(), indent=2, sort_keys=True) + "\n")

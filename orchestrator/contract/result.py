@@ -1,24 +1,282 @@
-"""``result.json``: the typed record a run leaves behind, and the status vocabulary.
+"""``result.json``: the typed record a run leaves behind.
 
 Written by the training child (rank 0 on success, the failing rank on an
 error), read by the parent and the report. The parent never scrapes numbers
 from a child's output: what it knows of a run comes from here.
+
+``ChildResult`` declares every field the child writes. A field is written
+when the child set it, ``None`` included, and left out when it did not: a
+failed run has no ``metrics``, a run without instrumentation no step-time
+figures, a packed dataset no ``examples_truncated``. Reading a file back and
+writing it again gives the same keys. Unknown keys are refused, so a field
+the child writes but this file does not declare fails the child's own tests.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from orchestrator.contract.layout import write_atomic
+from orchestrator.contract.outcome import Status
 
 RESULT_SCHEMA_VERSION = 1
 
 #: Set by the parent for one launch of a job, the same on every node and rank
 #: of it: a rank stopped because a peer failed recognises the peer's report.
 LAUNCH_ID_ENV = "TUNEMATRIX_LAUNCH_ID"
+
+#: A JSON number as the child computed it: an int stays an int, a float a float.
+Number = int | float
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunTimings(_Record):
+    """Where a run's wall time went before and around training, in seconds."""
+
+    #: from the process's start to the first line of the child
+    interpreter_start_s: float | None = None
+    #: importing the training stack
+    import_s: float | None = None
+    model_load_s: float | None = None
+    #: loading, tokenizing and packing the data, or reading it from the cache
+    data_prep_s: float | None = None
+    #: building the trainer
+    trainer_init_s: float | None = None
+    #: from the start of training to the end of the first optimizer step
+    first_step_s: float | None = None
+    #: from the process's start to the end of the first optimizer step
+    time_to_first_step_s: float | None = None
+
+
+class ChildMetrics(_Record):
+    """The measured figures of a finished run (``trainer_entry.measure``, ``trainer_entry.flops``).
+
+    The step and token figures are absent when no step was recorded
+    (``instrumentation: false``); the rest are always written, None where unknown.
+    """
+
+    #: optimizer steps every rank recorded
+    steps: int
+    #: the first steps, left out of throughput and step time
+    warmup_steps_excluded: int | None = None
+    steps_measured: int | None = None
+    #: the slowest rank's time over the measured steps
+    measured_time_s: float | None = None
+    #: real tokens of the measured steps, all ranks
+    tokens_measured: int | None = None
+    #: real tokens of every step, all ranks
+    tokens_total: int | None = None
+    #: padded batch tokens of every step, all ranks
+    padded_tokens_total: int | None = None
+    padding_fraction: float | None = None
+    tokens_per_second_global: float | None = None
+    tokens_per_second_per_device: float | None = None
+    step_time_median_s: float | None = None
+    step_time_mean_s: float | None = None
+    #: standard deviation over mean of the step times
+    step_time_cv: float | None = None
+    step_time_min_s: float | None = None
+    step_time_max_s: float | None = None
+    #: the trainer's own figures
+    train_runtime: Number | None
+    train_samples_per_second: Number | None
+    train_steps_per_second: Number | None
+    #: the predecessor's definition: rank 0's tokens, padding included, over the whole run
+    train_tokens_per_second: Number | None
+    train_loss: Number | None
+    loss_first: float | None
+    loss_last: float | None
+    loss_mean_last10pct: float | None
+    #: model FLOPs per real token of a training step
+    flops_per_token: Number | None
+    #: the same with the forward recomputed by activation checkpointing
+    hardware_flops_per_token: Number | None
+    achieved_tflops_per_device: Number | None
+    peak_tflops_per_device: Number | None
+    #: model FLOPs utilisation, 0 to 1
+    mfu: Number | None
+    #: which of the device's peaks MFU is against: fp8, bf16, tf32 or fp32
+    mfu_precision: str | None
+    mem_peak_torch_mem_alloc_in_bytes: int | None
+    mem_torch_mem_alloc_in_bytes: int | None
+    #: what the GPU memory stage figures come from (None: nothing)
+    mem_stage_source: str | None
+    #: the most GPU memory allocated while loading and wrapping the model
+    mem_load_peak_bytes: int | None
+    torch_max_memory_allocated_bytes: int | None
+    torch_max_memory_reserved_bytes: int | None
+    mem_peak_rss_bytes: int | None
+
+
+class FlopsRecord(_Record):
+    """What the FLOPs figures were computed from; the parts are absent without a figure."""
+
+    #: sequences fed in the measured steps, all ranks
+    rows: int | None
+    real_tokens: int | None
+    #: Σ r² / Σ r: keys per real token's score row, before any sliding window
+    attention_length: Number | None
+    linear_forward: Number | None = None
+    linear_input_grad: Number | None = None
+    linear_weight_grad: Number | None = None
+    attention: Number | None = None
+    recompute: Number | None = None
+
+
+class ModelRecord(_Record):
+    """The model as loaded (``trainer_entry.models.load``)."""
+
+    #: ``tiny``, ``config`` or ``pretrained``
+    kind: str
+    dtype: str | None
+    attn_implementation: str | None
+    architecture: str
+    #: ``nf4`` under QLoRA, else None
+    quantization: str | None
+    #: where a ``config:`` model was built (``cpu``, ``cuda``); None for other kinds
+    built_on: str | None
+    #: whether this rank drew a ``config:`` model's weights; None for other kinds
+    weights_drawn: bool | None
+    trainable_params: int
+    total_params: int
+    peft_method: str | None
+
+
+class DataRecord(_Record):
+    """What the data preparation did (``trainer_entry.data``)."""
+
+    #: the data file's name and hash, or the hub dataset's name, split and fingerprint
+    source: dict[str, Any]
+    #: records in the dataset
+    examples: int
+    #: training sequences made from them
+    sequences: int
+    tokens: int
+    #: tokens that carry a loss
+    label_tokens: int
+    #: the cache folder's name; absent without processing
+    cache_key: str | None = None
+    formatting: str | None = None
+    max_seq_len: int | None = None
+    packing: bool | None = None
+    #: ``none``: the file as it is (``no_data_processing``)
+    processing: str | None = None
+    #: packed: the tail shorter than one block
+    tokens_dropped: int | None = None
+    #: not packed: examples cut to max_seq_len, and those left with no token to learn from
+    examples_truncated: int | None = None
+    examples_dropped: int | None = None
+    #: True: read from the cache; None: no cache used
+    cache_hit: bool | None = None
+    cache_path: str | None = None
+
+
+class RankRecord(_Record):
+    """One rank's step records (``trainer_entry.measure.RankStats``)."""
+
+    rank: int
+    pid: int
+    step_times_s: list[float]
+    step_tokens: list[int]
+    step_padded_tokens: list[int]
+    step_rows: list[int]
+    step_sq_tokens: list[int]
+    #: sliding window -> Σ r·min(r, w) for each step
+    step_windowed_sq_tokens: dict[int, list[int]]
+    first_step_s: float | None
+    first_step_end_unix: float | None
+    peak_rss_bytes: int | None
+    cuda_max_allocated_bytes: int | None
+    cuda_max_reserved_bytes: int | None
+
+
+class Versions(_Record):
+    python: str
+    torch: str
+    cuda: str | None
+    transformers: str
+    peft: str
+    accelerate: str
+
+
+class ChildResult(_Record):
+    """``result.json``: one run of one experiment, finished or not."""
+
+    schema_version: int = RESULT_SCHEMA_VERSION
+    experiment_id: str
+    cell_id: str | None
+    scenario: str | None
+    framework_config: str | None
+    repeat: int
+    #: the swept axes' values of the cell
+    swept: dict[str, Any]
+    model_name_or_path: str | None
+    status: Status
+    #: one line; None when the run finished
+    error: str | None
+    #: the exception's class name
+    error_type: str | None
+    world_size: int
+    timings: RunTimings
+    finished_at: str
+
+    # ---- a finished run ------------------------------------------------------
+    device: Literal["gpu", "cpu"] | None = None
+    #: processes (one per GPU; on the CPU, one per process)
+    num_gpus: int | None = None
+    per_device_train_batch_size: int | None = None
+    gradient_accumulation_steps: int | None = None
+    effective_batch_size: int | None = None
+    max_seq_len: int | None = None
+    packing: bool | None = None
+    peft_method: str | None = None
+    torch_dtype: str | None = None
+    activation_checkpointing: bool | None = None
+    gpu_device_name: str | None = None
+    started_at: str | None = None
+    metrics: ChildMetrics | None = None
+    model: ModelRecord | None = None
+    data: DataRecord | None = None
+    flops: FlopsRecord | None = None
+    ranks: list[RankRecord] | None = None
+    #: the trainer's own metrics, as it returned them
+    hf_metrics: dict[str, Any] | None = None
+    #: [step, loss] of every logged step
+    loss_history: list[tuple[int, float]] | None = None
+    #: rank 0's GPU memory stage figures (HF's names)
+    memory_stages: dict[str, Number] | None = None
+    versions: Versions | None = None
+    notes: list[str] | None = None
+
+    # ---- a run that failed ---------------------------------------------------
+    #: the rank that wrote this failure
+    error_rank: int | None = None
+    #: shared by the ranks of one launch (``LAUNCH_ID_ENV``)
+    launch_id: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The JSON object written to disk: the fields that were set, and the schema version."""
+        data = self.model_dump(mode="json", exclude_unset=True)
+        data["schema_version"] = self.schema_version
+        return _json_safe(data)  # type: ignore[no-any-return]
+
+
+class ResultError(ValueError):
+    """A ``result.json`` that is JSON but not a result this version reads."""
+
+
+def timestamp() -> str:
+    """The time now as a result records it (``started_at``, ``finished_at``): UTC, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def one_line(text: str, limit: int = 500) -> str:
@@ -38,16 +296,36 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def write_result(path: Path, result: dict[str, Any]) -> None:
+def write_result(path: Path, result: ChildResult) -> None:
     """Write a result atomically: a reader sees no file or the whole file."""
-    record = {"schema_version": RESULT_SCHEMA_VERSION, **result}
-    write_atomic(
-        path, json.dumps(_json_safe(record), indent=2, sort_keys=True, allow_nan=False) + "\n"
-    )
+    text = json.dumps(result.record(), indent=2, sort_keys=True, allow_nan=False)
+    write_atomic(path, text + "\n")
+
+
+def load_result(path: Path) -> ChildResult | None:
+    """The result at ``path``, validated; None when there is none or it cannot be read.
+
+    Raises ``ResultError`` (naming the file and the first bad key) when the
+    file is a JSON object that is not a valid result.
+    """
+    data = read_result(path)
+    if data is None:
+        return None
+    try:
+        return ChildResult.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ResultError(f"{path}: {where}: {first['msg']}{more}") from None
 
 
 def read_result(path: Path) -> dict[str, Any] | None:
-    """The result at ``path``, or None if there is none or it cannot be read."""
+    """The JSON object at ``path``, unvalidated; None if there is none or it cannot be read.
+
+    Any JSON object file reads this way (the parent reads ``outcome.json`` and
+    its executors' records with it too); ``load_result`` validates a result.
+    """
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -1,1 +1,6 @@
-"""Where experiments run: on this machine one at a time, packed onto GPU slots, or on SLURM."""
+"""Where experiments run: one executor per module (or package), ``local`` and ``packed`` among them.
+
+``base`` holds the protocol every executor implements and the ``RunContext``
+it runs with; ``registry`` maps names to executors; ``scheduler`` is the pure
+packing logic.
+"""

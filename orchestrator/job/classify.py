@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.contract.outcome import OOM_PATTERNS, looks_like_oom
+from orchestrator.contract.outcome import OOM_PATTERNS, Status, looks_like_oom
 from orchestrator.contract.result import one_line
 
 # `[rank1]: ` prefixes that torch.distributed adds to each line of a rank's output
@@ -34,8 +34,10 @@ _ERROR_LINE = re.compile(
 
 
 @dataclass(frozen=True)
-class Outcome:
-    status: str
+class Verdict:
+    """What the evidence says of a run: its status and a one-line error."""
+
+    status: Status
     error: str | None
 
 
@@ -127,7 +129,7 @@ def classify(
     timeout_s: float | None = None,
     host_oom: str | None = None,
     host_oom_checked: bool = False,
-) -> Outcome:
+) -> Verdict:
     """The status and one-line error of one finished (or stopped) run.
 
     ``returncode`` as ``subprocess`` gives it: negative for a signal.
@@ -138,30 +140,30 @@ def classify(
     report could have been read at all.
     """
     if interrupted:
-        return Outcome("interrupted", "stopped by the user (Ctrl-C / SIGTERM)")
+        return Verdict("interrupted", "stopped by the user (Ctrl-C / SIGTERM)")
     if timed_out:
         limit = f" of {timeout_s:g} s" if timeout_s else ""
-        return Outcome(
+        return Verdict(
             "timeout", f"exceeded the time limit{limit}; the job's process group was killed"
         )
 
     status = result.get("status") if result else None
     if status == "ok":
         if returncode == 0:
-            return Outcome("ok", None)
-        return Outcome(
+            return Verdict("ok", None)
+        return Verdict(
             "failed",
             f"exit code {returncode} after writing a complete result; see stderr.log"
             + (f" ({stderr_error(stderr_tail)})" if stderr_error(stderr_tail) else ""),
         )
     if status in ("oom", "failed", "timeout") and result is not None:
         error = result.get("error") or f"the child reported {status}"
-        return Outcome(str(status), one_line(str(error)))
+        return Verdict(status, one_line(str(error)))
     # A child's "interrupted" that the parent did not cause: the launcher
     # stopped it because a peer died. Explain the run from that peer.
 
     if returncode == 0:
-        return Outcome("failed", "exited 0 without writing a result")
+        return Verdict("failed", "exited 0 without writing a result")
     if looks_like_oom(stderr_tail):
         line = next(
             (
@@ -171,7 +173,7 @@ def classify(
             ),
             "out of memory",
         )
-        return Outcome("oom", line)
+        return Verdict("oom", line)
     death = root_cause(stderr_tail)
     if _is_sigkill(returncode) and (death is None or not _is_sigkill(death.exitcode)):
         death = RankDeath(exitcode=-signal.SIGKILL, rank=None)
@@ -180,26 +182,26 @@ def classify(
         who = death.who if death is not None else ""
     if death is not None and _is_sigkill(death.exitcode):
         if host_oom:
-            return Outcome(
+            return Verdict(
                 "oom",
                 f"host memory: {who} was killed by the kernel's out-of-memory killer ({host_oom})",
             )
         if host_oom_checked:
-            return Outcome(
+            return Verdict(
                 "failed",
                 f"{who} was killed by SIGKILL, not by the out-of-memory killer "
                 "(no OOM kill in the job's memory cgroups or the kernel log)",
             )
-        return Outcome(
+        return Verdict(
             "failed",
             f"{who} was killed by SIGKILL; whether by the out-of-memory killer is unknown "
             "(neither the memory cgroup counters nor the kernel log could be read)",
         )
     if death is not None and death.exitcode < 0:
-        return Outcome("failed", f"{who} was killed by {_signal_name(-death.exitcode)}")
+        return Verdict("failed", f"{who} was killed by {_signal_name(-death.exitcode)}")
     if returncode is not None and returncode < 0:
-        return Outcome("failed", f"killed by {_signal_name(-returncode)}")
+        return Verdict("failed", f"killed by {_signal_name(-returncode)}")
     detail = stderr_error(stderr_tail)
-    return Outcome(
+    return Verdict(
         "failed", f"exit code {returncode}" + (f": {detail}" if detail else " and no error output")
     )

@@ -33,7 +33,7 @@ def accelerate_command() -> list[str]:
 
 @dataclass(frozen=True)
 class LaunchSite:
-    """Where this launch sits in a job: one machine, or one of several (SLURM)."""
+    """Where this launch sits in a job: one machine, or one of several (a multi-node job)."""
 
     num_machines: int = 1
     machine_rank: int = 0

@@ -1,13 +1,16 @@
 """One experiment as a job: ``accelerate launch`` in its own process group, watched by a sidecar.
 
-Whatever happens — a timeout, Ctrl-C, a stop request from the scheduler, an
-exception in here — the ``finally`` blocks stop the job's whole group (TERM,
-a grace period, KILL) and the sidecar, and the job's outcome is written.
+``run_experiment`` is the one path every executor takes, in named steps:
+``prepare_launch`` (spec, command, environment), ``launch_and_wait`` (the
+sidecar and the job, the time limit), ``classify_run`` (the status from the
+evidence), ``build_outcome`` and ``write_outcome``. Whatever happens — a
+timeout, Ctrl-C, a stop request from the scheduler, an exception in here —
+the ``finally`` blocks stop the job's whole group (TERM, a grace period,
+KILL) and the sidecar, and the job's outcome is written.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -23,11 +26,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator.config.values import MEMORY_LOGGING
-from orchestrator.contract.layout import ResultsLayout, RunPaths, write_atomic
+from orchestrator.contract.layout import NodeFiles, ResultsLayout, RunPaths, write_atomic
+from orchestrator.contract.outcome import Outcome, write_outcome
 from orchestrator.contract.result import LAUNCH_ID_ENV, read_result
 from orchestrator.contract.spec import MemoryStages, RunSpec, write_spec
 from orchestrator.job import oomkill
-from orchestrator.job.classify import classify, root_cause, sigkilled_pids
+from orchestrator.job.classify import Verdict, classify, root_cause, sigkilled_pids
 from orchestrator.job.command import LaunchSite, accelerate_command, job_env, launch_argv
 from orchestrator.job.sidecar import parse_ready, read_samples, summarize
 from orchestrator.matrix.experiment import Experiment
@@ -60,6 +64,8 @@ def spec_for(
 
 @dataclass(frozen=True)
 class RunOptions:
+    """How every experiment of a run is run, whichever executor runs it."""
+
     timeout_s: float | None = None
     resume: bool = False
     fail_fast: bool = False
@@ -76,38 +82,6 @@ class RunOptions:
     tokens: float | None = None
     #: write benchmarks.csv, summary.md and plots after the run
     report: bool = True
-    #: run jobs side by side while devices are free (see orchestrator.executors.scheduler)
-    pack: bool = False
-    #: CPU jobs: how many processes may run at once when packing
-    slots: int = 1
-
-
-@dataclass
-class Outcome:
-    status: str
-    error: str | None = None
-    log: str | None = None
-    returncode: int | None = None
-    #: from the experiment's start to the end of its cleanup (spec, sidecar, job, stop)
-    wall_s: float | None = None
-    #: from launching the job to its exit: the child's own lifetime
-    job_s: float | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
-    memory: dict[str, Any] = field(default_factory=dict)
-    memory_backend: str | None = None
-    gpu_device_name: str | None = None
-    devices: list[str] = field(default_factory=list)
-    attempt: int = 1
-    #: ``alone`` or ``packed`` (with ``packed_with``: the jobs that ran beside it)
-    run_mode: str = "alone"
-    packed_with: list[str] = field(default_factory=list)
-    #: ``local`` or ``slurm`` (with the SLURM job id)
-    executor: str = "local"
-    slurm_job_id: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 class Interrupted(Exception):
@@ -271,16 +245,10 @@ def write_command_script(path: Path, env: dict[str, str], argv: Sequence[str], c
 
 
 # ---------------------------------------------------------------------------
-# One experiment
+# One experiment, in named steps: prepare, launch (with the sidecar), wait
+# (with the time limit), classify, write the outcome. Every executor runs an
+# experiment through ``run_experiment``; only where it runs differs.
 # ---------------------------------------------------------------------------
-
-
-def _relative(path: Path, layout: ResultsLayout) -> str:
-    """A path inside the results folder, relative to it (the folder may move)."""
-    try:
-        return str(path.relative_to(layout.root))
-    except ValueError:
-        return str(path)
 
 
 def _hub_free(model: str) -> bool:
@@ -311,136 +279,251 @@ def child_environment(
     return overlay, {**os.environ, **overlay, LAUNCH_ID_ENV: launch_id or uuid.uuid4().hex}
 
 
-def run_experiment(
+@dataclass(frozen=True)
+class Placement:
+    """Where one launch of an experiment runs, as its executor decided."""
+
+    #: the executor's name, and its id of the job (for the outcome)
+    executor: str = "local"
+    job_id: str | None = None
+    #: ``CUDA_VISIBLE_DEVICES`` entries handed to the job (none on the CPU)
+    devices: Sequence[str] = ()
+    #: this node's place in a multi-node job
+    site: LaunchSite = field(default_factory=LaunchSite)
+    #: the rendezvous port (default: a free one here)
+    port: int | None = None
+    #: how many jobs share this machine's cores (packing on the CPU)
+    cpu_share: int = 1
+    #: the same on every node of a multi-node job (default: a new one)
+    launch_id: str | None = None
+    #: the jobs that ran beside this one (filled by a packing executor while it runs)
+    packed_with: set[str] | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A prepared launch: the command, its environment and where its output goes."""
+
+    argv: list[str]
+    env: dict[str, str]
+    files: NodeFiles
+    #: the first node writes the run's files and outcome, the others only their logs
+    primary: bool
+    timeout_s: float
+
+
+def prepare_launch(
     experiment: Experiment,
     run: RunPaths,
     layout: ResultsLayout,
     options: RunOptions,
-    devices: Sequence[str],
-    *,
-    attempt: int = 1,
-    on_tick: Callable[[], None] = lambda: None,
-    stop: threading.Event | None = None,
-    packed_with: set[str] | None = None,
-    cpu_share: int = 1,
-    site: LaunchSite | None = None,
-    port: int | None = None,
-    slurm_job_id: str | None = None,
-    launch_id: str | None = None,
-) -> Outcome:
-    """Launch one experiment and wait for it; always leaves no process behind.
-
-    ``stop``: set by a scheduler to stop the job (Ctrl-C while packing).
-    ``packed_with``: filled by the scheduler with the jobs that ran beside this
-    one. ``site``: this node's place in a multi-node job (SLURM); only the
-    first node writes the run's files and outcome, the others their own logs.
-    ``launch_id``: the same on every node of a multi-node job.
-    Returns the outcome (``interrupted`` after Ctrl-C or ``stop``).
-    """
-    site = site or LaunchSite()
+    placement: Placement,
+) -> Launch:
+    """Step 1: the spec, the command and its environment (and command.sh, on the first node)."""
+    site = placement.site
     primary = site.machine_rank == 0
     run.dir.mkdir(parents=True, exist_ok=True)
     if primary:
         write_experiment_spec(experiment, run, layout, options)
         # the step counter shown while it runs must be this launch's
         run.progress.unlink(missing_ok=True)
-    port = port or free_port()
     argv = launch_argv(
-        experiment, run.spec.resolve(), port=port, accelerate=accelerate_command(), site=site
+        experiment,
+        run.spec.resolve(),
+        port=placement.port or free_port(),
+        accelerate=accelerate_command(),
+        site=site,
     )
-    overlay, env = child_environment(experiment, devices, cpu_share=cpu_share, launch_id=launch_id)
+    overlay, env = child_environment(
+        experiment,
+        placement.devices,
+        cpu_share=placement.cpu_share,
+        launch_id=placement.launch_id,
+    )
     if primary:
         write_command_script(run.command, overlay, argv, Path.cwd())
-    suffix = "" if primary else f".node{site.machine_rank}"
-    stdout_path = run.dir / f"stdout{suffix}.log" if suffix else run.stdout
-    stderr_path = run.dir / f"stderr{suffix}.log" if suffix else run.stderr
-    memory_path = run.dir / f"memory{suffix}.csv" if suffix else run.memory
-
-    timeout = timeout_for(experiment, options)
-    outcome = Outcome(
-        status="failed",
-        log=_relative(run.stderr, layout),
-        devices=list(devices),
-        attempt=attempt,
-        executor="slurm" if slurm_job_id else "local",
-        slurm_job_id=slurm_job_id,
+    return Launch(
+        argv=argv,
+        env=env,
+        files=run.node(site.machine_rank),
+        primary=primary,
+        timeout_s=timeout_for(experiment, options),
     )
-    proc: subprocess.Popen[Any] | None = None
+
+
+@dataclass
+class Ran:
+    """What launching and waiting found out."""
+
+    started_at: str
+    returncode: int | None = None
+    job_s: float | None = None
+    wall_s: float = 0.0
+    timed_out: bool = False
+    interrupted: bool = False
     sidecar: Sidecar | None = None
     oom_watch: oomkill.OomWatch | None = None
-    timed_out = interrupted = False
+    proc: subprocess.Popen[Any] | None = None
+
+
+def wait_with_limit(
+    proc: subprocess.Popen[Any],
+    timeout_s: float,
+    stop: threading.Event | None,
+    on_tick: Callable[[], None],
+) -> tuple[bool, bool, float]:
+    """Step 3: wait for the job, at most ``timeout_s``; (timed out, stopped, job seconds).
+
+    Wakes once a second for ``on_tick`` (the progress line) and ``stop`` (a
+    scheduler's stop request); never busy-waits.
+    """
+    launched = time.monotonic()
+    deadline = launched + timeout_s
+    while True:
+        try:
+            proc.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+            return False, False, time.monotonic() - launched
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                return True, False, time.monotonic() - launched
+            if stop is not None and stop.is_set():
+                return False, True, time.monotonic() - launched
+            on_tick()
+
+
+def launch_and_wait(
+    launch: Launch,
+    options: RunOptions,
+    devices: Sequence[str],
+    *,
+    stop: threading.Event | None = None,
+    on_tick: Callable[[], None] = lambda: None,
+) -> Ran:
+    """Step 2 and 3: start the sidecar and the job in its own process group, wait.
+
+    Whatever happens (the time limit, Ctrl-C, ``stop``, an exception here), the
+    ``finally`` stops the job's whole group (TERM, a grace period, KILL) and
+    the sidecar.
+    """
+    ran = Ran(started_at=envinfo.now("milliseconds"))
     start = time.monotonic()
-    outcome.started_at = envinfo.now("milliseconds")
+    files = launch.files
     with (
-        stdout_path.open("w") as out,
-        stderr_path.open("w") as err,
-        (run.dir / f"sidecar{suffix}.log").open("w") as side,
+        files.stdout.open("w") as out,
+        files.stderr.open("w") as err,
+        files.sidecar_log.open("w") as side,
     ):
         try:
             if _wants_sidecar(options):
-                sidecar = start_sidecar(memory_path, devices, options.sidecar_interval_s, side)
-            oom_watch = oomkill.watch()  # the job inherits this process's cgroups
-            proc = subprocess.Popen(
-                argv,
-                env=env,
+                ran.sidecar = start_sidecar(files.memory, devices, options.sidecar_interval_s, side)
+            ran.oom_watch = oomkill.watch()  # the job inherits this process's cgroups
+            ran.proc = subprocess.Popen(
+                launch.argv,
+                env=launch.env,
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-            launched = time.monotonic()
-            if sidecar is not None:
-                sidecar.watch(proc.pid)
-            deadline = launched + timeout
-            while True:
-                # wake once a second for the progress line; no busy waiting
-                try:
-                    proc.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-                    outcome.job_s = time.monotonic() - launched
-                    break
-                except subprocess.TimeoutExpired:
-                    if time.monotonic() >= deadline:
-                        timed_out = True
-                        outcome.job_s = time.monotonic() - launched
-                        break
-                    if stop is not None and stop.is_set():
-                        interrupted = True
-                        break
-                    on_tick()
+            if ran.sidecar is not None:
+                ran.sidecar.watch(ran.proc.pid)
+            ran.timed_out, ran.interrupted, ran.job_s = wait_with_limit(
+                ran.proc, launch.timeout_s, stop, on_tick
+            )
+            if ran.interrupted:
+                ran.job_s = None  # stopped, not ended: the job's lifetime is not known
         except (KeyboardInterrupt, Interrupted):
-            interrupted = True
+            ran.interrupted = True
         finally:
-            if proc is not None:
+            if ran.proc is not None:
                 # after Ctrl-C the user is waiting: a shorter grace before KILL
-                stop_group(proc, min(options.grace_s, 5.0) if interrupted else options.grace_s)
-            if sidecar is not None:
-                sidecar.stop()
-    outcome.wall_s = time.monotonic() - start
-    outcome.finished_at = envinfo.now("milliseconds")
-    outcome.returncode = proc.returncode if proc is not None else None
-    result = read_result(run.result) if primary else None
-    stderr_tail = _tail(stderr_path)
-    host_oom = _host_oom(oom_watch, outcome.returncode, stderr_tail, memory_path, proc)
-    classified = classify(
-        returncode=outcome.returncode,
-        result=result if primary else {"status": "ok"},
+                grace = min(options.grace_s, 5.0) if ran.interrupted else options.grace_s
+                stop_group(ran.proc, grace)
+            if ran.sidecar is not None:
+                ran.sidecar.stop()
+    ran.wall_s = time.monotonic() - start
+    ran.returncode = ran.proc.returncode if ran.proc is not None else None
+    return ran
+
+
+def classify_run(run: RunPaths, launch: Launch, ran: Ran) -> Verdict:
+    """Step 4: the status from the evidence (result.json, exit code, stderr, the kernel)."""
+    result = read_result(run.result) if launch.primary else {"status": "ok"}
+    stderr_tail = _tail(launch.files.stderr)
+    host_oom = _host_oom(ran.oom_watch, ran.returncode, stderr_tail, launch.files.memory, ran.proc)
+    return classify(
+        returncode=ran.returncode,
+        result=result,
         stderr_tail=stderr_tail,
-        timed_out=timed_out,
-        interrupted=interrupted,
-        timeout_s=timeout,
+        timed_out=ran.timed_out,
+        interrupted=ran.interrupted,
+        timeout_s=launch.timeout_s,
         host_oom=host_oom.found if host_oom else None,
         host_oom_checked=host_oom.checked if host_oom else False,
     )
-    outcome.status, outcome.error = classified.status, classified.error
-    if sidecar is not None:
-        outcome.memory_backend = sidecar.backend
-        outcome.gpu_device_name = sidecar.devices
-        outcome.memory = summarize(read_samples(memory_path))
+
+
+def build_outcome(
+    run: RunPaths,
+    layout: ResultsLayout,
+    options: RunOptions,
+    placement: Placement,
+    launch: Launch,
+    ran: Ran,
+    verdict: Verdict,
+    attempt: int,
+) -> Outcome:
+    """Step 5: the outcome record of the launch (written by the first node)."""
+    outcome = Outcome(
+        status=verdict.status,
+        error=verdict.error,
+        log=layout.relative(run.stderr),
+        returncode=ran.returncode,
+        wall_s=ran.wall_s,
+        job_s=ran.job_s,
+        started_at=ran.started_at,
+        finished_at=envinfo.now("milliseconds"),
+        devices=list(placement.devices),
+        attempt=attempt,
+        executor=placement.executor,
+        job_id=placement.job_id,
+    )
+    if ran.sidecar is not None:
+        outcome.memory_backend = ran.sidecar.backend
+        outcome.gpu_device_name = ran.sidecar.devices
+        outcome.memory = summarize(read_samples(launch.files.memory))
     elif _wants_sidecar(options):
         outcome.memory_backend = "unavailable (the sidecar did not start; see stderr.log)"
-    if packed_with:
-        outcome.run_mode, outcome.packed_with = "packed", sorted(packed_with)
-    if primary:
+    if placement.packed_with:
+        outcome.run_mode, outcome.packed_with = "packed", sorted(placement.packed_with)
+    return outcome
+
+
+def run_experiment(
+    experiment: Experiment,
+    run: RunPaths,
+    layout: ResultsLayout,
+    options: RunOptions,
+    placement: Placement | None = None,
+    *,
+    attempt: int = 1,
+    on_tick: Callable[[], None] = lambda: None,
+    stop: threading.Event | None = None,
+) -> Outcome:
+    """Launch one experiment and wait for it; always leaves no process behind.
+
+    ``placement``: where it runs (devices, this node's place in a multi-node
+    job, the executor's name and job id); only the first node writes the
+    run's files and outcome, the others their own logs. ``stop``: set by a
+    scheduler to stop the job (Ctrl-C while packing). Returns the outcome
+    (``interrupted`` after Ctrl-C or ``stop``).
+    """
+    placement = placement or Placement()
+    launch = prepare_launch(experiment, run, layout, options, placement)
+    ran = launch_and_wait(launch, options, placement.devices, stop=stop, on_tick=on_tick)
+    verdict = classify_run(run, launch, ran)
+    outcome = build_outcome(run, layout, options, placement, launch, ran, verdict, attempt)
+    if launch.primary:
         write_outcome(run, outcome)
     return outcome
 
@@ -488,9 +571,3 @@ def write_experiment_spec(
         no_data_processing=options.no_data_processing,
     )
     write_spec(spec, run.spec)
-
-
-def write_outcome(run: RunPaths, outcome: Outcome) -> None:
-    write_atomic(
-        run.dir / "outcome.json", json.dumps(outcome.as_dict(), indent=2, sort_keys=True) + "\n"
-    )

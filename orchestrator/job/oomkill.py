@@ -7,7 +7,7 @@ OOM killer), so a host OOM is recorded only with the kernel's own word for it:
 
 - the ``oom_kill`` counter of the memory cgroup the job runs in, or of one of
   its ancestors (cgroup v1 ``memory.oom_control``, v2 ``memory.events``),
-  read before the launch and after the job ended — a limit set by SLURM or
+  read before the launch and after the job ended — a limit set by a batch scheduler or
   by hand on any of them is where a kill would be counted;
 - the kernel log (``/dev/kmsg``, readable by root): a ``Killed process <pid>``
   line after the launch naming a process of the job.
@@ -43,7 +43,7 @@ def parse_oom_kill_count(text: str) -> int | None:
 def memory_cgroups(proc_cgroup: str, root: Path = CGROUP_ROOT) -> list[Path]:
     """The memory cgroup folders of a process (from ``/proc/<pid>/cgroup``), innermost first.
 
-    cgroup v1 lines look like ``4:memory:/slurm/uid_0/job_12``; v2 has one
+    cgroup v1 lines look like ``4:memory:/batch/uid_0/job_12``; v2 has one
     line ``0::/path``. Each ancestor up to the hierarchy's root is listed too,
     because a limit on any of them can end the job.
     """

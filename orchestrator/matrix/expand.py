@@ -12,17 +12,21 @@ cell builds its own dict, so nothing one scenario sets reaches another.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
+import functools
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config.scenarios import BenchConfig, Scenario
-from orchestrator.config.values import NO_FRAMEWORK, canonical_json
+from orchestrator.config.scenarios import AccelerateConfig, BenchConfig, Scenario
+from orchestrator.config.values import NO_FRAMEWORK
 from orchestrator.contract.errors import ConfigError, UserError
 from orchestrator.matrix.experiment import Experiment
-from orchestrator.matrix.ids import experiment_id
+from orchestrator.matrix.ids import experiment_id, spec_digest, spec_hash
+
+# The plan types live in matrix.plan; importers of matrix.expand may still name them here.
+from orchestrator.matrix.plan import Axis as Axis
+from orchestrator.matrix.plan import Plan as Plan
 
 DEFAULT_EFFECTIVE_BATCH_SIZE = (4, 8)
 DEFAULT_MAX_SEQ_LEN = (4096,)
@@ -53,26 +57,6 @@ class Selection:
     #: a preview (``plan``, DRY_RUN): with ``auto``, a file with no scenario for this
     #: machine is planned for its scenarios' own device rather than refused
     preview: bool = False
-
-
-@dataclass(frozen=True)
-class Axis:
-    values: tuple[Any, ...]
-    #: where the values came from, for the plan header
-    source: str
-
-
-@dataclass(frozen=True)
-class Plan:
-    experiments: tuple[Experiment, ...]
-    device: str
-    device_source: str
-    axes: Mapping[str, Axis]
-    repeats: Axis
-    scenarios: tuple[str, ...]
-    #: argument names swept by at least one selected scenario, in first-seen order
-    swept_keys: tuple[str, ...]
-    notes: tuple[str, ...] = field(default=())
 
 
 # ---------------------------------------------------------------------------
@@ -300,31 +284,22 @@ def _axis_override(
     return (value,)
 
 
-def build_plan(config: BenchConfig, selection: Selection, gpu_count: int) -> Plan:
+#: GPUs to plan for: a count, or a function that counts them (called only when
+#: the plan needs a count: ``device="auto"``, or no GPU-count axis given)
+GpuCount = int | Callable[[], int]
+
+
+def build_plan(config: BenchConfig, selection: Selection, gpu_count: GpuCount) -> Plan:
     """Select scenarios and expand them into experiments (with stable ids)."""
-    device, device_source = resolve_device(selection.device, gpu_count)
+    count = _once(gpu_count)
+    device, device_source = resolve_device(
+        selection.device, count() if selection.device == "auto" else 0
+    )
     if selection.preview and selection.device == "auto" and not selection.filters:
         device, device_source = _preview_device(config, device, device_source)
     scenarios = select_scenarios(config, selection.filters, device, device_source)
-
-    m = config.matrix
-    if selection.num_gpus is not None:
-        gpus = Axis(selection.num_gpus, "command line")
-    elif m.num_gpus is not None:
-        gpus = Axis(tuple(m.num_gpus), "scenarios file")
-    else:
-        gpus = Axis(*default_num_gpus(device, gpu_count))
-    ebs = (
-        Axis(selection.effective_batch_size, "command line")
-        if selection.effective_batch_size is not None
-        else _file_axis(m.effective_batch_size, DEFAULT_EFFECTIVE_BATCH_SIZE)
-    )
-    seqs = _file_axis(m.max_seq_len, DEFAULT_MAX_SEQ_LEN)
-    packs = _file_axis(m.packing, DEFAULT_PACKING)
-    if selection.repeats is not None:
-        repeats = Axis((selection.repeats,), "command line")
-    else:
-        repeats = _file_axis([m.repeats] if m.repeats else None, (1,))
+    axes, repeats = _axes(config, selection, device, count)
+    gpus = axes["num_gpus"]
     n_repeats = int(repeats.values[0])
 
     experiments: list[Experiment] = []
@@ -345,7 +320,7 @@ def build_plan(config: BenchConfig, selection: Selection, gpu_count: int) -> Pla
         if scenario.device == "gpu" and device == "cpu":
             notes.append(f"scenario '{scenario.name}' needs GPUs; planned on the CPU as processes")
         swept_keys.update(dict.fromkeys(scenario.sweep))
-        for cell in _expand_scenario(config, scenario, counts, ebs, seqs, packs, n_repeats):
+        for cell in _expand_scenario(config, scenario, counts, axes, n_repeats):
             other = seen.get(cell.experiment_id)
             if other is not None:
                 # Every axis value, model, framework and sweep value is distinct by
@@ -367,17 +342,51 @@ def build_plan(config: BenchConfig, selection: Selection, gpu_count: int) -> Pla
         experiments=tuple(experiments),
         device=device,
         device_source=device_source,
-        axes={
-            "num_gpus": gpus,
-            "effective_batch_size": ebs,
-            "max_seq_len": seqs,
-            "packing": packs,
-        },
+        axes=axes,
         repeats=repeats,
         scenarios=tuple(s.name for s in scenarios),
         swept_keys=tuple(swept_keys),
         notes=tuple(notes),
     )
+
+
+def _once(gpu_count: GpuCount) -> Callable[[], int]:
+    """``gpu_count`` as a function that counts at most once (counting costs a few ms)."""
+    if isinstance(gpu_count, int):
+        fixed = gpu_count
+        return lambda: fixed
+    return functools.cache(gpu_count)
+
+
+def _axes(
+    config: BenchConfig, selection: Selection, device: str, count: Callable[[], int]
+) -> tuple[dict[str, Axis], Axis]:
+    """The four axes of the matrix (num_gpus, effective_batch_size, max_seq_len,
+    packing) and the repeats, each from the command line, else the file, else the
+    default."""
+    m = config.matrix
+    if selection.num_gpus is not None:
+        gpus = Axis(selection.num_gpus, "command line")
+    elif m.num_gpus is not None:
+        gpus = Axis(tuple(m.num_gpus), "scenarios file")
+    else:
+        gpus = Axis(*default_num_gpus(device, count() if device != "cpu" else 0))
+    ebs = (
+        Axis(selection.effective_batch_size, "command line")
+        if selection.effective_batch_size is not None
+        else _file_axis(m.effective_batch_size, DEFAULT_EFFECTIVE_BATCH_SIZE)
+    )
+    if selection.repeats is not None:
+        repeats = Axis((selection.repeats,), "command line")
+    else:
+        repeats = _file_axis([m.repeats] if m.repeats else None, (1,))
+    axes = {
+        "num_gpus": gpus,
+        "effective_batch_size": ebs,
+        "max_seq_len": _file_axis(m.max_seq_len, DEFAULT_MAX_SEQ_LEN),
+        "packing": _file_axis(m.packing, DEFAULT_PACKING),
+    }
+    return axes, repeats
 
 
 def _file_axis(values: Sequence[Any] | None, default: tuple[Any, ...]) -> Axis:
@@ -386,124 +395,203 @@ def _file_axis(values: Sequence[Any] | None, default: tuple[Any, ...]) -> Axis:
     return Axis(default, "default")
 
 
+# ---------------------------------------------------------------------------
+# One scenario: framework overlay × model × sweep value (a variant), then the
+# axes of each variant (a cell), then the repeats of each cell (an experiment)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Overlay:
+    """One entry of a scenario's ``framework_config``, resolved."""
+
+    #: the framework's name, ``none`` for a ``null`` entry
+    label: str
+    arguments: Mapping[str, Any]
+    #: the framework's accelerate config, else the file's default one
+    accelerate: AccelerateConfig | None
+    env: dict[str, str]
+    #: what the id hashes for ``env``: the files a framework's env names, by content
+    #: rather than by place (CONTENTS.yaml), else ``env`` itself
+    env_identity: Mapping[str, str]
+
+
+def _overlay(config: BenchConfig, name: str | None) -> _Overlay:
+    if name is None:
+        return _Overlay(NO_FRAMEWORK, {}, config.default_accelerate, {}, {})
+    framework = config.frameworks[name]
+    env = dict(framework.env)
+    return _Overlay(
+        label=name,
+        arguments=framework.arguments,
+        accelerate=(
+            framework.accelerate if framework.accelerate is not None else config.default_accelerate
+        ),
+        env=env,
+        env_identity=framework.env_identity or env,
+    )
+
+
+@dataclass(frozen=True)
+class _Variant:
+    """A scenario × framework overlay × model × sweep value: its trainer arguments
+    merged, the axis values it keeps, and the digest of everything but the axes."""
+
+    scenario: Scenario
+    overlay: _Overlay
+    model: str
+    swept: dict[str, Any]
+    #: the merged arguments, without the axes the arguments may pin
+    arguments: dict[str, Any]
+    #: per argument, the merge layer that set it
+    provenance: dict[str, int]
+    effective_batch_size: tuple[int, ...]
+    max_seq_len: tuple[int, ...]
+    packing: tuple[bool, ...]
+    #: SHA-256 of what the cell ids share: scenario, framework, arguments, data, accelerate, env
+    base_digest: str
+
+
+def _variant(
+    config: BenchConfig,
+    scenario: Scenario,
+    overlay: _Overlay,
+    model: str,
+    swept: dict[str, Any],
+    axes: Mapping[str, Axis],
+) -> _Variant:
+    merged, provenance = _merge(
+        [
+            (_DEFAULTS, config.defaults),
+            (_SCENARIO, scenario.arguments),
+            (_SWEEP, swept),
+            (_FRAMEWORK, overlay.arguments),
+        ]
+    )
+    merged["model_name_or_path"] = model
+    # an argument that pins an axis replaces the axis for this variant (and leaves
+    # the arguments, so the id hashes it once, as the axis value)
+    pinned = {
+        name: _axis_override(config, scenario, merged, provenance, name, axes[name].values)
+        for name in ("effective_batch_size", "max_seq_len", "packing")
+    }
+    base = {
+        "scenario": scenario.name,
+        "framework": overlay.label,
+        "device": scenario.device,
+        "arguments": merged,
+        "data_processing": config.data_processing,
+        "accelerate_config": overlay.accelerate.digest if overlay.accelerate is not None else None,
+        "env": overlay.env_identity,
+    }
+    return _Variant(
+        scenario=scenario,
+        overlay=overlay,
+        model=model,
+        swept=swept,
+        arguments=merged,
+        provenance=provenance,
+        effective_batch_size=pinned["effective_batch_size"],
+        max_seq_len=pinned["max_seq_len"],
+        packing=pinned["packing"],
+        base_digest=spec_digest(base),
+    )
+
+
+def _batch_split(
+    config: BenchConfig, variant: _Variant, num_gpus: int, effective_batch_size: int
+) -> tuple[int, int]:
+    """Per-device batch and accumulation of one cell; an impossible split names the cell."""
+    try:
+        return resolve_batch(
+            effective_batch_size,
+            num_gpus,
+            variant.arguments.get("per_device_train_batch_size"),
+            variant.arguments.get("gradient_accumulation_steps"),
+            per_device_layer=variant.provenance.get("per_device_train_batch_size", _DEFAULTS),
+            grad_accum_layer=variant.provenance.get("gradient_accumulation_steps", _DEFAULTS),
+        )
+    except ValueError as exc:
+        raise ConfigError(
+            f"{exc} (scenario '{variant.scenario.name}', framework {variant.overlay.label}, "
+            f"model {variant.model})",
+            **config.where(variant.scenario),
+        ) from None
+
+
+def _cell_experiments(
+    config: BenchConfig,
+    variant: _Variant,
+    num_gpus: int,
+    effective_batch_size: int,
+    max_seq_len: int,
+    packing: bool,
+    repeats: int,
+) -> Iterator[Experiment]:
+    """The repeats of one cell; the cell's id is its first repeat's."""
+    per_device, grad_accum = _batch_split(config, variant, num_gpus, effective_batch_size)
+    batch = {
+        "per_device_train_batch_size": per_device,
+        "gradient_accumulation_steps": grad_accum,
+        "max_seq_len": max_seq_len,
+        "packing": packing,
+    }
+    digest = spec_hash(
+        {
+            "base": variant.base_digest,
+            "num_gpus": num_gpus,
+            "effective_batch_size": effective_batch_size,
+            **batch,
+        }
+    )
+    ids = functools.partial(
+        experiment_id,
+        scenario=variant.scenario.name,
+        model_name_or_path=variant.model,
+        framework=variant.overlay.label,
+        num_gpus=num_gpus,
+        effective_batch_size=effective_batch_size,
+        digest=digest,
+    )
+    cell_id = ids(repeat=0)
+    arguments = {**variant.arguments, **batch}
+    for repeat in range(repeats):
+        yield Experiment(
+            experiment_id=ids(repeat=repeat),
+            cell_id=cell_id,
+            scenario=variant.scenario.name,
+            framework=variant.overlay.label,
+            model_name_or_path=variant.model,
+            device=variant.scenario.device,
+            num_gpus=num_gpus,
+            effective_batch_size=effective_batch_size,
+            per_device_train_batch_size=per_device,
+            gradient_accumulation_steps=grad_accum,
+            max_seq_len=max_seq_len,
+            packing=packing,
+            repeat=repeat,
+            arguments=arguments,
+            swept=variant.swept,
+            accelerate=variant.overlay.accelerate,
+            env=variant.overlay.env,
+            data_processing=config.data_processing,
+            timeout_s=variant.scenario.timeout_s or config.timeout_s,
+        )
+
+
 def _expand_scenario(
     config: BenchConfig,
     scenario: Scenario,
     gpu_counts: tuple[int, ...],
-    ebs: Axis,
-    seqs: Axis,
-    packs: Axis,
+    axes: Mapping[str, Axis],
     repeats: int,
 ) -> Iterator[Experiment]:
-    for fw_name in scenario.frameworks:
-        framework = config.frameworks[fw_name] if fw_name is not None else None
-        fw_label = fw_name if fw_name is not None else NO_FRAMEWORK
-        accelerate = (
-            framework.accelerate
-            if framework is not None and framework.accelerate is not None
-            else config.default_accelerate
-        )
-        env = dict(framework.env) if framework is not None else {}
-        # what the id hashes: the files a framework's env names by content, not place
-        env_identity = framework.env_identity if framework is not None else None
+    for name in scenario.frameworks:
+        overlay = _overlay(config, name)
         for model in scenario.models:
-            for combo in _sweep_combos(scenario.sweep):
-                merged, provenance = _merge(
-                    [
-                        (_DEFAULTS, config.defaults),
-                        (_SCENARIO, scenario.arguments),
-                        (_SWEEP, combo),
-                        (_FRAMEWORK, framework.arguments if framework is not None else {}),
-                    ]
-                )
-                merged["model_name_or_path"] = model
-                eb_values = _axis_override(
-                    config, scenario, merged, provenance, "effective_batch_size", ebs.values
-                )
-                seq_values = _axis_override(
-                    config, scenario, merged, provenance, "max_seq_len", seqs.values
-                )
-                pack_values = _axis_override(
-                    config, scenario, merged, provenance, "packing", packs.values
-                )
-                per_device = merged.get("per_device_train_batch_size")
-                grad_accum = merged.get("gradient_accumulation_steps")
-                base = {
-                    "scenario": scenario.name,
-                    "framework": fw_label,
-                    "device": scenario.device,
-                    "arguments": merged,
-                    "data_processing": config.data_processing,
-                    "accelerate_config": accelerate.digest if accelerate is not None else None,
-                    "env": env_identity or env,
-                }
-                base_digest = hashlib.sha256(canonical_json(base).encode()).hexdigest()
+            for swept in _sweep_combos(scenario.sweep):
+                variant = _variant(config, scenario, overlay, model, swept, axes)
                 for n, eb, seq, pack in itertools.product(
-                    gpu_counts, eb_values, seq_values, pack_values
+                    gpu_counts, variant.effective_batch_size, variant.max_seq_len, variant.packing
                 ):
-                    try:
-                        pd, ga = resolve_batch(
-                            eb,
-                            n,
-                            per_device,
-                            grad_accum,
-                            per_device_layer=provenance.get("per_device_train_batch_size", 0),
-                            grad_accum_layer=provenance.get("gradient_accumulation_steps", 0),
-                        )
-                    except ValueError as exc:
-                        raise ConfigError(
-                            f"{exc} (scenario '{scenario.name}', framework {fw_label}, "
-                            f"model {model})",
-                            **config.where(scenario),
-                        ) from None
-                    arguments = dict(merged)
-                    arguments.update(
-                        per_device_train_batch_size=pd,
-                        gradient_accumulation_steps=ga,
-                        max_seq_len=seq,
-                        packing=pack,
-                    )
-                    digest = hashlib.sha256(
-                        canonical_json(
-                            {
-                                "base": base_digest,
-                                "num_gpus": n,
-                                "effective_batch_size": eb,
-                                "per_device_train_batch_size": pd,
-                                "gradient_accumulation_steps": ga,
-                                "max_seq_len": seq,
-                                "packing": pack,
-                            }
-                        ).encode()
-                    ).hexdigest()[:8]
-                    ids = {
-                        "scenario": scenario.name,
-                        "model_name_or_path": model,
-                        "framework": fw_label,
-                        "num_gpus": n,
-                        "effective_batch_size": eb,
-                        "digest": digest,
-                    }
-                    cell_id = experiment_id(repeat=0, **ids)
-                    for repeat in range(repeats):
-                        yield Experiment(
-                            experiment_id=experiment_id(repeat=repeat, **ids),
-                            cell_id=cell_id,
-                            scenario=scenario.name,
-                            framework=fw_label,
-                            model_name_or_path=model,
-                            device=scenario.device,
-                            num_gpus=n,
-                            effective_batch_size=eb,
-                            per_device_train_batch_size=pd,
-                            gradient_accumulation_steps=ga,
-                            max_seq_len=seq,
-                            packing=pack,
-                            repeat=repeat,
-                            arguments=arguments,
-                            swept=combo,
-                            accelerate=accelerate,
-                            env=env,
-                            data_processing=config.data_processing,
-                            timeout_s=scenario.timeout_s or config.timeout_s,
-                        )
+                    yield from _cell_experiments(config, variant, n, eb, seq, pack, repeats)

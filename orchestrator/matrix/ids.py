@@ -37,9 +37,14 @@ def model_short_name(model_name_or_path: str) -> str:
     return short or "model"
 
 
+def spec_digest(identity: Mapping[str, Any]) -> str:
+    """The SHA-256 (64 hex digits) of the canonical JSON of ``identity``."""
+    return hashlib.sha256(canonical_json(identity).encode()).hexdigest()
+
+
 def spec_hash(identity: Mapping[str, Any]) -> str:
-    """First 8 hex digits of the SHA-256 of the canonical JSON of ``identity``."""
-    return hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:8]
+    """First 8 hex digits of :func:`spec_digest`: the ``-<hash8>`` of an experiment id."""
+    return spec_digest(identity)[:8]
 
 
 def experiment_id(

@@ -11,29 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.layout import ResultsLayout, write_atomic
+from orchestrator.contract.metrics import KEY_COLUMNS
 from orchestrator.job.command import PLAN_PORT, accelerate_command, job_env, launch_argv
-from orchestrator.matrix.expand import Plan
 from orchestrator.matrix.experiment import Experiment
-
-#: The first columns of plan.csv; the same names and meaning as raw_summary.csv.
-KEY_COLUMNS = (
-    "experiment_id",
-    "scenario",
-    "framework_config",
-    "model_name_or_path",
-    "num_gpus",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "effective_batch_size",
-    "max_seq_len",
-    "packing",
-    "peft_method",
-    "torch_dtype",
-    "device",
-    "repeat",
-    "cell_id",
-    "status",
-)
+from orchestrator.matrix.plan import Plan
 
 
 def plan_rows(plan: Plan) -> list[dict[str, Any]]:

@@ -23,17 +23,22 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.contract import metrics
 from orchestrator.contract.errors import UserError
-from orchestrator.matrix.table import KEY_COLUMNS
+from orchestrator.contract.layout import RunPaths
+from orchestrator.contract.metrics import KEY_COLUMNS
+from orchestrator.contract.outcome import read_outcome
 from orchestrator.results.rows import build_row
 
-#: the predecessor's names -> ours (same meaning and units)
-ALIASES = {
-    "nvidia_mem_reserved": "mem_nvidia_mem_reserved",
-    "peak_torch_mem_alloc_in_bytes": "mem_peak_torch_mem_alloc_in_bytes",
-    "torch_mem_alloc_in_bytes": "mem_torch_mem_alloc_in_bytes",
-    "acceleration_framework_config_file": "framework_config_file",
-}
+#: other names of a scenario argument -> ours; a declared column's other names
+#: (the predecessor's, older tables') are declared with it (``Column.aliases``)
+ARGUMENT_ALIASES = {"acceleration_framework_config_file": "framework_config_file"}
+
+
+def aliases() -> dict[str, str]:
+    """Other column names -> ours (same meaning and units)."""
+    return {**metrics.alias_map(), **ARGUMENT_ALIASES}
+
 
 NUMERIC = (
     "num_gpus",
@@ -58,6 +63,13 @@ def _csv_rows(path: Path) -> list[dict[str, Any]]:
         return list(csv.DictReader(f))
 
 
+def _our_names(row: dict[str, Any]) -> dict[str, Any]:
+    """A row of one of our older tables under today's column names (``slurm_job_id``
+    is ``job_id`` now), where it does not have the new name already."""
+    names = metrics.alias_map()
+    return {names[k] if k in names and names[k] not in row else k: v for k, v in row.items()}
+
+
 def is_results_folder(path: Path) -> bool:
     return path.is_dir() and any(
         (path / name).exists() for name in ("runs", "plan.csv", "raw_summary.csv")
@@ -74,7 +86,8 @@ def rows_from_folder(root: Path) -> list[dict[str, Any]]:
             if spec is None:
                 continue
             result = _json(run / "result.json")
-            outcome = _json(run / "outcome.json") or {}
+            recorded = read_outcome(RunPaths(run))
+            outcome = recorded.as_dict(recorded_only=True) if recorded is not None else {}
             if not outcome:
                 # No parent record (a job collected later, or still running):
                 # the child's own result is all there is.
@@ -94,7 +107,7 @@ def rows_from_folder(root: Path) -> list[dict[str, Any]]:
         path = root / name
         if not path.is_file():
             continue
-        for row in _csv_rows(path):
+        for row in map(_our_names, _csv_rows(path)):
             eid = row.get("experiment_id")
             if eid and eid not in rows:
                 if status is not None:
@@ -183,7 +196,7 @@ def normalise(
     ``from_text``: the rows come from a CSV file, so no cell holds a list or mapping.
     """
     df = df.rename(
-        columns={k: v for k, v in ALIASES.items() if k in df.columns and v not in df.columns}
+        columns={k: v for k, v in aliases().items() if k in df.columns and v not in df.columns}
     )
     df = df.replace({"": None})
     # lists and mappings (target_modules, swept lists) become their JSON text, so

@@ -17,6 +17,9 @@ the test can give is exactly 0.05, reached only when every new run is worse
 than every reference run. A cell that was ``ok`` and is not any more (failed,
 out of memory, timed out or interrupted) is a regression too.
 
+The metrics compare knows, and which way each is better, are the columns
+declared with a direction (``Column.better`` in ``orchestrator.contract.metrics``).
+
 A matched cell whose sides ran under different conditions (GPU model, memory
 source, run mode: ``ANNOTATED``) is still compared, and marked: the table's
 ``differs`` and ``mismatch`` columns, ``≠`` in its label.
@@ -32,8 +35,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.contract.layout import write_atomic
+from orchestrator.contract import metrics as registry
+from orchestrator.contract.layout import ResultsLayout, write_atomic
 from orchestrator.contract.outcome import LOST, MEASURED
+from orchestrator.results.columns import argument_columns, is_output
 from orchestrator.results.stats import mann_whitney_u
 
 #: what makes two rows the same experiment; each is used where both sides have it
@@ -54,29 +59,7 @@ KEYS = (
 #: conditions of a run that are not part of the experiment but change its figures:
 #: a matched cell whose sides differ in one of them is marked
 ANNOTATED = ("gpu_device_name", "peak_memory_source", "memory_backend", "run_mode")
-HIGHER_IS_BETTER = {
-    "tokens_per_second_global",
-    "tokens_per_second_per_device",
-    "train_tokens_per_second",
-    "train_samples_per_second",
-    "train_steps_per_second",
-    "mfu",
-    "achieved_tflops_per_device",
-}
-LOWER_IS_BETTER = {
-    "step_time_median_s",
-    "train_runtime",
-    "peak_memory_bytes",
-    "mem_nvidia_mem_reserved",
-    "mem_peak_torch_mem_alloc_in_bytes",
-    "mem_torch_mem_alloc_in_bytes",
-    "mem_peak_rss_bytes",
-    "mem_tree_peak_pss_bytes",
-    "torch_max_memory_reserved_bytes",
-    "cost_per_1m_tokens_usd",
-    "time_to_first_step_s",
-    "train_loss",
-}
+#: what compare checks when no metric is named
 DEFAULT_METRICS = (
     "tokens_per_second_global",
     "tokens_per_second_per_device",
@@ -87,21 +70,6 @@ DEFAULT_METRICS = (
 )
 MIN_REPEATS_FOR_TEST = 3
 ALPHA = 0.05
-#: the predecessor's columns that are no configuration and that no list of ours names:
-#: measured outputs, and bookkeeping (its row position, output folder, config file path)
-PREDECESSOR_NOT_CONFIG = frozenset(
-    {
-        "epoch",
-        "error_messages",
-        "index",
-        "output_dir",
-        "framework_config_file",
-        "acceleration_framework_config_file",
-    }
-)
-#: name patterns of measured outputs (HF's ``train_*``/``eval_*`` metrics, memory, cost, time)
-OUTPUT_PREFIXES = ("train_", "eval_", "mem_", "loss_", "cost_", "time_", "tokens_", "step_time")
-OUTPUT_SUFFIXES = ("_per_second", "_bytes", "_usd", "_tflops_per_device")
 
 
 @dataclass
@@ -122,37 +90,16 @@ class Comparison:
         return self.table[self.table["regression"]]
 
 
+def known_metrics() -> list[str]:
+    """Every metric compare can check: those declared with a direction, sorted."""
+    return sorted(registry.directions())
+
+
 def direction(metric: str) -> str:
-    if metric in HIGHER_IS_BETTER:
-        return "higher"
-    if metric in LOWER_IS_BETTER:
-        return "lower"
-    raise ValueError(f"no direction known for metric {metric!r}")
+    """``higher`` or ``lower``: which way ``metric`` is better (its ``Column.better``)."""
+    return registry.direction(metric)
 
 
-def is_output(column: str) -> bool:
-    """Whether ``column`` is a measured output or bookkeeping (so never a key), not configuration.
-
-    That is: every figure our tables declare (metrics, outcome columns,
-    aggregates), the predecessor's ``epoch``, ``error_messages``, ``index``,
-    ``output_dir`` and config file path, and names shaped like outputs
-    (``train_*``, ``mem_*``, ``*_per_second``, ``*_bytes``…).
-    """
-    from orchestrator.results.report import MEDIAN_METRICS, SPREAD_METRICS
-    from orchestrator.results.rows import EXTRA_METRICS, METRIC_COLUMNS, OUTCOME_COLUMNS
-
-    if column in HIGHER_IS_BETTER or column in LOWER_IS_BETTER or column in ANNOTATED:
-        return True
-    if column in PREDECESSOR_NOT_CONFIG or column in ("peak_memory_source", "usd_per_gpu_hour"):
-        return True
-    known = (*METRIC_COLUMNS, *EXTRA_METRICS, *OUTCOME_COLUMNS, *MEDIAN_METRICS, *SPREAD_METRICS)
-    if column in known:
-        return True
-    return column.startswith(OUTPUT_PREFIXES) or column.endswith(OUTPUT_SUFFIXES)
-
-
-#: yes/no keys, and their labels
-_FLAG_LABELS = {"packing": ("packed", "unpacked")}
 _TRUE = {"true", "1", "1.0", "yes"}
 _FALSE = {"false", "0", "0.0", "no"}
 
@@ -192,7 +139,10 @@ def _canonical(value: Any) -> str:
 def _is_flag(key: str, values: set[str]) -> bool:
     """A yes/no column: only true/false (and 1/0, as a CSV reader may turn them) and none."""
     present = values - {"none"}
-    named = key in _FLAG_LABELS or bool(present & {"true", "false"})
+    declared = registry.find(key)
+    named = (declared is not None and declared.flags is not None) or bool(
+        present & {"true", "false"}
+    )
     return named and present <= _TRUE | _FALSE
 
 
@@ -239,8 +189,6 @@ def _sweep_keys(new: pd.DataFrame, ref: pd.DataFrame) -> tuple[list[str], list[s
     experiments, so they join the match keys. A measured output (the
     predecessor's ``epoch``) varies too, but is never a key.
     """
-    from orchestrator.results.report import argument_columns
-
     both = [c for c in argument_columns(new) if c in ref.columns and c not in KEYS]
     extra = (
         ["effective_batch_size"]
@@ -301,18 +249,9 @@ def _ok_values(frame: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.D
     return values
 
 
-def compare(
-    new: pd.DataFrame,
-    ref: pd.DataFrame,
-    *,
-    metrics: list[str] | None = None,
-    threshold: float = 0.1,
-) -> Comparison:
-    """Match ``new`` rows to ``ref`` rows and compare each metric (see the module docstring).
-
-    Medians and counts come from one groupby per side; the rank test runs only
-    for the few cells whose change passes the threshold.
-    """
+def _match_keys(new: pd.DataFrame, ref: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The columns rows are matched on (``KEYS`` both sides have, then the swept
+    arguments), and notes on what was left out."""
     notes: list[str] = []
     keys = [k for k in KEYS if _present(new, k) and _present(ref, k)]
     # a key neither side has (the trainer, before there was a choice) changes nothing
@@ -325,25 +264,55 @@ def compare(
     keys += swept
     if outputs:
         notes.append(f"outputs and bookkeeping, not used to match rows: {', '.join(outputs)}")
+    return keys, notes
+
+
+def _usable_metrics(
+    new: pd.DataFrame, ref: pd.DataFrame, metrics: list[str] | None
+) -> tuple[list[str], list[str]]:
+    """The metrics to compare that both sides have, and a note on those they lack.
+
+    A metric without a direction is an error before any work."""
     wanted = list(metrics) if metrics else list(DEFAULT_METRICS)
     for m in wanted:
-        direction(m)  # unknown metrics are an error before any work
+        direction(m)
     usable = [m for m in wanted if m in new.columns and m in ref.columns]
     skipped = [m for m in wanted if m not in usable]
-    if skipped and metrics:
-        notes.append(f"not on both sides, so not compared: {', '.join(skipped)}")
+    notes = (
+        [f"not on both sides, so not compared: {', '.join(skipped)}"] if skipped and metrics else []
+    )
+    return usable, notes
 
+
+@dataclass
+class _Cells:
+    """Both sides with their keys in one spelling, and how their cells match."""
+
+    new: pd.DataFrame
+    ref: pd.DataFrame
+    #: per matched cell, the rows of each side (``rows_new``, ``rows_ref``)
+    matched: pd.DataFrame
+    only_new: pd.DataFrame
+    only_ref: pd.DataFrame
+
+
+def _match_cells(new: pd.DataFrame, ref: pd.DataFrame, keys: list[str]) -> _Cells:
     n, r = _key_frames(new, ref, keys)
     cells_new = n.groupby(keys, sort=False).size().rename("rows_new")
     cells_ref = r.groupby(keys, sort=False).size().rename("rows_ref")
-    matched = cells_new.to_frame().join(cells_ref, how="inner")
-    only_new = cells_new.index.difference(cells_ref.index, sort=False).to_frame(index=False)
-    only_ref = cells_ref.index.difference(cells_new.index, sort=False).to_frame(index=False)
-    conditions, condition_notes = _mismatches(n, r, keys, matched.index)
-    notes += condition_notes
+    return _Cells(
+        new=n,
+        ref=r,
+        matched=cells_new.to_frame().join(cells_ref, how="inner"),
+        only_new=cells_new.index.difference(cells_ref.index, sort=False).to_frame(index=False),
+        only_ref=cells_ref.index.difference(cells_new.index, sort=False).to_frame(index=False),
+    )
 
-    records: list[dict[str, Any]] = []
-    # status: was ok in the reference, none ok now, and at least one lost (LOST)
+
+def _status_regressions(cells: _Cells, keys: list[str]) -> pd.DataFrame | None:
+    """Matched cells that were ok in the reference, have no ok run now and at least
+    one lost (``LOST``): one ``status`` row each."""
+    n, r, matched = cells.new, cells.ref, cells.matched
     ok_new = n[n["status"].isin(MEASURED)].groupby(keys, sort=False).size()
     ok_ref = r[r["status"].isin(MEASURED)].groupby(keys, sort=False).size()
     bad_new = (
@@ -356,6 +325,7 @@ def compare(
         .intersection(ok_ref.index)
         .difference(ok_new.index)
     )
+    records: list[dict[str, Any]] = []
     for key in broken:
         status, error = bad_new.loc[key, "status"], bad_new.loc[key, "error"]
         records.append(
@@ -374,92 +344,124 @@ def compare(
                 + (f": {error}" if isinstance(error, str) and error else ""),
             }
         )
+    return pd.DataFrame(records) if records else None
 
-    values_new = _ok_values(n, keys, usable)
-    values_ref = _ok_values(r, keys, usable)
-    grouped_new = values_new.groupby(keys, sort=False)
-    grouped_ref = values_ref.groupby(keys, sort=False)
-    frames = [pd.DataFrame(records)] if records else []
-    for metric in usable:
-        side = pd.DataFrame(
-            {"new": grouped_new[metric].median(), "n_new": grouped_new[metric].count()}
-        ).join(
-            pd.DataFrame(
-                {"ref": grouped_ref[metric].median(), "n_ref": grouped_ref[metric].count()}
-            ),
-            how="inner",
-        )
-        side = side[(side["n_new"] > 0) & (side["n_ref"] > 0)]
-        if side.empty:
-            continue
-        side["ratio"] = side["new"] / side["ref"].where(side["ref"] != 0)
-        side["change"] = side["ratio"] - 1
-        higher = direction(metric) == "higher"
-        worse = side["change"] < -threshold if higher else side["change"] > threshold
-        side["regression"] = worse
-        side["p_value"] = math.nan
-        side["why"] = ""
-        tested = (
-            worse
-            & (side["n_new"] >= MIN_REPEATS_FOR_TEST)
-            & (side["n_ref"] >= MIN_REPEATS_FOR_TEST)
-        )
-        for key in side.index[tested]:
-            x = grouped_new.get_group(key)[metric].dropna().tolist()
-            y = grouped_ref.get_group(key)[metric].dropna().tolist()
-            _, p = mann_whitney_u(x, y, "less" if higher else "greater")
-            side.loc[key, "p_value"] = p
-            side.loc[key, "regression"] = p <= ALPHA
-            side.loc[key, "why"] = f"p = {p:.3g}" + (
-                "" if p <= ALPHA else f" > {ALPHA}: within the noise"
-            )
-        alone = worse & ~tested
-        side.loc[alone, "why"] = (
-            side.loc[alone, "n_ref"].astype(str)
-            + " vs "
-            + side.loc[alone, "n_new"].astype(str)
-            + " repeats: threshold alone"
-        )
-        side["metric"] = metric
-        frames.append(side.reset_index())
-    columns = [
-        *keys,
-        "metric",
-        "ref",
-        "new",
-        "ratio",
-        "change",
-        "n_ref",
-        "n_new",
-        "p_value",
-        "regression",
-        "why",
-        "differs",
-        "mismatch",
-    ]
-    table = (
-        pd.concat(frames, ignore_index=True)[columns[:-2]]
-        if frames
-        else pd.DataFrame(columns=columns)
+
+def _metric_changes(
+    grouped_new: Any, grouped_ref: Any, metric: str, threshold: float
+) -> pd.DataFrame | None:
+    """Per matched cell with ok runs on both sides: the medians of ``metric``, their
+    ratio and change, and the verdict (threshold, then the rank test where both
+    sides have ``MIN_REPEATS_FOR_TEST`` repeats)."""
+    side = pd.DataFrame(
+        {"new": grouped_new[metric].median(), "n_new": grouped_new[metric].count()}
+    ).join(
+        pd.DataFrame({"ref": grouped_ref[metric].median(), "n_ref": grouped_ref[metric].count()}),
+        how="inner",
     )
+    side = side[(side["n_new"] > 0) & (side["n_ref"] > 0)]
+    if side.empty:
+        return None
+    side["ratio"] = side["new"] / side["ref"].where(side["ref"] != 0)
+    side["change"] = side["ratio"] - 1
+    higher = direction(metric) == "higher"
+    worse = side["change"] < -threshold if higher else side["change"] > threshold
+    side["regression"] = worse
+    side["p_value"] = math.nan
+    side["why"] = ""
+    tested = (
+        worse & (side["n_new"] >= MIN_REPEATS_FOR_TEST) & (side["n_ref"] >= MIN_REPEATS_FOR_TEST)
+    )
+    for key in side.index[tested]:
+        x = grouped_new.get_group(key)[metric].dropna().tolist()
+        y = grouped_ref.get_group(key)[metric].dropna().tolist()
+        _, p = mann_whitney_u(x, y, "less" if higher else "greater")
+        side.loc[key, "p_value"] = p
+        side.loc[key, "regression"] = p <= ALPHA
+        side.loc[key, "why"] = f"p = {p:.3g}" + (
+            "" if p <= ALPHA else f" > {ALPHA}: within the noise"
+        )
+    alone = worse & ~tested
+    side.loc[alone, "why"] = (
+        side.loc[alone, "n_ref"].astype(str)
+        + " vs "
+        + side.loc[alone, "n_new"].astype(str)
+        + " repeats: threshold alone"
+    )
+    side["metric"] = metric
+    return side.reset_index()
+
+
+#: the columns of a comparison's table after the keys
+TABLE_COLUMNS = (
+    "metric",
+    "ref",
+    "new",
+    "ratio",
+    "change",
+    "n_ref",
+    "n_new",
+    "p_value",
+    "regression",
+    "why",
+    "differs",
+    "mismatch",
+)
+
+
+def _table(
+    frames: list[pd.DataFrame], keys: list[str], conditions: pd.DataFrame, matched: pd.DataFrame
+) -> pd.DataFrame:
+    """One table of the rows of every step, each cell's conditions beside them, cells
+    in the order of the new run and each cell's metrics together."""
+    columns = [*keys, *TABLE_COLUMNS]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    table = pd.concat(frames, ignore_index=True)[columns[:-2]]
     if len(table):
         table["regression"] = table["regression"].astype(bool)
         table = table.merge(conditions.reset_index(names=keys), on=keys, how="left")
-        # cells in the order of the new run, each cell's metrics together
         order = matched.reset_index()[keys].assign(_order=range(len(matched)))
         table = table.merge(order, on=keys, how="left").sort_values("_order", kind="stable")
         table = table.drop(columns="_order").reset_index(drop=True)
+    return table
+
+
+def compare(
+    new: pd.DataFrame,
+    ref: pd.DataFrame,
+    *,
+    metrics: list[str] | None = None,
+    threshold: float = 0.1,
+) -> Comparison:
+    """Match ``new`` rows to ``ref`` rows and compare each metric (see the module docstring).
+
+    Medians and counts come from one groupby per side; the rank test runs only
+    for the few cells whose change passes the threshold.
+    """
+    keys, notes = _match_keys(new, ref)
+    usable, metric_notes = _usable_metrics(new, ref, metrics)
+    notes += metric_notes
+    cells = _match_cells(new, ref, keys)
+    conditions, condition_notes = _mismatches(cells.new, cells.ref, keys, cells.matched.index)
+    notes += condition_notes
+
+    status = _status_regressions(cells, keys)
+    frames = [status] if status is not None else []
+    grouped_new = _ok_values(cells.new, keys, usable).groupby(keys, sort=False)
+    grouped_ref = _ok_values(cells.ref, keys, usable).groupby(keys, sort=False)
+    for metric in usable:
+        changes = _metric_changes(grouped_new, grouped_ref, metric, threshold)
+        if changes is not None:
+            frames.append(changes)
     return Comparison(
-        table=table, keys=keys, only_new=only_new, only_ref=only_ref, metrics=usable, notes=notes
+        table=_table(frames, keys, conditions, cells.matched),
+        keys=keys,
+        only_new=cells.only_new,
+        only_ref=cells.only_ref,
+        metrics=usable,
+        notes=notes,
     )
-
-
-_LABELS = {
-    "num_gpus": "{} GPU",
-    "per_device_train_batch_size": "bs {}/dev",
-    "max_seq_len": "seq {}",
-    "effective_batch_size": "eb {}",
-}
 
 
 def cell_label(row: Any, keys: list[str]) -> str:
@@ -472,10 +474,12 @@ def cell_label(row: Any, keys: list[str]) -> str:
         value = str(row[k])
         if value in ("none", "", "nan", "<NA>") and k in ("peft_method", "scenario"):
             continue
-        if k in _LABELS:
-            parts.append(_LABELS[k].format(value))
-        elif k in _FLAG_LABELS and value in ("true", "false"):
-            parts.append(_FLAG_LABELS[k][0 if value == "true" else 1])
+        declared = registry.find(k)
+        short = registry.short_label(k, value, unit="GPU", per="dev")
+        if short is not None:
+            parts.append(short)
+        elif declared is not None and declared.flags and value in ("true", "false"):
+            parts.append(declared.flags[0 if value == "true" else 1])
         elif k in KEYS:
             parts.append(value)
         else:
@@ -646,11 +650,10 @@ def write(
     with_plots: bool = True,
 ) -> list[Path]:
     output.mkdir(parents=True, exist_ok=True)
-    csv_path = output / "compare.csv"
-    write_atomic(csv_path, result.table.to_csv(index=False))
-    md_path = output / "compare.md"
-    write_atomic(md_path, markdown(result, new_label, ref_label, threshold))
-    written = [csv_path, md_path]
+    layout = ResultsLayout(output)
+    write_atomic(layout.compare_csv, result.table.to_csv(index=False))
+    write_atomic(layout.compare_md, markdown(result, new_label, ref_label, threshold))
+    written = [layout.compare_csv, layout.compare_md]
     if with_plots:
-        written += plots(result, output / "plots", threshold)
+        written += plots(result, layout.plots, threshold)
     return written

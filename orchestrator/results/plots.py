@@ -24,7 +24,7 @@ import math
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 
@@ -36,11 +36,11 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from orchestrator.contract import metrics
 from orchestrator.matrix.ids import model_short_name
-from orchestrator.results.report import LIKELY_OOM_FRACTION, config_columns, shows_hf_estimate
-
-if TYPE_CHECKING:
-    from orchestrator.results.report import Report
+from orchestrator.results.aggregate import ReportTables, shows_hf_estimate
+from orchestrator.results.capacity import LIKELY_OOM_FRACTION
+from orchestrator.results.columns import config_columns
 
 MAX_BARS = 60
 MAX_LINES = 12
@@ -139,30 +139,26 @@ def _value_text(value: Any) -> str:
 
 
 def _part(column: str, cell: pd.Series) -> str:
-    """One labelled part of a cell's label."""
+    """One labelled part of a cell's label: a key column as it declares
+    (``Column.short``, ``Column.flags``), else ``name=value``."""
     value = cell.get(column)
     unit = "proc" if cell.get("device") == "cpu" else "GPU"
     if column == "model_name_or_path":
         return model_short_name(str(value))
     if column == "framework_config":
         return str(value)
-    if column == "num_gpus":
-        return f"{_value_text(value)} {unit}" if not _missing(value) else f"? {unit}"
-    if column == "effective_batch_size":
-        return f"eb {_value_text(value)}"
-    if column == "per_device_train_batch_size":
-        return f"bs {_value_text(value)}/{unit}"
-    if column == "gradient_accumulation_steps":
-        return f"accum {_value_text(value)}"
-    if column == "max_seq_len":
-        return f"seq {_value_text(value)}"
     if column == "peft_method":
         return "no PEFT" if _value_text(value) == "none" else str(value)
-    if column == "packing":
-        return {"true": "packed", "false": "unpacked"}.get(_value_text(value).lower(), "packing ?")
     if column == "learning_rate":
         return f"lr {_value_text(value)}"
-    return f"{column}={_value_text(value)}"
+    declared = metrics.find(column)
+    if declared is not None and declared.flags is not None:
+        yes, no = declared.flags
+        return {"true": yes, "false": no}.get(_value_text(value).lower(), f"{column} ?")
+    # a GPU count nobody recorded reads as "? GPU"
+    text = "?" if column == "num_gpus" and _missing(value) else _value_text(value)
+    short = metrics.short_label(column, text, unit=unit, per=unit)
+    return short if short is not None else f"{column}={_value_text(value)}"
 
 
 def _label_columns(cells: pd.DataFrame) -> list[str]:
@@ -757,7 +753,7 @@ PLOT_NAMES = (
 )
 
 
-def write_all(report: Report, folder: Path, *, source: Path | None = None) -> list[Path]:
+def write_all(report: ReportTables, folder: Path, *, source: Path | None = None) -> list[Path]:
     """Every plot there is something to draw for; ``report.plot_notes`` gets a line per
     plot, what it shows or why it was not drawn. A plot of ``PLOT_NAMES`` not drawn
     this time is removed, so that none is left from an earlier report."""

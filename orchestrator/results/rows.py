@@ -4,6 +4,8 @@ A row joins three records: the experiment as planned, the parent's outcome
 (status, error, log, wall time, the sidecar's memory figures) and the child's
 ``result.json`` (the measurements). Every planned experiment gets a row,
 including those that failed, ran out of memory, timed out or never started.
+What each column is, and where it comes from, is declared once in
+``orchestrator.contract.metrics``.
 """
 
 from __future__ import annotations
@@ -11,163 +13,158 @@ from __future__ import annotations
 import csv
 import io
 import json
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract import metrics
 from orchestrator.contract.layout import write_atomic
-from orchestrator.matrix.table import KEY_COLUMNS
+from orchestrator.contract.metrics import Column, Source
 
-#: DESIGN.md's columns, in its order, after the key columns.
-METRIC_COLUMNS = (
-    "error",
-    "log",
-    "train_runtime",
-    "train_samples_per_second",
-    "train_steps_per_second",
-    "train_tokens_per_second",
-    "tokens_per_second_global",
-    "tokens_per_second_per_device",
-    "step_time_median_s",
-    "step_time_cv",
-    "train_loss",
-    "mem_nvidia_mem_reserved",
-    "mem_peak_torch_mem_alloc_in_bytes",
-    "mem_torch_mem_alloc_in_bytes",
-    "mem_peak_rss_bytes",
-    "flops_per_token",
-    "mfu",
-    "cost_per_1m_tokens_usd",
-    "gpu_device_name",
-)
 
-#: Further figures of the result's ``metrics``, after the ones above.
-EXTRA_METRICS = (
-    "step_time_mean_s",
-    "step_time_min_s",
-    "step_time_max_s",
-    "steps",
-    "steps_measured",
-    "warmup_steps_excluded",
-    "tokens_measured",
-    "tokens_total",
-    "padded_tokens_total",
-    "padding_fraction",
-    "measured_time_s",
-    "loss_first",
-    "loss_last",
-    "loss_mean_last10pct",
-    "hardware_flops_per_token",
-    "achieved_tflops_per_device",
-    "peak_tflops_per_device",
-    "torch_max_memory_allocated_bytes",
-    "torch_max_memory_reserved_bytes",
-    "mem_load_peak_bytes",
-    "mem_stage_source",
-    "mfu_precision",
-)
+class UndeclaredMetricWarning(UserWarning):
+    """A result carries a figure that no column declares, so the tables leave it out."""
 
-OUTCOME_COLUMNS = (
-    "wall_s",
-    "job_s",
-    "returncode",
-    "started_at",
-    "finished_at",
-    "world_size",
-    "trainable_params",
-    "total_params",
-    "time_to_first_step_s",
-    "data_cache_hit",
-    "data_tokens",
-    "mem_tree_peak_pss_bytes",
-    "mem_tree_peak_measure",
-    "mem_tree_peak_rss_bytes",
-    "mem_nvidia_peak_bytes_mean",
-    "mem_nvidia_peak_bytes_max",
-    "memory_backend",
-    "devices",
-    "attempt",
-    "run_mode",
-    "packed_with",
-    "executor",
-    "slurm_job_id",
-)
+
+@dataclass(frozen=True)
+class _Reader:
+    """How to read one column from the records of a run."""
+
+    name: str
+    source: Source
+    #: the keys to the mapping that holds the value, then the value's names (its aliases)
+    parents: tuple[str, ...]
+    names: tuple[str, ...]
+    fallback: Source | None
+
+    @classmethod
+    def of(cls, column: Column) -> _Reader:
+        *parents, last = column.where
+        return cls(
+            column.name, column.source, tuple(parents), (last, *column.aliases), column.fallback
+        )
+
+    def _lookup(self, record: Mapping[str, Any]) -> Any:
+        for key in self.parents:
+            inner = record.get(key)
+            record = inner if isinstance(inner, Mapping) else {}
+        for name in self.names:
+            if name in record:
+                return record[name]
+        return None
+
+    def read(self, records: Mapping[str, Mapping[str, Any]]) -> Any:
+        value = self._lookup(records[self.source])
+        if not value and self.fallback is not None:
+            value = self._lookup(records[self.fallback])
+        return value
+
+
+@dataclass(frozen=True)
+class _RowPlan:
+    """The registry's columns grouped in the order a row is filled (see ``build_row``)."""
+
+    #: the registry's columns this plan was made from
+    declared: tuple[Column, ...]
+    head: tuple[_Reader, ...]
+    child_metrics: tuple[str, ...]
+    child_metric_names: frozenset[str]
+    sidecar: tuple[_Reader, ...]
+    child_record: tuple[_Reader, ...]
+    outcome: tuple[_Reader, ...]
+
+    @classmethod
+    def of(cls, declared: tuple[Column, ...]) -> _RowPlan:
+        head = [c for c in declared if c.key or c.aggregate == "evidence"]
+        return cls(
+            declared=declared,
+            head=tuple(map(_Reader.of, head)),
+            child_metrics=tuple(c.name for c in declared if c.child_metric),
+            child_metric_names=frozenset(c.name for c in declared if c.child_metric),
+            sidecar=tuple(_Reader.of(c) for c in declared if c.source == "sidecar"),
+            child_record=tuple(
+                _Reader.of(c) for c in declared if c.source == "child" and not c.child_metric
+            ),
+            outcome=tuple(
+                _Reader.of(c) for c in declared if c.source == "outcome" and c not in head
+            ),
+        )
+
+
+_plan: _RowPlan | None = None
+
+
+def _row_plan() -> _RowPlan:
+    """The plan of the registry as it is now (made again only when it changed)."""
+    global _plan
+    declared = metrics.columns()
+    if _plan is None or _plan.declared is not declared:
+        _plan = _RowPlan.of(declared)
+    return _plan
+
+
+def warn_undeclared(figures: Mapping[str, Any]) -> list[str]:
+    """Warn about figures of a result's ``metrics`` that no column declares (once per
+    name and caller); returns their names."""
+    unknown = metrics.undeclared_metrics(figures)
+    for name in unknown:
+        warnings.warn(
+            f"a run's result reports the metric {name!r}, which no column declares: the "
+            "tables leave it out. Declare it in orchestrator/contract/metrics.py.",
+            UndeclaredMetricWarning,
+            stacklevel=3,
+        )
+    return unknown
 
 
 def build_row(
     spec: Mapping[str, Any], outcome: Mapping[str, Any], result: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """One row: the planned experiment (``Experiment.spec()`` or a run's ``spec.json``),
-    the parent's outcome and the child's figures."""
-    arguments = dict(spec.get("arguments") or {})
-    row: dict[str, Any] = {
-        "experiment_id": spec.get("experiment_id"),
-        "scenario": spec.get("scenario"),
-        "framework_config": spec.get("framework_config"),
-        "model_name_or_path": spec.get("model_name_or_path"),
-        "num_gpus": spec.get("num_gpus"),
-        "per_device_train_batch_size": spec.get("per_device_train_batch_size"),
-        "gradient_accumulation_steps": spec.get("gradient_accumulation_steps"),
-        "effective_batch_size": spec.get("effective_batch_size"),
-        "max_seq_len": spec.get("max_seq_len"),
-        "packing": spec.get("packing"),
-        "peft_method": arguments.get("peft_method"),
-        "torch_dtype": arguments.get("torch_dtype"),
-        "device": spec.get("device"),
-        "repeat": spec.get("repeat"),
-        "cell_id": spec.get("cell_id"),
-        "status": outcome.get("status"),
-        "error": outcome.get("error"),
-        "log": outcome.get("log"),
+    the parent's outcome and the child's figures.
+
+    The row is filled record by record, in this order: the experiment and its
+    verdict (the key columns, error and log), the swept values, the child's
+    metrics, the sidecar's memory figures, the rest of the child's record (where
+    there is a result, or the column has another source), the parent's
+    bookkeeping, and last every scenario argument by its own name. A metric the
+    registry does not declare is left out, with a warning.
+    """
+    plan = _row_plan()
+    memory = outcome.get("memory")
+    records: dict[str, Mapping[str, Any]] = {
+        "plan": spec,
+        "outcome": outcome,
+        "sidecar": memory if isinstance(memory, Mapping) else {},
+        "child": result or {},
     }
+    row: dict[str, Any] = {r.name: r.read(records) for r in plan.head}
     for key, value in (spec.get("swept") or {}).items():
         row.setdefault(key, value)
-    metrics = dict((result or {}).get("metrics") or {})
-    for key in (*METRIC_COLUMNS, *EXTRA_METRICS):
-        if key in metrics and key not in row:
-            row[key] = metrics[key]
-    memory = outcome.get("memory") or {}
-    row["mem_nvidia_mem_reserved"] = memory.get("mem_nvidia_mem_reserved")
-    # the job's tree: PSS (shared pages split between the processes that map them), and
-    # whether RSS stood in for a process; the summed RSS counts shared pages once per process
-    row["mem_tree_peak_pss_bytes"] = memory.get("mem_tree_peak_pss_bytes")
-    row["mem_tree_peak_measure"] = memory.get("mem_tree_peak_measure")
-    row["mem_tree_peak_rss_bytes"] = memory.get("mem_tree_peak_rss_bytes")
-    row["mem_nvidia_peak_bytes_mean"] = memory.get("mem_nvidia_peak_bytes_mean")
-    row["mem_nvidia_peak_bytes_max"] = memory.get("mem_nvidia_peak_bytes_max")
-    row["gpu_device_name"] = (result or {}).get("gpu_device_name") or outcome.get("gpu_device_name")
-    if result:
-        row["world_size"] = result.get("world_size")
-        model = result.get("model") or {}
-        row["trainable_params"] = model.get("trainable_params")
-        row["total_params"] = model.get("total_params")
-        row["time_to_first_step_s"] = (result.get("timings") or {}).get("time_to_first_step_s")
-        row["data_cache_hit"] = (result.get("data") or {}).get("cache_hit")
-        row["data_tokens"] = (result.get("data") or {}).get("tokens")
-    for key in (
-        "wall_s",
-        "job_s",
-        "returncode",
-        "started_at",
-        "finished_at",
-        "memory_backend",
-        "devices",
-        "attempt",
-        "run_mode",
-        "packed_with",
-        "executor",
-        "slurm_job_id",
-    ):
-        row[key] = outcome.get(key)
+    figures = (result or {}).get("metrics") or {}
+    for name in plan.child_metrics:
+        if name in figures and name not in row:
+            row[name] = figures[name]
+    if not figures.keys() <= plan.child_metric_names:
+        warn_undeclared(figures)
+    for reader in plan.sidecar:
+        row[reader.name] = reader.read(records)
+    for reader in plan.child_record:
+        if result or reader.fallback is not None:
+            row[reader.name] = reader.read(records)
+    for reader in plan.outcome:
+        row[reader.name] = reader.read(records)
     # every scenario argument, by its own name (those already shown above are not repeated)
-    for key, value in arguments.items():
+    for key, value in (spec.get("arguments") or {}).items():
         row.setdefault(key, value)
     return row
 
 
 def column_order(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    fixed = [*KEY_COLUMNS, *METRIC_COLUMNS, *EXTRA_METRICS, *OUTCOME_COLUMNS]
-    seen = dict.fromkeys(fixed)
+    """The registry's columns first, then every other column in the order rows have it."""
+    seen = dict.fromkeys(metrics.raw_columns())
     for row in rows:
         for key in row:
             seen.setdefault(key)

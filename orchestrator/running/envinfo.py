@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.layout import PROJECT_ROOT, write_atomic
+from orchestrator.results.envfile import read_env
 
 PACKAGES = (
     "torch",
@@ -31,12 +32,9 @@ PACKAGES = (
 
 
 def read(root: Path) -> dict[str, Any] | None:
-    """A results folder's env.json; None where it is missing or unreadable."""
-    try:
-        env = json.loads((root / "env.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return env if isinstance(env, dict) else None
+    """A results folder's env.json; None where it is missing or unreadable (read
+    where the report reads it, ``orchestrator.results.envfile``)."""
+    return read_env(root)
 
 
 def write(path: Path, env: dict[str, Any]) -> None:
@@ -153,7 +151,13 @@ def _secret(name: str) -> bool:
     return any(word in bare for word in ("TOKEN", "KEY", "SECRET", "PASSWORD"))
 
 
+#: environment variables recorded in ``env.json`` (besides the executors' own prefixes)
+ENV_PREFIXES = ("CUDA_", "NCCL_", "HF_", "OMP_", "TORCH", "PYTORCH_", "TOKENIZERS_")
+
+
 def collect(argv: list[str]) -> dict[str, Any]:
+    from orchestrator.executors import registry
+
     torch_version = version("torch")
     memory = None
     try:
@@ -175,10 +179,7 @@ def collect(argv: list[str]) -> dict[str, Any]:
         "environment": {
             k: v
             for k, v in os.environ.items()
-            if k.startswith(
-                ("CUDA_", "NCCL_", "HF_", "OMP_", "TORCH", "PYTORCH_", "SLURM_", "TOKENIZERS_")
-            )
-            and not _secret(k)
+            if k.startswith(ENV_PREFIXES + registry.env_prefixes()) and not _secret(k)
         },
         "pip_freeze": _pip_freeze(),
     }

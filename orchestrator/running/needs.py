@@ -19,7 +19,6 @@ from orchestrator.matrix.experiment import Experiment
 
 TRAIN_STACK = ("torch", "transformers", "peft", "accelerate")
 TRAIN_INSTALL = "pip install 'tunematrix[train]' (with your CUDA build of torch first)"
-SLURM_INSTALL = "pip install 'tunematrix[slurm]'"
 QLORA_INSTALL = "pip install bitsandbytes"
 DEEPSPEED_INSTALL = "pip install deepspeed"
 
@@ -35,14 +34,17 @@ class Need:
 
 
 def needs(experiments: Iterable[Experiment], executor: str = "local") -> list[Need]:
-    """Every package the experiments (and the executor) need, each once, in a stable order."""
+    """Every package the experiments (and the executor named ``executor``) need, each once,
+    in a stable order."""
+    from orchestrator.executors.registry import get
+
     found: dict[str, Need] = {}
     experiments = list(experiments)
     if experiments:
         for module in TRAIN_STACK:
             found[module] = Need(module, "the training stack", TRAIN_INSTALL)
-    if executor == "slurm":
-        found["submitit"] = Need("submitit", "--executor slurm", SLURM_INSTALL)
+    for need in get(executor).needs:
+        found.setdefault(need.module, need)
     for e in experiments:
         if e.peft_method == "qlora" and "bitsandbytes" not in found:
             found["bitsandbytes"] = Need(

@@ -3,7 +3,9 @@
 - A lock file (``RESULT_DIR/.lock``, ``flock``) keeps two orchestrators from
   writing one folder; the second gets a one-line error naming the first.
 - Without resume, the outputs of an earlier run are moved aside to
-  ``RESULT_DIR.<timestamp>/`` before anything is written, never deleted. The
+  ``RESULT_DIR.<timestamp>/`` before anything is written, never deleted:
+  the tables, ``runs/`` and the logs executors keep of their jobs (such as
+  ``<executor>/<job id>/``), so the moved outcomes' logs move with them. The
   prepared-data cache (``data/``) and the history of runs (``history.sqlite``)
   stay, since later runs use them, and so do dotfiles such as ``.gitkeep``.
 - A folder that is not empty but holds no tunematrix outputs (``--results .``
@@ -23,23 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.contract.errors import UserError
-from orchestrator.contract.layout import ResultsLayout
+from orchestrator.contract.layout import ResultsLayout, RunPaths
 
 #: What a run writes at the top of its folder (the data cache stays put).
-RUN_OUTPUTS = (
-    "env.json",
-    "plan.csv",
-    "raw_summary.csv",
-    "benchmarks.csv",
-    "summary.md",
-    "plots",
-    "runs",
-    "scaling.csv",
-    "compare.csv",
-    "compare.md",
-)
+RUN_OUTPUTS = tuple(path.name for path in ResultsLayout(Path()).run_outputs)
 #: kept in place across runs: the prepared-data cache and the history of runs
-KEEP = ("data", "history.sqlite")
+KEEP = tuple(path.name for path in ResultsLayout(Path()).kept)
 
 
 @dataclass(frozen=True)
@@ -86,9 +77,17 @@ def _aside_name(root: Path) -> Path:
     return candidate
 
 
+def run_outputs(layout: ResultsLayout) -> tuple[str, ...]:
+    """Everything a run writes at the top of its folder: ``RUN_OUTPUTS`` and the
+    folders where executors keep logs of their jobs."""
+    from orchestrator.executors.registry import log_folders
+
+    return (*RUN_OUTPUTS, *log_folders(layout))
+
+
 def move_aside(root: Path) -> Path | None:
     """Move an earlier run's outputs to ``root.<timestamp>/``; None if there were none."""
-    present = [name for name in RUN_OUTPUTS if (root / name).exists()]
+    present = [name for name in run_outputs(ResultsLayout(root)) if (root / name).exists()]
     if not present:
         return None
     target = _aside_name(root)
@@ -109,7 +108,7 @@ def open_results(root: Path, *, resume: bool) -> Iterator[OpenedResults]:
     fd = _lock(root / ".lock")
     try:
         entries = _entries(root)
-        known = set(RUN_OUTPUTS) | set(KEEP)
+        known = set(run_outputs(ResultsLayout(root))) | set(KEEP)
         if entries and not known & set(entries):
             raise UserError(
                 f"results folder {root} is not empty and holds no tunematrix results "
@@ -124,7 +123,7 @@ def open_results(root: Path, *, resume: bool) -> Iterator[OpenedResults]:
 
 def previous_attempt_dir(run_dir: Path) -> Path:
     """A fresh ``attempts/<n>`` folder inside a run folder for its earlier files."""
-    attempts = run_dir / "attempts"
+    attempts = RunPaths(run_dir).attempts
     n = 1
     while (attempts / str(n)).exists():
         n += 1
@@ -135,7 +134,7 @@ def keep_previous_attempt(run_dir: Path) -> Path | None:
     """Move the files of an earlier, unfinished attempt into ``attempts/<n>/``."""
     if not run_dir.is_dir():
         return None
-    files = [p for p in run_dir.iterdir() if p.name != "attempts"]
+    files = [p for p in run_dir.iterdir() if p != RunPaths(run_dir).attempts]
     if not files:
         return None
     target = previous_attempt_dir(run_dir)

@@ -12,6 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchestrator.contract import metrics
+from orchestrator.contract.result import ChildResult
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,6 +82,10 @@ def run_child(
     proc = run_in_own_group(argv, env=child_env(), cwd=tmp, timeout=300)
     result_path = tmp / "result.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    if result:
+        # every key the child wrote is a declared field of the typed record, and a
+        # record read back writes the same keys and values
+        assert ChildResult.model_validate(result).record() == result
     return proc, result
 
 
@@ -138,6 +145,10 @@ def test_every_record_once_gives_the_exact_token_count(tmp_path, processes, peft
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert result["status"] == "ok" and result["error"] is None
     m = result["metrics"]
+    # every figure the child reports is declared (else the tables would leave it out),
+    # and every figure declared as the child's is reported
+    assert metrics.undeclared_metrics(m) == []
+    assert {c.name for c in metrics.child_metrics()} <= set(m)
 
     # Each record is fed exactly once over the run, whatever the order and the
     # split across ranks: the real tokens are the prepared sequences' lengths.

@@ -130,7 +130,7 @@ def test_two_experiments_run_as_slurm_jobs(tmp_path, slurm_cluster) -> None:
     table = rows(tmp_path / "results")
     assert [r["status"] for r in table] == ["ok", "ok"]
     assert {r["executor"] for r in table} == {"slurm"}
-    job_ids = {r["slurm_job_id"] for r in table}
+    job_ids = {r["job_id"] for r in table}
     assert len(job_ids) == 2 and all(j.isdigit() for j in job_ids)
     for r in table:
         assert float(r["tokens_per_second_global"]) > 0
@@ -152,6 +152,23 @@ def test_two_experiments_run_as_slurm_jobs(tmp_path, slurm_cluster) -> None:
     assert again.returncode == 0, again.stderr[-2000:]
     assert [r["status"] for r in rows(tmp_path / "results")] == ["skipped", "skipped"]
     assert "submitted" not in again.stderr + again.stdout
+    # a fresh run moves the earlier one aside with SLURM's logs of its jobs, so every
+    # log its rows and outcomes point to is still there
+    from orchestrator.contract.layout import ResultsLayout
+    from orchestrator.contract.outcome import read_outcome
+    from orchestrator.running.resultsdir import open_results
+
+    with open_results(tmp_path / "results", resume=False) as opened:
+        moved = opened.moved_to
+    assert moved is not None and not (tmp_path / "results" / "slurm").exists()
+    for r in rows(moved):
+        assert (moved / r["log"]).is_file(), r["log"]
+        logs = ResultsLayout(moved).job_logs("slurm", r["job_id"])
+        assert (logs / f"{r['job_id']}_0_log.err").is_file(), logs
+    for run in ResultsLayout(moved).run_folders():
+        outcome = read_outcome(run)
+        assert outcome is not None and outcome.log and (moved / outcome.log).is_file()
+        assert outcome.executor == "slurm" and outcome.job_id in job_ids
 
 
 def test_a_job_past_its_slurm_time_limit_is_a_timeout(tmp_path, slurm_cluster) -> None:
@@ -195,7 +212,7 @@ def test_cancelling_the_orchestrator_cancels_its_jobs(tmp_path, slurm_cluster) -
     table = rows(tmp_path / "results")
     assert len(table) == 3
     assert {r["status"] for r in table} == {"interrupted"}
-    assert all(r["slurm_job_id"] for r in table)
+    assert all(r["job_id"] for r in table)
 
 
 def test_array_without_waiting_then_report_collects(tmp_path, slurm_cluster) -> None:
@@ -207,7 +224,7 @@ def test_array_without_waiting_then_report_collects(tmp_path, slurm_cluster) -> 
     assert "tunematrix report results" in proc.stdout
     table = rows(tmp_path / "results")
     assert [r["status"] for r in table] == ["planned", "planned"]
-    ids = sorted(r["slurm_job_id"] for r in table)
+    ids = sorted(r["job_id"] for r in table)
     array_id = ids[0].split("_")[0]
     assert ids == [f"{array_id}_0", f"{array_id}_1"]
     # while the array runs, another run into the same folder is refused
@@ -223,7 +240,7 @@ def test_array_without_waiting_then_report_collects(tmp_path, slurm_cluster) -> 
     assert report.returncode == 0, report.stderr[-3000:]
     table = rows(tmp_path / "results")
     assert [r["status"] for r in table] == ["ok", "ok"], table
-    assert sorted(r["slurm_job_id"] for r in table) == ids
+    assert sorted(r["job_id"] for r in table) == ids
     # the run ends here (unless the --resume run above found the jobs ended and
     # ran itself), so it enters the history like a waited-for run, once
     db = history.path_for(tmp_path / "results")

@@ -120,7 +120,7 @@ def test_saved_training_fields_match_the_installed_transformers() -> None:
     saved = json.loads(FIELDS_FILE.read_text())
     assert set(training_fields()) == installed, (
         f"{FIELDS_FILE.name} lists transformers {saved['transformers']}, installed is "
-        f"{transformers.__version__}: run python -m orchestrator.contract.argnames"
+        f"{transformers.__version__}: run python -m trainer_entry.backends"
     )
 
 

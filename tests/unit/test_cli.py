@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -202,6 +204,29 @@ def test_every_command_has_examples_in_its_help() -> None:
     for name, subparser in sub.choices.items():  # type: ignore[union-attr]
         assert "Examples:" in subparser.format_help(), name
         assert f"tunematrix {name}" in subparser.format_help(), name
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return dict(sub.choices)  # type: ignore[arg-type]
+
+
+def test_every_command_is_documented_in_the_readme() -> None:
+    text = (REPO / "README.md").read_text()
+    table = text.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    documented = re.findall(r"^\| `tunematrix ([a-z-]+)", table, re.M)
+    assert sorted(documented) == sorted(_subcommands()), (
+        "the README's Commands table and the CLI's commands differ"
+    )
+
+
+def test_every_help_example_runs_a_command_that_exists() -> None:
+    commands = _subcommands()
+    for name, subparser in commands.items():
+        examples = subparser.format_help().split("Examples:", 1)[1]
+        used = set(re.findall(r"^  tunematrix ([a-z-]+)", examples, re.M))
+        assert name in used, name
+        assert used <= set(commands), (name, used - set(commands))
 
 
 def test_plan_writes_nothing(tmp_path, capsys, monkeypatch) -> None:

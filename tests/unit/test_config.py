@@ -579,3 +579,61 @@ def test_a_contents_entry_without_its_file_is_one_error(tmp_path) -> None:
         r"foak-fast-kernels-sample-configuration\.yaml: no such file beside CONTENTS\.yaml \(.+\)",
         message,
     ), message
+
+
+# --- where the files are found when none is named -------------------------------------------
+
+
+def test_files_are_found_beside_the_scenarios_file_else_shipped(tmp_path) -> None:
+    from orchestrator.config.files import find_config_files
+    from orchestrator.contract.layout import shipped
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "scenarios.yaml").write_text(MINIMAL)
+    # nothing beside it: the shipped defaults and accelerate config
+    found = find_config_files(mine / "scenarios.yaml")
+    assert found.scenarios == mine / "scenarios.yaml"
+    assert found.defaults == shipped("defaults.yaml")
+    assert found.accelerate_fallback == shipped("accelerate.yaml")
+    # beside it: those
+    (mine / "defaults.yaml").write_text("seed: 1\n")
+    (mine / "accelerate.yaml").write_text("distributed_type: NO\n")
+    found = find_config_files(mine / "scenarios.yaml")
+    assert (found.defaults, found.accelerate_fallback) == (
+        mine / "defaults.yaml",
+        mine / "accelerate.yaml",
+    )
+    # a defaults file named is kept as named, even where it is missing (loading says so)
+    named = find_config_files(mine / "scenarios.yaml", defaults=tmp_path / "gone.yaml")
+    assert named.defaults == tmp_path / "gone.yaml"
+
+
+def test_the_scenarios_file_is_the_current_folders_else_shipped(tmp_path) -> None:
+    from orchestrator.config.files import find_config_files
+    from orchestrator.contract.layout import shipped
+
+    assert find_config_files(cwd=tmp_path).scenarios == shipped("scenarios.yaml")
+    (tmp_path / "scenarios.yaml").write_text(MINIMAL)
+    found = find_config_files(cwd=tmp_path)
+    assert found.scenarios == tmp_path / "scenarios.yaml"
+    assert found.defaults == shipped("defaults.yaml")
+
+
+def test_the_api_and_doctor_find_the_same_accelerate_config(tmp_path, monkeypatch) -> None:
+    from orchestrator import api
+    from orchestrator.config.files import default_accelerate
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "scenarios.yaml").write_text(MINIMAL)
+    (tmp_path / "accelerate.yaml").write_text("distributed_type: MULTI_GPU\n")
+    config = api.load()
+    assert config.scenarios_file == Path("scenarios.yaml")
+    assert config.default_accelerate is not None
+    assert config.default_accelerate.distributed_type == "MULTI_GPU"
+    assert default_accelerate() == (config.default_accelerate.path, None)
+    # a broken scenarios file: no config, and why
+    (tmp_path / "scenarios.yaml").write_text("scenarios: [\n")
+    path, why = default_accelerate()
+    assert path is None
+    assert why is not None and "scenarios.yaml" in why

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from trainer_entry.arguments import DataConfig
-from trainer_entry.data.prepare import IGNORE_INDEX, Collator, load_unprocessed, prepare
+from trainer_entry.data.collate import Collator
+from trainer_entry.data.formats import IGNORE_INDEX
+from trainer_entry.data.prepare import load_unprocessed, prepare
 from trainer_entry.errors import SpecError
 
 RECORDS = [
@@ -257,3 +259,101 @@ def test_collator_reports_a_packed_row_as_one_full_length_sequence(
     }
     assert batch["real_lengths"] == [64, 64, 64] and batch["num_real_tokens"] == 192
     assert int(batch["attention_mask"].sum()) == 192
+
+
+# ---------------------------------------------------------------------------
+# The cache shared by the ranks of a job and the jobs of a results folder
+# ---------------------------------------------------------------------------
+
+
+def _entries(data_dir: Path) -> tuple[list[str], list[str]]:
+    """(published entries, private build folders) under ``data_dir``."""
+    folders = [p.name for p in data_dir.iterdir() if p.is_dir()]
+    return sorted(f for f in folders if not f.startswith(".")), sorted(
+        f for f in folders if f.startswith(".")
+    )
+
+
+def test_the_loser_of_a_cache_race_takes_the_winners_entry(
+    tiny_tokenizer, dataset, tmp_path, monkeypatch
+) -> None:
+    # another job (on a file system whose lock did not keep it out) publishes the same
+    # entry while this one tokenizes: this one's rename meets a finished folder
+    from trainer_entry.data import cache
+    from trainer_entry.data import prepare as prepare_module
+
+    data_dir = tmp_path / "data"
+    cfg = DataConfig(dataset=str(dataset), max_seq_len=128)
+    real = prepare_module.tokenize_records
+
+    def tokenize_and_lose(records, cfg, tokenizer, meta):
+        data = real(records, cfg, tokenizer, meta)
+        winner = tmp_path / "winner"
+        winner.mkdir()
+        cache.save(winner, data)
+        (winner / "won").write_text("")
+        winner.rename(data_dir / meta["cache_key"])
+        return data
+
+    monkeypatch.setattr(prepare_module, "tokenize_records", tokenize_and_lose)
+    data = prepare(cfg, tiny_tokenizer, data_dir)
+    assert data.meta["cache_hit"] is False and data.meta["sequences"] == 3
+    (entry,) = _entries(data_dir)[0]
+    assert (data_dir / entry / "won").exists()  # the winner's folder was kept
+    assert _entries(data_dir)[1] == []  # and this one's private folder removed
+    monkeypatch.setattr(prepare_module, "tokenize_records", real)
+    assert prepare(cfg, tiny_tokenizer, data_dir).meta["cache_hit"] is True
+
+
+def test_a_half_written_cache_entry_is_not_taken_but_replaced(
+    tiny_tokenizer, dataset, tmp_path
+) -> None:
+    data_dir = tmp_path / "data"
+    cfg = DataConfig(dataset=str(dataset), max_seq_len=128)
+    key = prepare(cfg, tiny_tokenizer, data_dir).meta["cache_key"]
+    (data_dir / key / "meta.json").unlink()  # a copy cut short: no meta.json, written last
+    again = prepare(cfg, tiny_tokenizer, data_dir)
+    assert again.meta["cache_hit"] is False and again.meta["sequences"] == 3
+    assert (data_dir / key / "meta.json").is_file()
+    assert _entries(data_dir) == ([key], [])
+
+
+def test_a_failed_preparation_leaves_no_folder(tiny_tokenizer, tmp_path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "x", "output": "y"}])
+    data_dir = tmp_path / "data"
+    with pytest.raises(SpecError, match="dataset field 'text' not found in record 0"):
+        prepare(DataConfig(dataset=str(path), formatting="text"), tiny_tokenizer, data_dir)
+    assert _entries(data_dir) == ([], [])
+
+
+def test_a_cache_entry_is_readable_by_the_other_users_of_the_folder(
+    tiny_tokenizer, dataset, tmp_path
+) -> None:
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        data = prepare(DataConfig(dataset=str(dataset)), tiny_tokenizer, tmp_path / "data")
+    finally:
+        os.umask(old)
+    folder = Path(data.meta["cache_path"])
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755  # not mkdtemp's 0o700
+    lock = folder.parent / f".{folder.name}.lock"
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o644
+
+
+def test_without_a_working_lock_the_cache_still_works(
+    tiny_tokenizer, dataset, tmp_path, monkeypatch
+) -> None:
+    import errno
+
+    from trainer_entry import publish
+
+    def no_lock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(publish.fcntl, "flock", no_lock)
+    cfg = DataConfig(dataset=str(dataset))
+    assert prepare(cfg, tiny_tokenizer, tmp_path / "data").meta["cache_hit"] is False
+    assert prepare(cfg, tiny_tokenizer, tmp_path / "data").meta["cache_hit"] is True

@@ -22,8 +22,9 @@ from orchestrator.doctor import (
     Facts,
     Installed,
     Requirement,
-    SlurmFacts,
 )
+from orchestrator.executors.slurm import settings as slurm_settings
+from orchestrator.executors.slurm.doctor import SlurmFacts
 from orchestrator.running import hardware, needs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -182,7 +183,7 @@ def test_install_hints_name_extras_that_exist() -> None:
     train = {doctor.parse_requirement(r).name for r in extras["train"]}  # type: ignore[union-attr]
     assert set(needs.TRAIN_STACK) <= train
     assert "'tunematrix[train]'" in needs.TRAIN_INSTALL
-    assert "'tunematrix[slurm]'" in needs.SLURM_INSTALL
+    assert "'tunematrix[slurm]'" in slurm_settings.INSTALL
     assert any(r.startswith("submitit") for r in extras["slurm"])
 
 
@@ -230,8 +231,13 @@ ALL_SLURM = {c: f"/usr/bin/{c}" for c in ("sbatch", "squeue", "sinfo")}
 
 
 def facts(
-    tmp_path: Path, *, versions: dict[str, str | None] | None = None, **changes: Any
+    tmp_path: Path,
+    *,
+    versions: dict[str, str | None] | None = None,
+    slurm: SlurmFacts = NO_SLURM,
+    **changes: Any,
 ) -> Facts:
+    """Facts of a machine with two H100s; ``slurm``: what the SLURM executor's probe found."""
     installed = {**VERSIONS, **(versions or {})}
     base = Facts(
         python="3.11.7",
@@ -245,9 +251,9 @@ def facts(
         proc_driver=None,
         visible=None,
         accelerate=AccelerateFacts(tmp_path / "default_config.yaml", None, None, REPO / "a.yaml"),
-        slurm=NO_SLURM,
         disk=DiskFacts(tmp_path, tmp_path, 500 * GIB, True),
         env={},
+        executors={"slurm": slurm},
     )
     return dataclasses.replace(base, **changes)
 

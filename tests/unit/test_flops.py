@@ -152,21 +152,22 @@ def test_unknown_device_says_how_to_set_a_peak() -> None:
 
 def _figures(model, ranks, *, tps, device, peak=None, mixed_precision="bf16", packing=False):
     from trainer_entry.arguments import DataConfig, MeasureConfig
-    from trainer_entry.train import _flops_figures
+    from trainer_entry.record import flops_figures
 
     parsed = SimpleNamespace(
         data=DataConfig(max_seq_len=SEQ, packing=packing),
         measure=MeasureConfig(peak_tflops_per_device=peak),
     )
-    args = SimpleNamespace(mixed_precision=mixed_precision, tf32=None)
+    settings = SimpleNamespace(
+        mixed_precision=mixed_precision, tf32=None, activation_checkpointing=False
+    )
     metrics = {"warmup_steps_excluded": 1, "steps": 3, "tokens_per_second_per_device": tps}
-    return _flops_figures(
+    return flops_figures(
         model=model,
         ranks=ranks,
         metrics=metrics,
         parsed=parsed,
-        training_args=args,
-        activation_checkpointing=False,
+        settings=settings,
         dtype="float32",
         device_name=device,
     )

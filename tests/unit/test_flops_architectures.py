@@ -23,7 +23,7 @@ from trainer_entry.flops import (
     estimate_flops,
 )
 from trainer_entry.measure import SequenceLengths
-from trainer_entry.models.load import ARCHITECTURES, apply_peft
+from trainer_entry.models.load import ARCHITECTURES, apply_peft, shipped_architectures
 
 BATCH, SEQ, WINDOW, VOCAB = 2, 64, 16, 512
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": VOCAB}
@@ -110,11 +110,10 @@ def _config(name: str, window: int = WINDOW):
     return AutoConfig.for_model(**configs[name])
 
 
+# every shipped architecture (a new one is checked as soon as its file is there)
+SHIPPED = [f"config:{name}" for name in shipped_architectures()]
 ARCHS = [
-    "config:llama-3.1-8b",
-    "config:llama-3.2-1b",
-    "config:mistral-7b",
-    "config:qwen2.5-7b",
+    *SHIPPED,
     "gpt_bigcode",
     "gpt2",
     "qwen2-tied",
@@ -396,3 +395,8 @@ def test_recompute_is_found_in_fully_sharded_blocks(name, gloo_group) -> None:
     assert len(_decoder_layer_linears(model)) == inside > 0
     assert after.recompute == before.recompute
     assert after.recompute > after.attention / 3  # the blocks' projections, not attention alone
+
+
+def test_the_shipped_architectures_are_all_checked() -> None:
+    assert {"config:llama-3.1-8b", "config:llama-3.2-1b", "config:mistral-7b"} <= set(SHIPPED)
+    assert "config:qwen2.5-7b" in SHIPPED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -166,3 +167,108 @@ def test_hostile_model_names_stay_inside_the_results_folder(plan, tmp_path, mode
     run_dir = layout.run(eid).dir.resolve()
     assert run_dir.parent == (tmp_path / "results" / "runs").resolve()
     assert ID_RE.match(eid)
+
+
+# Golden ids, computed by the code before `_expand_scenario` was split into steps:
+# a refactoring of the expansion must keep every id byte for byte, or every
+# earlier results folder would stop resuming and comparing.
+GOLDEN = """
+frameworks:
+  f:
+    accelerate_config: accelerate.yaml
+    arguments: {use_liger_kernel: true}
+    env: {SOME_FLAG: "1"}
+data_processing:
+  dataset_name: data.jsonl
+matrix:
+  max_seq_len: [1024]
+scenarios:
+  - name: s
+    framework_config: [null, f]
+    arguments:
+      model_name_or_path: [org/model, other/Model-7B]
+      learning_rate: 2e-4
+      target_modules: [q_proj, v_proj]
+    sweep:
+      r: [8, 16]
+      lora_alpha: [16]
+  - name: fixed-batch
+    arguments:
+      model_name_or_path: org/model
+      per_device_train_batch_size: 2
+      packing: false
+"""
+
+GOLDEN_IDS = [
+    "s.model.none.g1.eb4-64a53dab",
+    "s.model.none.g1.eb4.r1-64a53dab",
+    "s.model.none.g2.eb4-5a6c716a",
+    "s.model.none.g2.eb4.r1-5a6c716a",
+    "s.model.none.g1.eb4-31bd23e3",
+    "s.model.none.g1.eb4.r1-31bd23e3",
+    "s.model.none.g2.eb4-3c23efb0",
+    "s.model.none.g2.eb4.r1-3c23efb0",
+    "s.Model-7B.none.g1.eb4-ab792859",
+    "s.Model-7B.none.g1.eb4.r1-ab792859",
+    "s.Model-7B.none.g2.eb4-82280ddb",
+    "s.Model-7B.none.g2.eb4.r1-82280ddb",
+    "s.Model-7B.none.g1.eb4-4545ded0",
+    "s.Model-7B.none.g1.eb4.r1-4545ded0",
+    "s.Model-7B.none.g2.eb4-3aad2f58",
+    "s.Model-7B.none.g2.eb4.r1-3aad2f58",
+    "s.model.f.g1.eb4-c6360dd0",
+    "s.model.f.g1.eb4.r1-c6360dd0",
+    "s.model.f.g2.eb4-e6eb3983",
+    "s.model.f.g2.eb4.r1-e6eb3983",
+    "s.model.f.g1.eb4-24730a5a",
+    "s.model.f.g1.eb4.r1-24730a5a",
+    "s.model.f.g2.eb4-66d1e23f",
+    "s.model.f.g2.eb4.r1-66d1e23f",
+    "s.Model-7B.f.g1.eb4-9a9351b5",
+    "s.Model-7B.f.g1.eb4.r1-9a9351b5",
+    "s.Model-7B.f.g2.eb4-b2d08c5f",
+    "s.Model-7B.f.g2.eb4.r1-b2d08c5f",
+    "s.Model-7B.f.g1.eb4-92331d19",
+    "s.Model-7B.f.g1.eb4.r1-92331d19",
+    "s.Model-7B.f.g2.eb4-4fc69ba7",
+    "s.Model-7B.f.g2.eb4.r1-4fc69ba7",
+    "fixed-batch.model.none.g1.eb4-de4f978f",
+    "fixed-batch.model.none.g1.eb4.r1-de4f978f",
+    "fixed-batch.model.none.g2.eb4-dd54a0d5",
+    "fixed-batch.model.none.g2.eb4.r1-dd54a0d5",
+]
+
+
+def test_ids_of_a_realistic_matrix_are_pinned(plan) -> None:
+    built = plan(GOLDEN, "seed: 42\n", num_gpus=(1, 2), effective_batch_size=(4,), repeats=2)
+    assert [e.experiment_id for e in built.experiments] == GOLDEN_IDS
+    fixed = [e for e in built.experiments if e.scenario == "fixed-batch"]
+    assert [e.gradient_accumulation_steps for e in fixed] == [2, 2, 1, 1]
+
+
+PREDECESSOR_FIRST_IDS = [
+    "full-finetuning.gpt_bigcode-santacoder.none.g1.eb4-c165de54",
+    "full-finetuning.gpt_bigcode-santacoder.none.g1.eb8-ad0eae56",
+]
+PREDECESSOR_IDS_SHA256 = "e8025797f4f3ad607cce6953a52599f501354d632f536b17a476353b99af90ad"
+
+
+def test_ids_of_the_predecessors_matrix_are_pinned(config_dir: Path) -> None:
+    """fms-acceleration's scenarios with its CONTENTS.yaml: the ids hash the plugin
+    files' content (not their place), the framework overlays and the data stanza."""
+    fixtures = REPO / "tests" / "fixtures"
+    config = load_config(
+        fixtures / "fms_scenarios_2026-01.yaml",
+        defaults_file=fixtures / "fms_defaults_2026-01.yaml",
+        frameworks_files=[fixtures / "fms_sample_configurations" / "CONTENTS.yaml"],
+        accelerate_fallback=config_dir / "accelerate.yaml",
+    )
+    built = build_plan(
+        config,
+        Selection(device="gpu", num_gpus=(1, 2), effective_batch_size=(4, 8), filters=("*",)),
+        gpu_count=0,
+    )
+    ids = [e.experiment_id for e in built.experiments]
+    assert len(ids) == 124
+    assert ids[:2] == PREDECESSOR_FIRST_IDS
+    assert hashlib.sha256("\n".join(ids).encode()).hexdigest() == PREDECESSOR_IDS_SHA256

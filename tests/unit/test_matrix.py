@@ -387,6 +387,35 @@ def test_default_gpu_axis(plan) -> None:
     ].values == (2,)
 
 
+@pytest.mark.parametrize(
+    ("matrix", "selection", "counted"),
+    [
+        ("", {"device": "auto"}, 1),  # the device and the default GPU axis need the count
+        ("", {"device": "gpu"}, 1),  # the default GPU axis is capped at the GPUs found
+        ("", {"device": "gpu", "num_gpus": (2,)}, 0),  # both given: nothing to count
+        ("matrix:\n  num_gpus: [4]\n", {"device": "gpu"}, 0),  # the file's axis
+        ("", {"device": "cpu"}, 0),
+    ],
+)
+def test_gpus_are_counted_only_when_the_plan_needs_a_count(
+    plan, matrix: str, selection: dict, counted: int
+) -> None:
+    text = matrix + "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m}\n"
+    if selection["device"] == "cpu":
+        text = text.replace("- name: a", "- name: a\n    device: cpu")
+    calls: list[int] = []
+
+    def count() -> int:
+        calls.append(1)
+        return 4
+
+    built = plan(text, gpu_count=count, **selection)
+    assert len(calls) == counted
+    if counted:
+        assert built.axes["num_gpus"].values == (1, 2)
+        assert "4 GPU(s)" in built.axes["num_gpus"].source
+
+
 def test_cpu_default_is_one_process(plan) -> None:
     p = plan(
         "scenarios:\n  - name: t\n    device: cpu\n    num_gpus: [1, 2]\n"

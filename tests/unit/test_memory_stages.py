@@ -209,15 +209,15 @@ def test_default_memory_logging_does_not_run_hf_tracker(tmp_path: Path) -> None:
     """What the parent writes by default, read by the child: skip_memory_metrics stays on."""
     from orchestrator.job.execute import RunOptions
     from trainer_entry.arguments import parse_arguments
-    from trainer_entry.train import _training_arguments
+    from trainer_entry.backends.hf import training_arguments
 
     stages = MEMORY_LOGGING[RunOptions().memory_logging][1]
     spec = RunSpec(memory_stages=stages, output_dir=str(tmp_path))
     parsed = parse_arguments(spec.model_copy(update={"arguments": {"model_name_or_path": "m"}}))
-    assert _training_arguments(spec, parsed, on_gpu=True).skip_memory_metrics is True
+    assert training_arguments(spec, parsed, on_gpu=True).skip_memory_metrics is True
     by_name = spec.model_copy(update={"memory_stages": "hf-tracker"})
-    assert _training_arguments(by_name, parsed, on_gpu=True).skip_memory_metrics is False
-    assert _training_arguments(by_name, parsed, on_gpu=False).skip_memory_metrics is True
+    assert training_arguments(by_name, parsed, on_gpu=True).skip_memory_metrics is False
+    assert training_arguments(by_name, parsed, on_gpu=False).skip_memory_metrics is True
 
 
 @pytest.mark.parametrize(
@@ -321,3 +321,31 @@ def test_a_rank_that_does_not_draw_weights_keeps_correct_buffers(tmp_path: Path)
         drawn.model.named_buffers(), skipped.model.named_buffers(), strict=True
     ):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("reset_at_begin", [True, False], ids=["torch", "hf-tracker"])
+def test_the_hooks_read_the_counters_where_training_starts_and_ends(reset_at_begin: bool) -> None:
+    """What every backend's trainer reports through StepHooks: training's peak is its own,
+    unless HF's tracker (which measures all of train()) is the source."""
+    from trainer_entry.data.collate import BatchCounts
+    from trainer_entry.hooks import StepHooks
+    from trainer_entry.measure import StepRecorder
+
+    cuda = FakeCuda()
+    c = counters(cuda)
+    recorder = StepRecorder(0, clock=iter(range(100)).__next__)
+    recorder.windows = ()
+    hooks = StepHooks(recorder, c, reset_peak_at_begin=reset_at_begin)
+    cuda.alloc(1000)
+    cuda.spike(3000)  # loading and wrapping
+    hooks.train_begin(max_steps=2)
+    assert c.readings["train_begin"] == MemoryReading(1000, 4000)
+    for _ in range(2):
+        hooks.batch(None, BatchCounts(real=6, padded=8, lengths=[4, 2]))
+        cuda.spike(500)  # activations
+        hooks.step_end(global_step=1)
+    hooks.train_end(global_step=2)
+    assert c.readings["train_end"].allocated == 1000
+    assert cuda.max_memory_allocated() == (1500 if reset_at_begin else 4000)
+    assert recorder.stats.step_tokens == [6, 6] and recorder.stats.step_padded_tokens == [8, 8]
+    assert recorder.stats.step_sq_tokens == [20, 20] and recorder.stats.step_rows == [2, 2]

@@ -368,13 +368,14 @@ def test_child_carries_on_when_the_file_cannot_be_written(
 
 
 def test_the_trainer_callback_reports_the_steps(tmp_path: Path) -> None:
+    from trainer_entry.backends.hf import MeasureCallback
+    from trainer_entry.hooks import StepHooks
     from trainer_entry.measure import StepRecorder
-    from trainer_entry.train import _MeasureCallback
 
     path = tmp_path / "progress.json"
     recorder = StepRecorder(0)
-    callback = _MeasureCallback(
-        recorder, progress=ProgressFile(path, world_size=2, warmup_steps=None)
+    callback = MeasureCallback(
+        StepHooks(recorder, progress=ProgressFile(path, world_size=2, warmup_steps=None))
     )
     state = SimpleNamespace(max_steps=6, global_step=0)
     callback.on_train_begin(None, state, None)

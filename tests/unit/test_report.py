@@ -279,7 +279,8 @@ def test_our_rows_keep_the_measured_figures_and_no_hf_column(tmp_path) -> None:
 
 
 def test_epoch_is_no_configuration_column(tmp_path) -> None:
-    from orchestrator.results.report import config_columns, scaling_keys
+    from orchestrator.results.aggregate import scaling_keys
+    from orchestrator.results.columns import config_columns
 
     report = write_report(REFS, tmp_path, CostSettings(), plots=False)
     assert "epoch" in report.rows.columns  # read, and kept as an output
@@ -345,7 +346,7 @@ def test_likely_oom_needs_the_device_memory(tmp_path, capsys) -> None:
 
 
 def test_known_device_names() -> None:
-    from orchestrator.results.report import known_gpu_memory
+    from orchestrator.results.capacity import known_gpu_memory
 
     assert known_gpu_memory("a100_80gb.csv") == (80 * GIB, "A100 80GB")
     assert known_gpu_memory("NVIDIA A100-SXM4-80GB") == (80 * GIB, "A100 80GB")
@@ -389,7 +390,7 @@ def test_benchmarks_table_keeps_the_figures_of_a_single_cell() -> None:
     """One cell has every column constant; its measured figures must not be dropped."""
     import pandas as pd
 
-    from orchestrator.results.report import benchmarks_table
+    from orchestrator.results.aggregate import benchmarks_table
 
     cells = pd.DataFrame(
         [
@@ -410,3 +411,24 @@ def test_benchmarks_table_keeps_the_figures_of_a_single_cell() -> None:
     assert table.loc[0, "peak_memory_bytes"] == 2.0**30
     # a constant setting and a figure no cell has are still left out
     assert "learning_rate" not in table.columns and "mfu" not in table.columns
+
+
+def test_price_and_device_memory_come_from_the_runs_env_json(tmp_path) -> None:
+    from orchestrator.results.envfile import cost_from_env, read_env
+
+    root = tmp_path / "results"
+    write_run(root, "a", status="failed", error="boom", memory=75 * 2**30)
+    assert read_env(root) is None and cost_from_env(root) is None
+    (root / "env.json").write_text("{not json")
+    assert read_env(root) is None and build_report(root, CostSettings()).capacity is None
+    env = {
+        "cost": {"usd_per_gpu_hour": 2.5},
+        "gpus": {"devices": [{"name": "NVIDIA H100 80GB HBM3", "memory_bytes": 80 * 2**30}]},
+    }
+    (root / "env.json").write_text(json.dumps(env))
+    assert cost_from_env(root) == 2.5
+    report = build_report(root, CostSettings())
+    assert report.capacity is not None and report.capacity.bytes == 80 * 2**30
+    assert report.capacity.source == "NVIDIA H100 80GB HBM3, from env.json"
+    # 75 of 80 GiB, no metrics: likely out of memory
+    assert report.cells["likely_oom"].tolist() == [True]

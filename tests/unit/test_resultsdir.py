@@ -130,3 +130,61 @@ def test_earlier_attempts_are_kept(tmp_path) -> None:
     assert (run / "attempts" / "1" / "stderr.log").read_text() == "first"
     assert (run / "attempts" / "2" / "stderr.log").read_text() == "second"
     assert keep_previous_attempt(run) is None
+
+
+def _earlier_submitted_run(root: Path) -> None:
+    """An earlier run whose jobs an executor with logs of its own ran: one job left no
+    outcome of its own, so its row points at the executor's log of the job."""
+    from orchestrator.contract.layout import ResultsLayout
+    from orchestrator.contract.outcome import Outcome, write_outcome
+    from orchestrator.results.rows import build_row, write_raw_summary
+
+    layout = ResultsLayout(root)
+    rows = []
+    for eid, job, own_log in (("a", "11", True), ("b", "12", False)):
+        run = layout.run(eid)
+        run.dir.mkdir(parents=True)
+        job_logs = layout.job_logs("slurm", job)
+        job_logs.mkdir(parents=True)
+        (job_logs / f"{job}_0_log.err").write_text("slurmstepd: error: *** JOB CANCELLED ***\n")
+        if own_log:
+            run.stderr.write_text("Traceback ...\n")
+            log = layout.relative(run.stderr)
+        else:
+            log = layout.relative(job_logs / f"{job}_0_log.err")
+        outcome = Outcome(status="failed", log=log, executor="slurm", job_id=job)
+        write_outcome(run, outcome)
+        rows.append(build_row({"experiment_id": eid}, outcome.as_dict(), None))
+    write_raw_summary(rows, layout.raw_summary)
+
+
+def test_a_moved_run_keeps_every_log_its_rows_point_to(tmp_path) -> None:
+    import csv
+
+    from orchestrator.contract.layout import ResultsLayout
+    from orchestrator.contract.outcome import read_outcome
+
+    root = tmp_path / "results"
+    _earlier_submitted_run(root)
+    with open_results(root, resume=False) as opened:
+        moved = opened.moved_to
+    assert moved is not None
+    # nothing of the earlier run is left behind, its executor's logs included
+    assert not (root / "runs").exists() and not (root / "slurm").exists()
+    with (moved / "raw_summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["log"] for r in rows] == ["runs/a/stderr.log", "slurm/12/12_0_log.err"]
+    for row in rows:
+        assert (moved / row["log"]).is_file(), row["log"]
+        assert (ResultsLayout(moved).job_logs("slurm", row["job_id"])).is_dir()
+    for run in ResultsLayout(moved).run_folders():
+        outcome = read_outcome(run)
+        assert outcome is not None and outcome.log is not None
+        assert (moved / outcome.log).is_file(), outcome.log
+
+
+def test_a_folder_holding_only_executor_logs_is_ours(tmp_path) -> None:
+    (tmp_path / "slurm" / "12").mkdir(parents=True)
+    with open_results(tmp_path, resume=False) as opened:
+        assert opened.moved_to is not None
+        assert (opened.moved_to / "slurm" / "12").is_dir()

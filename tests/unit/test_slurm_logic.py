@@ -12,21 +12,28 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.run import _slurm_settings as slurm_settings
 from orchestrator.cli.app import build_parser, main
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout
+from orchestrator.contract.outcome import Outcome, write_outcome
 from orchestrator.executors.slurm import (
+    SlurmModel,
     SlurmSettings,
     Unreachable,
-    _gres_gpus,
     final_outcome,
+    gres_gpus,
     job_minutes,
     parse_time,
+    settings_from,
     shape,
     states,
 )
-from orchestrator.job.execute import Outcome, write_outcome
+
+
+def slurm_settings(args, file: dict) -> SlurmSettings:
+    """The settings of the flags over the file's ``slurm:`` section (given as a mapping)."""
+    return settings_from(args, SlurmModel.model_validate(file))
+
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,7 +71,7 @@ def test_parse_time_refuses(text: str) -> None:
     ],
 )
 def test_gres_gpus(gres: str, gpus: int) -> None:
-    assert _gres_gpus(gres) == gpus
+    assert gres_gpus(gres) == gpus
 
 
 GPU_SCENARIO = """\
@@ -145,7 +152,7 @@ def test_final_outcome_maps_slurm_endings(
         assert outcome.error is None
     else:
         assert says in (outcome.error or "")
-    assert outcome.executor == "slurm" and outcome.slurm_job_id == "7"
+    assert outcome.executor == "slurm" and outcome.job_id == "7"
     written = json.loads((run.dir / "outcome.json").read_text())
     assert written["status"] == status
     if recorded is not None:
@@ -306,7 +313,7 @@ def test_slurm_section_of_the_scenarios_file_is_checked(load) -> None:
         "slurm:\n  partition: gpu\n  time: '2:00:00'\n  options: {qos: high}\n"
         "scenarios:\n  - name: a\n    arguments: {model_name_or_path: tiny-llama}\n"
     )
-    assert config.slurm == {
+    assert config.executors["slurm"].model_dump(exclude_none=True) == {
         "partition": "gpu",
         "time": "2:00:00",
         "options": {"qos": "high"},

@@ -56,7 +56,7 @@ def test_report_cells_use_the_sample_standard_deviation(tmp_path) -> None:
     from fakeruns import write_run
 
     from orchestrator.results import collect
-    from orchestrator.results.report import CostSettings, add_derived, aggregate
+    from orchestrator.results.aggregate import CostSettings, add_derived, aggregate
 
     for r, tps in enumerate((900.0, 1000.0, 1200.0)):
         write_run(tmp_path, f"a.r{r}", cell_id="a", repeat=r, tps=tps)

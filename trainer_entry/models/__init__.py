@@ -1,1 +1,4 @@
-"""The models a child trains: names on the hub, shipped architectures, user code, the tiny model."""
+"""The models a child trains: hub ids and local folders, architectures, the tiny model.
+
+``README.md`` beside this file lists the kinds of model name and what to touch to add one.
+"""

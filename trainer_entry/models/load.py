@@ -29,9 +29,11 @@ from typing import Any
 
 import torch
 
+from trainer_entry import ASSETS
 from trainer_entry.arguments import ModelConfig, PeftConfig
 from trainer_entry.errors import SpecError
-from trainer_entry.models.tiny import ASSETS, TINY_NAME, ensure_tiny
+from trainer_entry.models.kinds import CONFIG_PREFIX, model_kind
+from trainer_entry.models.tiny import TINY_NAME, ensure_tiny
 
 ARCHITECTURES = ASSETS / "architectures"
 DTYPES = {
@@ -118,7 +120,7 @@ def _dtype(cfg: ModelConfig, on_gpu: bool, kind: str) -> torch.dtype | str:
 
 def _architecture_config(spec: str) -> dict[str, Any]:
     """The config dict for ``config:<name or path>``."""
-    target = spec.removeprefix("config:")
+    target = spec.removeprefix(CONFIG_PREFIX)
     path = Path(target).expanduser()
     if path.is_dir():
         path = path / "config.json"
@@ -169,7 +171,7 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     name = cfg.name
-    kind = "tiny" if name == TINY_NAME else "config" if name.startswith("config:") else "pretrained"
+    kind = model_kind(name)
     dtype = _dtype(cfg, on_gpu, kind)
     attn = cfg.attn_implementation or "sdpa"
     common: dict[str, Any] = {

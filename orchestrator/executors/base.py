@@ -1,0 +1,320 @@
+"""The executor protocol: what every way of running a plan's experiments declares and does.
+
+An executor is one subclass of ``Executor`` plus one line in
+``orchestrator.executors.registry``. It declares
+
+- its command-line flags (``add_flags``), whether they choose it without
+  ``--executor`` (``chosen_by``), and what they refuse (``check_flags``);
+- its own typed section of the scenarios file (``section``: a pydantic model
+  deriving from ``ExecutorSection``, under the executor's name), and how the
+  flags and the section make an executor (``from_args``);
+- the packages it needs besides the training stack (``needs``);
+- its checks before anything is written or submitted (``check``), and what
+  ``tunematrix doctor`` shows about this machine for it (``probe``, ``readiness``);
+- how it runs a plan's experiments (``run``, given a ``RunContext``); each
+  experiment itself runs through ``orchestrator.job.execute.run_experiment``;
+- how it collects its jobs that ended after the run returned (``settle``).
+
+Nothing outside an executor's own module branches on its name.
+"""
+
+from __future__ import annotations
+
+import argparse
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from orchestrator.contract.errors import UserError
+from orchestrator.contract.layout import ResultsLayout, RunPaths
+from orchestrator.contract.outcome import ACCEPTABLE, Outcome, read_outcome, write_outcome
+from orchestrator.contract.result import read_result
+from orchestrator.job.execute import RunOptions, timeout_for
+from orchestrator.matrix.expand import Plan
+from orchestrator.matrix.experiment import Experiment
+from orchestrator.running.needs import Need
+from orchestrator.running.progress import Progress
+from orchestrator.running.resultsdir import keep_previous_attempt
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a positive integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+class ExecutorSection(BaseModel):
+    """An executor's section of the scenarios file: unknown keys and loose types are errors."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Flags(Protocol):
+    """Where an executor adds its flags (an argparse argument group)."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action: ...
+
+
+@dataclass(frozen=True)
+class Ready:
+    """An experiment to run: its folder, and which attempt this is."""
+
+    experiment: Experiment
+    run: RunPaths
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What an executor's checks before a run look at."""
+
+    experiments: Sequence[Experiment]
+    layout: ResultsLayout
+    options: RunOptions
+    #: how long an earlier ok run of an experiment's cell took (the folder's history)
+    expected_s: Callable[[Experiment], float | None] = lambda experiment: None
+
+    def timeout_s(self, experiment: Experiment) -> float:
+        """The experiment's own time limit (``orchestrator.job.execute.timeout_for``)."""
+        return timeout_for(experiment, self.options)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What ``settle`` did with the jobs of an earlier run that had not ended then."""
+
+    #: jobs that had ended and now have their outcome
+    collected: int
+    #: ids of the jobs still queued or running
+    running: list[str]
+    #: what messages call one job ("batch job")
+    noun: str
+    #: how a user stops the running ones ("cancel them")
+    cancel: str
+
+
+State = Literal["ok", "miss", "bad", "warn", "info"]
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """What ``tunematrix doctor`` says of an executor on this machine."""
+
+    #: its line: ok, warn or info, and what was found
+    state: State
+    detail: str
+    #: what it lacks here to be usable, besides its packages
+    lacks: tuple[str, ...] = ()
+    #: this is a machine it runs from: a missing package of it is a miss, not information
+    present: bool = False
+
+
+class RunContext:
+    """What an executor gets to run a plan: the plan, the results folder, the options,
+    the progress display, and where outcomes go.
+
+    ``record`` keeps an experiment's outcome, updates the progress and calls
+    ``on_record`` (the runner rewrites ``raw_summary.csv`` there), so an
+    interrupted run keeps everything it finished.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        layout: ResultsLayout,
+        options: RunOptions,
+        progress: Progress,
+        say: Callable[[str], None],
+        *,
+        on_record: Callable[[Mapping[str, Outcome]], None] = lambda outcomes: None,
+        signals: Sequence[int] = (),
+    ) -> None:
+        self.plan = plan
+        self.layout = layout
+        self.options = options
+        self.progress = progress
+        self.say = say
+        self.outcomes: dict[str, Outcome] = {}
+        self._on_record = on_record
+        self._signals = signals
+
+    @property
+    def stopping(self) -> bool:
+        """A signal asked the run to stop (the job it stopped has recorded its outcome)."""
+        return bool(self._signals)
+
+    def prepare(self, experiment: Experiment, gpus: int | None = None) -> Ready | None:
+        """The experiment, ready to run; None when it gets an outcome without running.
+
+        With ``resume``, an experiment already ok is ``skipped`` (its earlier
+        figures kept). The files of an earlier, unfinished attempt go to
+        ``attempts/<n>/``. ``gpus``: how many GPUs the executor can hand out
+        (None: it does not count them here); an experiment needing more is
+        ``failed`` without running.
+        """
+        eid = experiment.experiment_id
+        run = self.layout.run(eid)
+        if self.options.resume:
+            skipped = _skipped(run, self.layout)
+            if skipped is not None:
+                self.record(eid, skipped, counted=False)
+                return None
+        attempt = 1
+        kept = keep_previous_attempt(run.dir)
+        if kept is not None:
+            attempt = int(kept.name) + 1
+        if gpus is not None and experiment.device == "gpu" and experiment.num_gpus > gpus:
+            outcome = Outcome(
+                status="failed",
+                error=f"needs {experiment.num_gpus} GPU(s); {gpus} visible to the orchestrator",
+                attempt=attempt,
+            )
+            run.dir.mkdir(parents=True, exist_ok=True)
+            write_outcome(run, outcome)
+            self.record(eid, outcome, counted=False)
+            return None
+        return Ready(experiment=experiment, run=run, attempt=attempt)
+
+    def record(self, eid: str, outcome: Outcome, counted: bool = True) -> None:
+        """Keep an experiment's outcome; ``counted``: it ran (for the progress and ETA)."""
+        self.outcomes[eid] = outcome
+        note = outcome.error or ("already ok" if outcome.status == "skipped" else "")
+        self.progress.finish(eid, outcome.status, outcome.wall_s or 0.0, note, counted=counted)
+        self._on_record(self.outcomes)
+
+    def stop_after_failure(self, eid: str) -> bool:
+        """With ``fail_fast``, after a failure: fill in the rest as not run and say stop."""
+        if self.options.fail_fast and self.outcomes[eid].status not in ACCEPTABLE:
+            self.say(f"stopping: --fail-fast and {eid} ended {self.outcomes[eid].status}")
+            self.fill(f"not run: --fail-fast stopped after {eid}")
+            return True
+        return False
+
+    def fill(self, why: str) -> None:
+        """Every experiment without an outcome yet is ``interrupted``, for ``why``."""
+        for e in self.plan.experiments:
+            self.outcomes.setdefault(e.experiment_id, Outcome(status="interrupted", error=why))
+
+
+def _skipped(run: RunPaths, layout: ResultsLayout) -> Outcome | None:
+    """The outcome of an experiment already ok (result and outcome), kept on resume."""
+    result = read_result(run.result)
+    previous = read_outcome(run)
+    if not (result and result.get("status") == "ok" and previous and previous.status == "ok"):
+        return None
+    return previous.model_copy(
+        update={"status": "skipped", "error": None, "log": layout.relative(run.stderr)}
+    )
+
+
+class Executor(ABC):
+    """One way of running a plan's experiments (see the module's docstring)."""
+
+    #: what ``--executor`` takes, the key of its scenarios file section, and the
+    #: ``executor`` of its outcomes
+    name: ClassVar[str]
+    #: how messages name it ("local", "packed")
+    title: ClassVar[str]
+    #: what it does, for ``--executor``'s help
+    summary: ClassVar[str]
+    #: the title of its flags' group in ``run --help`` (None: the general "how to run" group)
+    flags_title: ClassVar[str | None] = None
+    #: command lines for ``run --help``'s examples
+    examples: ClassVar[tuple[str, ...]] = ()
+    #: its section of the scenarios file (None: it has none)
+    section: ClassVar[type[ExecutorSection] | None] = None
+    #: packages it needs besides the training stack
+    needs: ClassVar[tuple[Need, ...]] = ()
+    #: it keeps logs of its own in the results folder (``ResultsLayout.executor_logs``),
+    #: which move aside with the rest of a run
+    keeps_logs: ClassVar[bool] = False
+    #: how ``env.json`` names the way jobs ran: ``exclusive`` (one at a time) or ``packed``
+    mode: ClassVar[str] = "exclusive"
+    #: prefixes of the environment variables it sets in a job, recorded in ``env.json``
+    env_prefixes: ClassVar[tuple[str, ...]] = ()
+
+    # -- the command line and the scenarios file --------------------------------
+
+    @classmethod
+    def add_flags(cls, flags: Flags) -> None:
+        """Add the executor's own flags to the ``run`` command."""
+        return None
+
+    @classmethod
+    def chosen_by(cls, args: argparse.Namespace) -> bool:
+        """Whether its own flags choose it when ``--executor`` is left at its default."""
+        return False
+
+    @classmethod
+    def check_flags(
+        cls, args: argparse.Namespace, chosen: type[Executor], given: Sequence[str]
+    ) -> None:
+        """Refuse its flags (``given``: those set, as typed) where they mean nothing.
+
+        Called for every executor, whichever is ``chosen``.
+        """
+        if given and chosen is not cls:
+            raise UserError(f"{', '.join(given)}: only with --executor {cls.name}")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, section: ExecutorSection | None) -> Executor:
+        """The executor the flags and the file's section ask for (flags win)."""
+        return cls()
+
+    @classmethod
+    def default(cls) -> Executor:
+        """The executor with no flags and no section (the Python API's)."""
+        return cls()
+
+    # -- before a run -------------------------------------------------------------
+
+    def gpu_counter(self) -> Callable[[], int] | None:
+        """How to count the GPUs of one machine its jobs run on, when that is not this one
+        (the plan's default GPU counts are capped there); None: this machine's."""
+        return None
+
+    def parallel(self, plan: Plan) -> int:
+        """How many experiments may run at once (for the progress and ETA)."""
+        return 1
+
+    def check(self, preflight: Preflight) -> None:
+        """Refuse, in one ``UserError`` line, what would fail after the submission."""
+        return None
+
+    # -- the run ------------------------------------------------------------------
+
+    @abstractmethod
+    def run(self, ctx: RunContext) -> None:
+        """Run every experiment of ``ctx.plan``, recording each outcome with ``ctx.record``.
+
+        Raises ``orchestrator.job.execute.Interrupted`` when a signal stopped
+        the run, after stopping (or cancelling) its jobs.
+        """
+
+    @classmethod
+    def settle(cls, layout: ResultsLayout) -> Settled | None:
+        """Give the jobs of an earlier run into ``layout`` that have ended their outcome.
+
+        None when it has nothing of its own to collect.
+        """
+        return None
+
+    # -- tunematrix doctor --------------------------------------------------------
+
+    @classmethod
+    def probe(cls) -> Any:
+        """Look at this machine for it (reads only; quick). None: nothing to look at."""
+        return None
+
+    @classmethod
+    def readiness(cls, probe: Any) -> Readiness | None:
+        """What doctor says of it, from ``probe``'s facts (pure). None: no line."""
+        return None

@@ -1,0 +1,356 @@
+"""The report's tables: derived columns, cells (repeats aggregated), scaling.
+
+Repeats of a cell aggregate as their columns declare (``Column.aggregate`` in
+``orchestrator.contract.metrics``): the main figures to the median with the
+coefficient of variation and the min/max, the others to the median. A cell's
+status is its repeats' status, or the mix (``ok×2 oom×1``). Failed cells stay
+in every table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import pandas as pd
+
+from orchestrator.contract import metrics
+from orchestrator.results.capacity import Capacity
+from orchestrator.results.columns import (
+    REPORT_ONLY_COLUMNS,
+    config_columns,
+    is_output,
+    numeric,
+    other_outputs,
+)
+
+MIB = 2**20
+
+#: where the peak memory of a row comes from, first present wins
+PEAK_MEMORY_SOURCES = (
+    ("mem_nvidia_peak_bytes_max", 1, "NVML peak over the job's GPUs"),
+    ("torch_max_memory_reserved_bytes", 1, "torch reserved, largest rank"),
+    ("mem_peak_torch_mem_alloc_in_bytes", 1, "HF stage metrics"),
+    ("mem_nvidia_mem_reserved", MIB, "NVML, mean over GPUs"),
+    ("mem_peak_rss_bytes", 1, "resident memory of a training process"),
+)
+#: the order of the median figures in a cell (``benchmarks.csv``), after the spread
+#: ones; a median figure not named here follows these, in the registry's order
+FIGURE_ORDER = (
+    "train_tokens_per_second",
+    "train_samples_per_second",
+    "train_runtime",
+    "step_time_cv",
+    "train_loss",
+    "loss_last",
+    "mfu",
+    "achieved_tflops_per_device",
+    "flops_per_token",
+    "peak_memory_bytes",
+    "mem_nvidia_mem_reserved",
+    "mem_peak_torch_mem_alloc_in_bytes",
+    "mem_torch_mem_alloc_in_bytes",
+    "mem_peak_rss_bytes",
+    "torch_max_memory_reserved_bytes",
+    "mem_tree_peak_pss_bytes",
+    "mem_tree_peak_rss_bytes",
+    "time_to_first_step_s",
+    "job_s",
+    "padding_fraction",
+    "data_tokens",
+    "cost_per_1m_tokens_usd",
+    "cost_per_run_usd",
+    "time_per_epoch_s",
+    "cost_per_epoch_usd",
+    "time_to_train_s",
+    "cost_to_train_usd",
+)
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    usd_per_gpu_hour: float | None = None
+    #: a token budget to estimate the time and cost to train
+    tokens: float | None = None
+
+
+class ReportTables(Protocol):
+    """What the summary and the plots read of a report (``orchestrator.results.report.Report``)."""
+
+    rows: pd.DataFrame
+    cells: pd.DataFrame
+    scaling: pd.DataFrame
+    #: the memory of a device, when known (likely-OOM, memory plot)
+    capacity: Capacity | None
+    notes: list[str]
+    #: one line per plot: what it shows, or why it was not drawn
+    plot_notes: list[str]
+
+
+# ---------------------------------------------------------------------------
+# Which columns a cell has
+# ---------------------------------------------------------------------------
+
+
+def cell_keys() -> list[str]:
+    """What a cell is, besides its id: the key columns its repeats share."""
+    return [c.name for c in metrics.select(key=True, aggregate="first")]
+
+
+def spread_figures() -> list[str]:
+    """The main figures: median, coefficient of variation, min and max over repeats."""
+    return [c.name for c in metrics.select(aggregate="spread")]
+
+
+def cell_figures() -> list[str]:
+    """Every figure a cell has, in order: the spread ones, then the medians
+    (``FIGURE_ORDER``, then the registry's order)."""
+    medians = [c.name for c in metrics.select(aggregate="median")]
+    ordered = [m for m in FIGURE_ORDER if m in medians]
+    return spread_figures() + ordered + [m for m in medians if m not in ordered]
+
+
+def has_figures(cells: pd.DataFrame, column: str) -> bool:
+    """Whether some cell has a number in ``column``."""
+    return column in cells.columns and bool(
+        pd.to_numeric(cells[column], errors="coerce").notna().any()
+    )
+
+
+def shows_hf_estimate(cells: pd.DataFrame) -> bool:
+    """Whether some cell's only throughput figure is HF Trainer's estimate."""
+    if not has_figures(cells, "train_tokens_per_second"):
+        return False
+    hf = pd.to_numeric(cells["train_tokens_per_second"], errors="coerce")
+    measured = pd.to_numeric(cells["tokens_per_second_global"], errors="coerce")
+    return bool((hf.notna() & measured.isna()).any())
+
+
+# ---------------------------------------------------------------------------
+# Derived columns
+# ---------------------------------------------------------------------------
+
+
+def add_derived(df: pd.DataFrame, cost: CostSettings) -> pd.DataFrame:
+    """Peak memory (with its source), cost and time-to-train columns (each declared
+    in the registry with source ``derived``)."""
+    df = df.copy()
+    peak = pd.Series([math.nan] * len(df), index=df.index, dtype=float)
+    source = pd.Series([None] * len(df), index=df.index, dtype=object)
+    for column, scale, label in PEAK_MEMORY_SOURCES:
+        values = numeric(df, column) * scale
+        take = peak.isna() & values.notna() & (values > 0)
+        peak[take] = values[take]
+        source[take] = label
+    df["peak_memory_bytes"] = peak
+    df["peak_memory_source"] = source
+
+    tps = numeric(df, "tokens_per_second_global")
+    gpus = numeric(df, "num_gpus")
+    price = cost.usd_per_gpu_hour
+    if price is not None:
+        df["usd_per_gpu_hour"] = price
+        df["cost_per_1m_tokens_usd"] = price * gpus / 3600 / tps * 1e6
+        seconds = numeric(df, "job_s").fillna(numeric(df, "train_runtime"))
+        df["cost_per_run_usd"] = price * gpus * seconds / 3600
+    epoch = numeric(df, "data_tokens")
+    df["time_per_epoch_s"] = epoch / tps
+    if price is not None:
+        df["cost_per_epoch_usd"] = df["time_per_epoch_s"] * gpus * price / 3600
+    if cost.tokens:
+        df["time_to_train_s"] = cost.tokens / tps
+        if price is not None:
+            df["cost_to_train_usd"] = df["time_to_train_s"] * gpus * price / 3600
+    return df
+
+
+# ---------------------------------------------------------------------------
+# Cells: repeats aggregated
+# ---------------------------------------------------------------------------
+
+
+def _status_mix(statuses: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for s in statuses:
+        counts[s] = counts.get(s, 0) + 1
+    if len(counts) == 1:
+        return statuses[0]
+    return " ".join(f"{s}×{n}" for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def aggregate(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: medians over the ok repeats, spread of the main figures.
+
+    Vectorised over all cells at once (a Python loop per cell takes minutes for
+    10,000 experiments).
+    """
+    if rows.empty:
+        return pd.DataFrame()
+    args = config_columns(rows)
+    by_cell = rows.groupby("cell_id", sort=False, dropna=False)
+    keys = [k for k in (*cell_keys(), *args) if k in rows.columns]
+    cells = by_cell[keys].first() if keys else pd.DataFrame(index=by_cell.size().index)
+    cells["repeats"] = by_cell.size()
+    status = rows["status"].fillna("unknown").astype(str).replace({"skipped": "ok"})
+    mixed = status.groupby(rows["cell_id"], sort=False).agg(
+        lambda s: s.iloc[0] if s.nunique() == 1 else _status_mix(list(s))
+    )
+    cells["status"] = mixed
+    errors = rows["error"].where(rows["error"].astype(str).str.len() > 0)
+    cells["error"] = errors.groupby(rows["cell_id"], sort=False).first()
+    if "log" in rows.columns:
+        cells["log"] = (
+            rows["log"].groupby(rows["cell_id"], sort=False).first().where(cells["error"].notna())
+        )
+    ok = rows[rows["status"].isin(["ok", "skipped"])]
+    cells["repeats_ok"] = (
+        ok.groupby("cell_id", sort=False).size().reindex(cells.index, fill_value=0)
+    )
+    figures = [m for m in cell_figures() if m in rows.columns]
+    # outputs we declare nothing for: numbers to the median of the ok repeats, as ours;
+    # text (the predecessor's error messages, output folders) as the first repeat has it
+    others = other_outputs(rows)
+    numeric_others = [c for c in others if pd.api.types.is_numeric_dtype(rows[c])]
+    figures += numeric_others
+    text = [c for c in others if c not in numeric_others]
+    if text:
+        firsts = by_cell[text].first()
+        for column in text:
+            cells[column] = firsts[column]
+    values = ok[figures].apply(pd.to_numeric, errors="coerce")
+    grouped = values.groupby(ok["cell_id"], sort=False)
+    medians = grouped.median().reindex(cells.index)
+    for figure in figures:
+        cells[figure] = medians[figure]
+    main = spread_figures()
+    spread = [m for m in main if m in values.columns]
+    if spread:
+        count = grouped[spread].count().reindex(cells.index)
+        mean = grouped[spread].mean().reindex(cells.index)
+        # the sample standard deviation (ddof=1): repeats are a sample of the run-to-run spread
+        std = grouped[spread].std(ddof=1).reindex(cells.index)
+        lo = grouped[spread].min().reindex(cells.index)
+        hi = grouped[spread].max().reindex(cells.index)
+        for metric in spread:
+            cv = std[metric] / mean[metric].abs()
+            cells[f"{metric}_cv"] = cv.where((count[metric] >= 2) & (mean[metric] != 0))
+            cells[f"{metric}_min"] = lo[metric]
+            cells[f"{metric}_max"] = hi[metric]
+    for metric in main:  # always present, so tables and plots can rely on them
+        for column in (metric, f"{metric}_cv", f"{metric}_min", f"{metric}_max"):
+            if column not in cells.columns:
+                cells[column] = math.nan
+    for name in [c.name for c in metrics.select(aggregate="first_ok")]:
+        if name in ok.columns:
+            cells[name] = ok[name].groupby(ok["cell_id"], sort=False).first().reindex(cells.index)
+    for name in [c.name for c in metrics.select(aggregate="first", key=False)]:
+        if name in rows.columns:
+            cells[name] = by_cell[name].first()
+    cells = cells.reset_index()
+    return cells.astype(object).where(cells.notna(), None)
+
+
+def benchmarks_table(cells: pd.DataFrame) -> pd.DataFrame:
+    """Cells for reading: keys kept, settings constant across all cells dropped, sorted.
+
+    A measured figure is kept whenever some cell has it, even when every cell
+    has the same value (one cell alone has every figure constant).
+    """
+    if cells.empty:
+        return cells
+    keep = set(cell_keys()) | {"status", "cell_id", "repeats"}
+    cells = cells.drop(columns=[c for c in REPORT_ONLY_COLUMNS if c in cells.columns])
+    constant = [
+        c
+        for c in cells.columns
+        if c not in keep
+        and not (is_output(c) and cells[c].notna().any())
+        and cells[c].astype(str).nunique(dropna=False) <= 1
+    ]
+    table = cells.drop(columns=constant)
+    order = [
+        k
+        for k in (
+            "scenario",
+            "framework_config",
+            "model_name_or_path",
+            "num_gpus",
+            "effective_batch_size",
+            "max_seq_len",
+        )
+        if k in table.columns
+    ]
+    return table.sort_values(order, kind="stable", na_position="last").reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------
+# Scaling
+# ---------------------------------------------------------------------------
+
+SCALING_FAMILY = (
+    "scenario",
+    "framework_config",
+    "model_name_or_path",
+    "effective_batch_size",
+    "max_seq_len",
+    "packing",
+    "peft_method",
+    "torch_dtype",
+    "device",
+)
+
+
+#: the columns ``scaling`` adds to a family's keys
+SCALING_FIGURES = (
+    "num_gpus",
+    "base_num_gpus",
+    "tokens_per_second_global",
+    "speedup",
+    "scaling_efficiency",
+)
+
+
+def scaling_keys(cells: pd.DataFrame) -> list[str]:
+    """What defines a family: everything but the GPU count (and the per-device batch)."""
+    return [k for k in SCALING_FAMILY if k in cells.columns] + [
+        c for c in config_columns(cells) if c in cells.columns and c not in SCALING_FIGURES
+    ]
+
+
+def scaling(cells: pd.DataFrame) -> pd.DataFrame:
+    """Speedup and efficiency of each cell family against its smallest GPU count.
+
+    A family is a cell with everything but the GPU count (and so the per-device
+    batch) fixed; the effective batch stays the same across counts.
+    """
+    if cells.empty:
+        return pd.DataFrame()
+    keys = scaling_keys(cells)
+    usable = cells.copy()
+    usable["tokens_per_second_global"] = pd.to_numeric(
+        usable["tokens_per_second_global"], errors="coerce"
+    )
+    usable["num_gpus"] = pd.to_numeric(usable["num_gpus"], errors="coerce")
+    usable = usable[usable["tokens_per_second_global"].notna() & usable["num_gpus"].notna()]
+    if usable.empty:
+        return pd.DataFrame()
+    # families group on text, so that missing values group like any other
+    labels = usable[keys].map(str)
+    group_cols = [f"_family{i}" for i in range(len(keys))]
+    usable = usable.assign(**{c: labels[k] for c, k in zip(group_cols, keys, strict=True)})
+    usable = usable.sort_values([*group_cols, "num_gpus"], kind="stable")
+    grouped = usable.groupby(group_cols, sort=False)
+    usable = usable[grouped["num_gpus"].transform("nunique") >= 2]
+    if usable.empty:
+        return pd.DataFrame()
+    grouped = usable.groupby(group_cols, sort=False)
+    base_tps = grouped["tokens_per_second_global"].transform("first")
+    base_n = grouped["num_gpus"].transform("first")
+    table = usable[keys].copy()
+    table["num_gpus"] = usable["num_gpus"].astype(int)
+    table["base_num_gpus"] = base_n.astype(int)
+    table["tokens_per_second_global"] = usable["tokens_per_second_global"]
+    table["speedup"] = usable["tokens_per_second_global"] / base_tps
+    table["scaling_efficiency"] = table["speedup"] / (usable["num_gpus"] / base_n)
+    return table.reset_index(drop=True)

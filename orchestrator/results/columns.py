@@ -1,0 +1,88 @@
+"""What a column of a table is: a key, a measured output, or a scenario argument.
+
+Tables come with columns we declare (``orchestrator.contract.metrics``) and
+columns we do not: the scenario arguments, swept or not, and the outputs and
+bookkeeping of other tables (the predecessor's ``epoch``). Cells group on the
+key columns and the arguments, never on an output; compare matches rows the
+same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from orchestrator.contract import metrics
+
+#: columns a cell has besides the declared ones: how many repeats, how many ok
+CELL_COUNTS = ("repeats", "repeats_ok")
+#: columns the report adds to cells for its own tables and plots, never written to a CSV
+REPORT_ONLY_COLUMNS = ("likely_oom", "failed_peak_memory_bytes")
+#: the predecessor's columns that are no configuration and that no column of ours declares:
+#: measured outputs, and bookkeeping (its row position, output folder, config file path)
+PREDECESSOR_NOT_CONFIG = frozenset(
+    {
+        "epoch",
+        "error_messages",
+        "index",
+        "output_dir",
+        "framework_config_file",
+        "acceleration_framework_config_file",
+    }
+)
+#: name patterns of measured outputs (HF's ``train_*``/``eval_*`` metrics, memory, cost, time)
+OUTPUT_PREFIXES = ("train_", "eval_", "mem_", "loss_", "cost_", "time_", "tokens_", "step_time")
+OUTPUT_SUFFIXES = ("_per_second", "_bytes", "_usd", "_tflops_per_device")
+
+
+def is_output(column: str) -> bool:
+    """Whether ``column`` is a measured output or bookkeeping (so never a key), not configuration.
+
+    That is: every declared column but the key columns (figures, outcome and
+    sidecar columns, derived ones), the predecessor's ``epoch``,
+    ``error_messages``, ``index``, ``output_dir`` and config file path, and
+    names shaped like outputs (``train_*``, ``mem_*``, ``*_per_second``, ``*_bytes``…).
+    """
+    declared = metrics.find(column)
+    if declared is not None:
+        return declared.output
+    if column in PREDECESSOR_NOT_CONFIG:
+        return True
+    return column.startswith(OUTPUT_PREFIXES) or column.endswith(OUTPUT_SUFFIXES)
+
+
+def known_columns() -> frozenset[str]:
+    """Every column a row or cell of ours can have that is no scenario argument."""
+    return (
+        metrics.names(aliases=True)
+        | set(metrics.spread_columns())
+        | set(CELL_COUNTS)
+        | set(REPORT_ONLY_COLUMNS)
+    )
+
+
+def argument_columns(df: pd.DataFrame) -> list[str]:
+    """Columns that are neither keys nor figures we declare: scenario arguments, and
+    outputs of other tables we have no declaration for (the predecessor's ``epoch``);
+    ``config_columns`` leaves the latter out."""
+    known = known_columns()
+    return [c for c in df.columns if c not in known and not c.startswith("mem_")]
+
+
+def config_columns(df: pd.DataFrame) -> list[str]:
+    """The scenario arguments of ``df``: never a measured output (``is_output``)."""
+    return [c for c in argument_columns(df) if not is_output(c)]
+
+
+def other_outputs(df: pd.DataFrame) -> list[str]:
+    """Outputs of ``df`` that no column of ours declares (the predecessor's ``epoch``…)."""
+    return [c for c in argument_columns(df) if is_output(c)]
+
+
+def numeric(df: pd.DataFrame, column: str) -> pd.Series:
+    """``column`` of ``df`` as numbers: NaN where a cell is missing or no number, or
+    everywhere when ``df`` has no such column."""
+    if column not in df.columns:
+        return pd.Series([math.nan] * len(df), index=df.index, dtype=float)
+    return pd.to_numeric(df[column], errors="coerce")

@@ -1,0 +1,396 @@
+"""``summary.md``: the tables to decide from, scaling, cost and time to train.
+
+Two figures are kept apart on purpose. Our tokens/s are measured (real tokens
+over the measured steps); HF Trainer's ``train_tokens_per_second`` is an
+estimate (per device, padding included, from the first batch's length × the
+steps), and where it is all a table has (the predecessor's), it is shown in a
+column and a plot of its own, never as a measured figure.
+
+Headers come from the columns' labels (``Column.label`` in
+``orchestrator.contract.metrics``), and how a figure is shown from its unit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from orchestrator.contract import metrics
+from orchestrator.results.aggregate import (
+    PEAK_MEMORY_SOURCES,
+    CostSettings,
+    ReportTables,
+    has_figures,
+    scaling_keys,
+    shows_hf_estimate,
+)
+from orchestrator.results.capacity import GIB, LIKELY_OOM_FRACTION, Capacity, gib
+from orchestrator.results.columns import config_columns
+
+#: the header of HF Trainer's throughput estimate, and what it is
+HF_ESTIMATE_HEADER = metrics.get("train_tokens_per_second").header
+HF_ESTIMATE_NOTE = (
+    f"**{HF_ESTIMATE_HEADER}** is HF Trainer's `train_tokens_per_second`: per device, "
+    "padding included, estimated by HF Trainer from the first batch's length × the number "
+    "of steps. It is not a measurement and is not comparable with measured tokens/s, so it "
+    "is kept apart from them."
+)
+#: the figure columns of a scenario's table in summary.md, in order
+SUMMARY_FIGURES = (
+    "tokens_per_second_global",
+    "tokens_per_second_per_device",
+    "train_tokens_per_second",
+    "peak_memory_bytes",
+    "mfu",
+    "cost_per_1m_tokens_usd",
+    "train_loss",
+)
+#: how a figure of each unit is shown (``_fmt``'s kinds); other units as they are
+_UNIT_FORMATS = {"tokens/s": "int", "bytes": "gib", "fraction": "pct", "USD": "usd"}
+
+
+def _sort_key(value: Any) -> Any:
+    """Numbers before text, missing values last, so mixed columns sort."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return (2, "")
+    if isinstance(value, (int, float)):
+        return (0, value)
+    return (1, str(value))
+
+
+def _fmt(value: Any, kind: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if kind == "int":
+        return f"{value:,.0f}"
+    if kind == "gib":
+        return f"{value / GIB:.2f}"
+    if kind == "pct":
+        return f"{100 * value:.1f}"
+    if kind == "usd":
+        return f"{value:,.4f}" if value < 1 else f"{value:,.2f}"
+    if kind == "time":
+        seconds = float(value)
+        if seconds >= 3600:
+            return f"{seconds / 3600:.1f} h"
+        if seconds >= 60:
+            return f"{seconds / 60:.1f} min"
+        return f"{seconds:.1f} s"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return out
+
+
+def _spread(cell: Mapping[Any, Any], metric: str) -> str:
+    text = _fmt(cell.get(metric), "int")
+    cv = cell.get(f"{metric}_cv")
+    if (
+        cell.get("repeats_ok", 0) > 1
+        and cv is not None
+        and not (isinstance(cv, float) and math.isnan(cv))
+    ):
+        text += f" ±{100 * cv:.1f}%"
+    return text
+
+
+def status_text(cell: Mapping[Any, Any], capacity: Capacity | None) -> str:
+    """A cell's status for reading: a failed cell without metrics says what its memory shows."""
+    status = str(cell.get("status"))
+    memory = cell.get("failed_peak_memory_bytes")
+    if memory is None or (isinstance(memory, float) and math.isnan(memory)):
+        return status
+    if cell.get("likely_oom") and capacity is not None:
+        return f"no metrics (likely OOM: {gib(memory)} of {gib(capacity.bytes)} GiB)"
+    on_gpu = str(cell.get("device")) != "cpu"
+    if status == "failed" and on_gpu and (capacity is None or not capacity.gpu):
+        return f"no metrics (memory reached {gib(memory)} GiB; device capacity unknown)"
+    return status
+
+
+def status_counts(rows: pd.DataFrame) -> str:
+    """``failed 39 (36 likely OOM), ok 85``: the rows' statuses, likely OOMs among the failed."""
+    counts = rows["status"].value_counts().to_dict()
+    likely = (
+        int(rows.loc[rows["status"] == "failed", "likely_oom"].fillna(False).astype(bool).sum())
+        if "likely_oom" in rows.columns
+        else 0
+    )
+    parts = []
+    for status, n in sorted(counts.items()):
+        text = f"{status} {n}"
+        if status == "failed" and likely:
+            text += f" ({likely} likely OOM)"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def figure_text(cell: Mapping[Any, Any], name: str) -> str:
+    """A cell's figure as a table shows it: by its unit, with the spread of a main figure."""
+    column = metrics.get(name)
+    if column.aggregate == "spread":
+        return _spread(cell, name)
+    return _fmt(cell.get(name), _UNIT_FORMATS.get(column.unit, ""))
+
+
+#: key columns a scenario's table shows when they vary within it
+_VARYING_KEYS = ("peft_method", "max_seq_len", "torch_dtype", "packing")
+
+
+def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> str:
+    rows, cells = report.rows, report.cells
+    hf = shows_hf_estimate(cells)
+    figures = [
+        name
+        for name in SUMMARY_FIGURES
+        if (name == "train_tokens_per_second" and hf)
+        or (name != "train_tokens_per_second" and has_figures(cells, name))
+    ]
+    missing = [
+        metrics.get(name).header
+        for name in SUMMARY_FIGURES
+        if name != "train_tokens_per_second" and not has_figures(cells, name)
+    ]
+    lines = [
+        "# Benchmark summary",
+        "",
+        f"Source: `{source}` — {len(rows)} experiment(s) in {len(cells)} cell(s); "
+        + status_counts(rows),
+        "",
+    ]
+    if has_figures(cells, "tokens_per_second_global"):
+        lines.append(
+            "Tokens/s count real (non-padding) tokens over the measured steps (warm-up "
+            "excluded), for all GPUs (global) and per GPU. "
+        )
+    else:
+        lines.append("No cell has a measured tokens/s. ")
+    lines[-1] += (
+        "Peak memory is the first there is of: "
+        + "; ".join(label for _, _, label in PEAK_MEMORY_SOURCES)
+        + "."
+    )
+    if "peak_memory_source" in cells.columns and cells["peak_memory_source"].notna().any():
+        sources = cells["peak_memory_source"].dropna().astype(str).value_counts()
+        lines[-1] += (
+            " Here: "
+            + ", ".join(
+                f"{source} ({n} cell{'s' if n > 1 else ''})" for source, n in sources.items()
+            )
+            + "."
+        )
+    lines[-1] += " With repeats, figures are medians (± the coefficient of variation)."
+    if hf:
+        lines += ["", HF_ESTIMATE_NOTE]
+    if missing:
+        lines += ["", f"Columns with no figure in any cell are left out: {', '.join(missing)}."]
+    lines += _capacity_lines(report)
+    args = config_columns(cells)
+    order = [
+        k
+        for k in (
+            "model_name_or_path",
+            "framework_config",
+            "num_gpus",
+            "effective_batch_size",
+            "per_device_train_batch_size",
+        )
+        if k in cells.columns
+    ]
+    for scenario, group in cells.groupby("scenario", sort=False):
+        group = group.sort_values(order, kind="stable", key=lambda c: c.map(_sort_key))
+        varying = [
+            a
+            for a in (*_VARYING_KEYS, *args)
+            if a in group.columns and group[a].astype(str).nunique() > 1
+        ]
+        headers = [
+            "model",
+            "framework",
+            "GPUs",
+            "batch/dev × accum",
+            *varying,
+            *[metrics.get(name).header for name in figures],
+            "status",
+        ]
+        body = []
+        for c in group.to_dict("records"):
+            model = str(c.get("model_name_or_path"))
+            body.append(
+                [
+                    model,
+                    str(c.get("framework_config")),
+                    _fmt(c.get("num_gpus"), "int"),
+                    f"{_fmt(c.get('per_device_train_batch_size'), 'int')} × {_fmt(c.get('gradient_accumulation_steps'), 'int')}",
+                    *[_fmt(c.get(a)) for a in varying],
+                    *[figure_text(c, name) for name in figures],
+                    status_text(c, report.capacity),
+                ]
+            )
+        lines += ["", f"## {str(scenario) or '(no scenario)'}", "", *_md_table(headers, body)]
+        problems = group[~group["status"].isin(["ok"])]
+        if len(problems):
+            lines += ["", "Not ok:"]
+            for c in problems.to_dict("records"):
+                where = f" (log: `{c['log']}`)" if c.get("log") else ""
+                lines.append(
+                    f"- {c['status']}: {c.get('model_name_or_path')}, {c.get('framework_config')}, {_fmt(c.get('num_gpus'), 'int')} GPU(s): {c.get('error') or 'no error recorded'}{where}"
+                )
+    lines += scaling_markdown(report.scaling)
+    lines += cost_markdown(cells, cost)
+    if report.plot_notes:
+        lines += ["", "## Plots", "", *[f"- {n}" for n in report.plot_notes]]
+    if report.notes:
+        lines += ["", "## Notes", "", *[f"- {n}" for n in report.notes]]
+    return "\n".join(lines) + "\n"
+
+
+def _capacity_lines(report: ReportTables) -> list[str]:
+    """Where the device memory came from, and what likely OOM means; or why it is unknown."""
+    capacity = report.capacity
+    cells = report.cells
+    failed_with_memory = "failed_peak_memory_bytes" in cells.columns and bool(
+        (
+            cells["failed_peak_memory_bytes"].notna()
+            & (cells["status"] == "failed")
+            & (cells["device"].astype(str) != "cpu")
+        ).any()
+    )
+    if capacity is not None and capacity.gpu:
+        text = f"Device memory: {gib(capacity.bytes)} GiB, {capacity.source}."
+        if failed_with_memory:
+            text += (
+                f" A failed run without metrics whose memory reached ≥ "
+                f"{100 * LIKELY_OOM_FRACTION:.0f}% of it "
+                f"({gib(LIKELY_OOM_FRACTION * capacity.bytes)} GiB) is shown as likely OOM: "
+                "likely, not confirmed, as the row records no cause."
+            )
+        return ["", text]
+    if failed_with_memory:
+        return [
+            "",
+            "Device memory unknown (not in the table or its file name): pass "
+            "`--gpu-memory-gib` to tell which failed runs likely ran out of memory.",
+        ]
+    return []
+
+
+def _family_title(row: Mapping[Any, Any], keys: list[str], varying: list[str]) -> str:
+    parts = []
+    for k in keys:
+        value = row.get(k)
+        if str(value) in ("", "none", "nan", "None"):
+            continue
+        declared = metrics.find(k)
+        if declared is not None and declared.short:
+            parts.append(declared.short.format(v=_fmt(value, "int"), unit="GPU", per="GPU"))
+        elif k in ("scenario", "model_name_or_path", "peft_method"):
+            parts.append(str(value))
+        elif k in varying:
+            parts.append(f"{k}={_fmt(value)}")
+    return " · ".join(parts)
+
+
+def scaling_markdown(table: pd.DataFrame) -> list[str]:
+    if table.empty:
+        return []
+    lines = [
+        "",
+        "## Scaling",
+        "",
+        "Throughput relative to the smallest GPU count of each family (the same effective "
+        "batch split over more GPUs); in brackets, the scaling efficiency (speedup over the "
+        "ideal). One column per framework.",
+    ]
+    keys = [k for k in scaling_keys(table) if k != "framework_config"]
+    varying = [k for k in keys if table[k].map(str).nunique() > 1]
+    titles: dict[tuple[str, ...], str] = {}
+    frameworks: dict[tuple[str, ...], list[str]] = {}
+    cells: dict[tuple[str, ...], dict[int, dict[str, str]]] = {}
+    for row in table.to_dict("records"):
+        key = tuple(str(row[k]) for k in keys)
+        titles.setdefault(key, _family_title(row, keys, varying))
+        fw = str(row.get("framework_config"))
+        if fw not in frameworks.setdefault(key, []):
+            frameworks[key].append(fw)
+        text = f"{row['speedup']:.2f} ({100 * row['scaling_efficiency']:.0f}%)"
+        cells.setdefault(key, {}).setdefault(int(row["num_gpus"]), {}).setdefault(fw, text)
+    for key, by_gpus in cells.items():
+        fws = frameworks[key]
+        body = [[str(g), *[by_gpus[g].get(fw, "–") for fw in fws]] for g in sorted(by_gpus)]
+        lines += ["", f"### {titles[key]}", "", *_md_table(["GPUs", *fws], body)]
+    return lines
+
+
+#: the figures of the cost table whose headers are their labels
+_COST_FIGURES = (
+    "tokens_per_second_global",
+    "cost_per_1m_tokens_usd",
+    "cost_per_run_usd",
+    "time_per_epoch_s",
+    "cost_per_epoch_usd",
+)
+
+
+def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
+    if cost.usd_per_gpu_hour is None and not cost.tokens:
+        return []
+    ok = cells[cells["tokens_per_second_global"].notna()]
+    if ok.empty:
+        return []
+    header = {name: metrics.get(name).header for name in _COST_FIGURES}
+    headers = ["scenario", "model", "framework", "GPUs", header["tokens_per_second_global"]]
+    if cost.usd_per_gpu_hour is not None:
+        headers += [header["cost_per_1m_tokens_usd"], header["cost_per_run_usd"]]
+    headers += [header["time_per_epoch_s"]]
+    if cost.usd_per_gpu_hour is not None:
+        headers += [header["cost_per_epoch_usd"]]
+    if cost.tokens:
+        headers += [f"time for {cost.tokens:,.0f} tokens"]
+        if cost.usd_per_gpu_hour is not None:
+            headers += [f"$ for {cost.tokens:,.0f} tokens"]
+    body = []
+    for c in ok.to_dict("records"):
+        row = [
+            str(c["scenario"]),
+            str(c["model_name_or_path"]),
+            str(c["framework_config"]),
+            _fmt(c["num_gpus"], "int"),
+            _fmt(c["tokens_per_second_global"], "int"),
+        ]
+        if cost.usd_per_gpu_hour is not None:
+            row += [
+                _fmt(c.get("cost_per_1m_tokens_usd"), "usd"),
+                _fmt(c.get("cost_per_run_usd"), "usd"),
+            ]
+        row += [_fmt(c.get("time_per_epoch_s"), "time")]
+        if cost.usd_per_gpu_hour is not None:
+            row += [_fmt(c.get("cost_per_epoch_usd"), "usd")]
+        if cost.tokens:
+            row += [_fmt(c.get("time_to_train_s"), "time")]
+            if cost.usd_per_gpu_hour is not None:
+                row += [_fmt(c.get("cost_to_train_usd"), "usd")]
+        body.append(row)
+    price = (
+        f"${cost.usd_per_gpu_hour:g} per GPU-hour"
+        if cost.usd_per_gpu_hour is not None
+        else "no price set"
+    )
+    return [
+        "",
+        "## Cost and time to train",
+        "",
+        f"At {price}; an epoch is one pass over the prepared dataset of the run. Estimates "
+        "extrapolate the measured steady-state throughput.",
+        "",
+        *_md_table(headers, body),
+    ]

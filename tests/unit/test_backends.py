@@ -1,0 +1,175 @@
+"""The trainer-backend seam: the registry, the backend's arguments, and a backend added in one module."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.contract.argnames import BACKEND_KEY, unknown_argument
+from orchestrator.contract.result import load_result
+from orchestrator.contract.spec import RunSpec
+from trainer_entry import backends
+from trainer_entry.arguments import ParsedArguments, parse_arguments
+from trainer_entry.backends.base import TrainOutput, TrainSettings
+from trainer_entry.errors import SpecError
+
+
+def test_the_default_backend_is_hf_and_a_name_must_be_registered() -> None:
+    assert backends.backend_name({}) == backends.DEFAULT_BACKEND == "hf"
+    assert backends.backend_name({BACKEND_KEY: None}) == "hf"
+    with pytest.raises(SpecError, match=r"^trainer must be one of hf, got 'trl'$"):
+        backends.backend_name({BACKEND_KEY: "trl"})
+    with pytest.raises(SpecError, match=r"got 3$"):
+        backends.backend_name({BACKEND_KEY: 3})
+
+
+@pytest.mark.parametrize("name", sorted(backends.BACKENDS))
+def test_every_registered_backend_loads_and_has_the_protocol(name: str) -> None:
+    backend = backends.get_backend(name)
+    for method in ("argument_fields", "configure", "build"):
+        assert callable(getattr(backend, method)), f"{name} has no {method}"
+    assert "max_steps" in backend.argument_fields()
+
+
+def test_trainer_backend_is_an_argument_the_parent_accepts_and_the_trainer_never_sees() -> None:
+    assert unknown_argument(BACKEND_KEY) is None  # planning does not refuse it
+    parsed = parse_arguments(
+        RunSpec(arguments={"model_name_or_path": "m", "max_steps": 2, BACKEND_KEY: "hf"})
+    )
+    assert parsed.backend == "hf" and parsed.training == {"max_steps": 2}
+    with pytest.raises(SpecError, match="trainer must be one of"):
+        parse_arguments(RunSpec(arguments={"model_name_or_path": "m", BACKEND_KEY: "nope"}))
+    # the preflight check (names unchecked, no training stack) refuses it too
+    with pytest.raises(SpecError, match="trainer must be one of"):
+        parse_arguments(
+            RunSpec(arguments={"model_name_or_path": "m", BACKEND_KEY: "nope"}), check_names=False
+        )
+
+
+def test_hf_settings_are_what_the_trainer_arguments_say(tmp_path: Path) -> None:
+    backend = backends.get_backend("hf")
+    spec = RunSpec(
+        output_dir=str(tmp_path),
+        arguments={
+            "model_name_or_path": "m",
+            "per_device_train_batch_size": 3,
+            "gradient_accumulation_steps": 4,
+            "activation_checkpointing": True,
+        },
+    )
+    settings = backend.configure(spec, parse_arguments(spec), on_gpu=False)
+    assert settings.per_device_train_batch_size == 3
+    assert settings.gradient_accumulation_steps == 4
+    assert settings.activation_checkpointing is True
+    assert settings.mixed_precision == "no" and settings.tf32 is None and not settings.fsdp
+    assert settings.native.output_dir == str(tmp_path) and settings.native.use_cpu is True
+    bad = spec.model_copy(update={"arguments": {"model_name_or_path": "m", "optim": "nope"}})
+    with pytest.raises(SpecError, match=r"^invalid trainer arguments: .*nope"):
+        backend.configure(bad, parse_arguments(bad), on_gpu=False)
+
+
+# ---------------------------------------------------------------------------
+# A second backend, all in this module: a plain PyTorch loop
+# ---------------------------------------------------------------------------
+
+
+class _Loop:
+    def __init__(self, model: Any, batches: list[dict[str, Any]], hooks: Any, lr: float) -> None:
+        self.model, self.batches, self.hooks, self.lr = model, batches, hooks, lr
+
+    def train(self) -> TrainOutput:
+        import torch
+
+        from trainer_entry.data.collate import pop_counts
+
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=self.lr)
+        start, log = time.perf_counter(), []
+        self.hooks.train_begin(len(self.batches))
+        for step, batch in enumerate(self.batches, 1):
+            self.hooks.batch(self.model, pop_counts(batch))
+            loss = self.model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            log.append({"step": step, "loss": float(loss.detach())})
+            self.hooks.step_end(step)
+        self.hooks.train_end(len(self.batches))
+        runtime = time.perf_counter() - start
+        return TrainOutput({"train_runtime": runtime, "train_loss": log[-1]["loss"]}, log)
+
+
+class LoopBackend:
+    """What a new backend module holds: its arguments, its settings, its trainer."""
+
+    def argument_fields(self) -> frozenset[str]:
+        return frozenset({"max_steps", "per_device_train_batch_size", "learning_rate"})
+
+    def configure(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> TrainSettings:
+        return TrainSettings(
+            per_device_train_batch_size=parsed.training.get("per_device_train_batch_size", 1),
+            gradient_accumulation_steps=1,
+            activation_checkpointing=False,
+            fsdp=None,
+            mixed_precision=None,
+            tf32=None,
+            native=parsed.training,
+        )
+
+    def build(
+        self,
+        settings: TrainSettings,
+        *,
+        model: Any,
+        tokenizer: Any,
+        data: Any,
+        parsed: ParsedArguments,
+        hooks: Any,
+    ) -> _Loop:
+        from trainer_entry.data.collate import Collator, SequenceDataset
+
+        rows, pd = SequenceDataset(data), settings.per_device_train_batch_size
+        collate = Collator(tokenizer.pad_token_id)
+        batches = [
+            collate([rows[i * pd + j] for j in range(pd)])
+            for i in range(settings.native["max_steps"])
+        ]
+        return _Loop(model, batches, hooks, settings.native.get("learning_rate", 1e-3))
+
+
+def test_a_backend_is_one_module_and_one_registry_line(
+    tmp_path: Path, tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer_entry import train
+
+    monkeypatch.setitem(backends.BACKENDS, "loop", f"{__name__}:LoopBackend")
+    spec = RunSpec(
+        device="cpu",
+        arguments={
+            "model_name_or_path": "tiny-llama",
+            BACKEND_KEY: "loop",
+            "max_steps": 4,
+            "per_device_train_batch_size": 2,
+            "max_seq_len": 64,
+            "warmup_steps_excluded": 1,
+        },
+    ).resolve(tmp_path)
+    result = train.run(spec, {}, time.time())
+    assert result is not None and result.status == "ok"
+    assert result.per_device_train_batch_size == 2 and result.effective_batch_size == 2
+    # the measurement is the child's own, whichever backend trained
+    assert result.metrics is not None and result.metrics.steps == 4
+    assert result.metrics.steps_measured == 3 and result.metrics.tokens_per_second_global
+    assert result.metrics.loss_last == result.metrics.train_loss
+    assert result.ranks is not None and sum(result.ranks[0].step_rows) == 8
+    assert result.metrics.flops_per_token is not None
+    progress = json.loads(Path(spec.progress_path or "").read_text())
+    assert progress["step"] == 4 and progress["phase"] == "done"
+    assert load_result(Path(spec.result_path)) == result
+    # its arguments are its own: a TrainingArguments field it does not take is refused
+    spec.arguments["lr_scheduler_type"] = "cosine"
+    with pytest.raises(SpecError, match="unknown argument 'lr_scheduler_type'"):
+        train.run(spec, {}, time.time())

@@ -1,0 +1,43 @@
+"""Trainer backends: what builds and runs the training loop of a run.
+
+A scenario picks one with the ``trainer`` argument (default ``hf``,
+the Hugging Face ``Trainer``). Each backend is one module implementing
+``trainer_entry.backends.base.TrainerBackend``, registered here by one line.
+The registry names modules rather than importing them, so choosing and
+checking a backend costs nothing before the training stack is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.contract.argnames import BACKEND_KEY
+from trainer_entry.errors import SpecError
+
+if TYPE_CHECKING:
+    from trainer_entry.backends.base import TrainerBackend
+
+#: backend name -> "module:class" of its implementation
+BACKENDS: dict[str, str] = {
+    "hf": "trainer_entry.backends.hf:HFTrainerBackend",
+}
+DEFAULT_BACKEND = "hf"
+
+
+def backend_name(arguments: Mapping[str, Any]) -> str:
+    """The backend the spec's arguments ask for (``DEFAULT_BACKEND`` when they do not say)."""
+    name = arguments.get(BACKEND_KEY)
+    if name is None:
+        return DEFAULT_BACKEND
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise SpecError(f"{BACKEND_KEY} must be one of {', '.join(BACKENDS)}, got {name!r}")
+    return name
+
+
+def get_backend(name: str) -> TrainerBackend:
+    """An instance of backend ``name``; imports its module (and its training stack)."""
+    module, _, cls = BACKENDS[name].partition(":")
+    backend: TrainerBackend = getattr(importlib.import_module(module), cls)()
+    return backend

@@ -1,0 +1,86 @@
+"""The trainer-backend protocol: what the child needs from whatever runs the training loop.
+
+The child does the rest the same way for every backend: it parses the
+arguments, loads the model and the data, measures, and writes the result. A
+backend:
+
+- says which trainer arguments it accepts (``argument_fields``; the argument
+  check refuses any other name);
+- turns them into its own configuration, and reports the settings measurement
+  reads (``configure`` -> ``TrainSettings``);
+- builds its trainer from the model, the tokenizer and the prepared data
+  (``build``), calling the measurement hooks (``trainer_entry.hooks.StepHooks``)
+  at the start of training, for every micro-batch with its token counts
+  (``trainer_entry.data.collate.pop_counts``), at every optimizer step's end
+  and at the end;
+- trains and returns its own metrics and log (``BuiltTrainer.train``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from orchestrator.contract.spec import RunSpec
+    from trainer_entry.arguments import ParsedArguments
+    from trainer_entry.data.tokenize import PreparedData
+    from trainer_entry.hooks import StepHooks
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """A backend's configuration: the settings measurement reads, and the backend's own object."""
+
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    activation_checkpointing: bool
+    #: the ``fsdp`` trainer argument (truthy: FSDP), read with the launch's environment
+    fsdp: object
+    #: accelerate's mixed precision as the trainer passes it (``no``, ``fp16``, ``bf16``,
+    #: ``fp8``); None when the backend does not say
+    mixed_precision: str | None
+    #: the ``tf32`` trainer argument (None: torch's default)
+    tf32: bool | None
+    #: what the backend built (HF: ``TrainingArguments``), handed back to ``build``
+    native: Any
+
+
+@dataclass(frozen=True)
+class TrainOutput:
+    #: the trainer's own figures at the end of training (the result's ``hf_metrics``)
+    metrics: dict[str, Any]
+    #: the trainer's log, one record per logging step (losses are read from it)
+    log_history: list[dict[str, Any]]
+
+
+class BuiltTrainer(Protocol):
+    def train(self) -> TrainOutput:
+        """Train to the end; the measurement hooks are called on the way."""
+        ...
+
+
+class TrainerBackend(Protocol):
+    def argument_fields(self) -> frozenset[str]:
+        """The trainer argument names this backend accepts (besides tunematrix's own)."""
+        ...
+
+    def configure(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> TrainSettings:
+        """The backend's configuration for this run; ``SpecError`` for a bad argument value.
+
+        Called before the model loads, so a bad value fails in seconds.
+        """
+        ...
+
+    def build(
+        self,
+        settings: TrainSettings,
+        *,
+        model: Any,
+        tokenizer: Any,
+        data: PreparedData,
+        parsed: ParsedArguments,
+        hooks: StepHooks | None,
+    ) -> BuiltTrainer:
+        """The trainer, ready to train; ``hooks`` None: no measurement (instrumentation off)."""
+        ...

@@ -1,0 +1,131 @@
+"""The ``hf`` backend: the Hugging Face ``Trainer``, with ``TrainingArguments``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.utils import logging as hf_logging
+
+from orchestrator.contract.argnames import training_fields
+from orchestrator.contract.spec import RunSpec
+from trainer_entry.arguments import ParsedArguments
+from trainer_entry.backends.base import TrainOutput, TrainSettings
+from trainer_entry.data.collate import Collator, SequenceDataset, pop_counts
+from trainer_entry.data.tokenize import PreparedData
+from trainer_entry.errors import SpecError
+from trainer_entry.hooks import StepHooks
+
+# Loading bars would fill stderr.log with carriage-return noise.
+hf_logging.disable_progress_bar()
+
+
+class MeasureCallback(TrainerCallback):
+    """Passes the ``Trainer``'s events on to the measurement hooks."""
+
+    def __init__(self, hooks: StepHooks) -> None:
+        self.hooks = hooks
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.hooks.train_begin(state.max_steps)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.hooks.step_end(state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.hooks.train_end(state.global_step)
+
+
+class BenchTrainer(Trainer):
+    """A ``Trainer`` that counts the tokens of every micro-batch it trains on."""
+
+    def __init__(self, *args: Any, hooks: StepHooks | None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._hooks = hooks
+
+    def training_step(
+        self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None
+    ) -> Any:
+        counts = pop_counts(inputs)  # always: the model must not see them
+        if self._hooks is not None:
+            self._hooks.batch(self.model, counts)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+def training_arguments(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> TrainingArguments:
+    """The ``TrainingArguments`` of a run: the scenario's, with what tunematrix controls."""
+    kwargs: dict[str, Any] = {
+        "report_to": "none",
+        "save_strategy": "no",
+        "disable_tqdm": True,
+        **parsed.training,
+        "output_dir": spec.output_dir,
+        "use_cpu": not on_gpu,
+        # HF's memory tracker polls RSS in a busy thread for all of train(), on every
+        # rank, competing with training for the GIL and a core: it runs only when
+        # asked for by name, and on GPUs only (MemoryCounters give the same figures).
+        "skip_memory_metrics": not (
+            spec.memory_stages == "hf-tracker" and on_gpu and parsed.measure.instrumentation
+        ),
+        "remove_unused_columns": False,
+    }
+    try:
+        return TrainingArguments(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise SpecError(f"invalid trainer arguments: {exc}") from None
+
+
+class _Run:
+    def __init__(self, trainer: BenchTrainer) -> None:
+        self.trainer = trainer
+
+    def train(self) -> TrainOutput:
+        output = self.trainer.train()
+        return TrainOutput(dict(output.metrics), self.trainer.state.log_history)
+
+
+def installed_fields() -> frozenset[str]:
+    """The fields of the installed ``TrainingArguments``."""
+    return frozenset(f.name for f in dataclasses.fields(TrainingArguments) if f.init)
+
+
+class HFTrainerBackend:
+    """``transformers.Trainer`` configured by ``TrainingArguments``."""
+
+    def argument_fields(self) -> frozenset[str]:
+        """The fields of the installed ``TrainingArguments`` and of the saved list."""
+        return installed_fields() | training_fields()
+
+    def configure(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> TrainSettings:
+        args = training_arguments(spec, parsed, on_gpu)
+        return TrainSettings(
+            per_device_train_batch_size=args.per_device_train_batch_size,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            activation_checkpointing=bool(args.activation_checkpointing),
+            fsdp=args.fsdp,
+            mixed_precision=getattr(args, "mixed_precision", None),
+            tf32=args.tf32,
+            native=args,
+        )
+
+    def build(
+        self,
+        settings: TrainSettings,
+        *,
+        model: Any,
+        tokenizer: Any,
+        data: PreparedData,
+        parsed: ParsedArguments,
+        hooks: StepHooks | None,
+    ) -> _Run:
+        trainer = BenchTrainer(
+            model=model,
+            args=settings.native,
+            train_dataset=SequenceDataset(data),
+            data_collator=Collator(tokenizer.pad_token_id, parsed.pad_to_multiple_of),
+            processing_class=tokenizer,
+            callbacks=[MeasureCallback(hooks)] if hooks is not None else [],
+            hooks=hooks,
+        )
+        return _Run(trainer)

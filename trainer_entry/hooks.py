@@ -1,0 +1,72 @@
+"""The measurement hooks every trainer backend calls while it trains.
+
+One object gathers what a run measures while the trainer runs: the step
+clock and token counts (``trainer_entry.measure.StepRecorder``), the GPU
+memory counters at the start and end of training, and the progress file.
+A backend calls it at four moments (see ``trainer_entry.backends.base``), so
+every backend is measured by the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer_entry.data.collate import BatchCounts
+from trainer_entry.flops import FlopsUnavailable, sliding_windows
+from trainer_entry.measure import MemoryCounters, StepRecorder
+from trainer_entry.progress import ProgressFile
+
+
+class StepHooks:
+    """Feeds a run's recorder, memory counters and progress file from the trainer's events."""
+
+    def __init__(
+        self,
+        recorder: StepRecorder,
+        memory: MemoryCounters | None = None,
+        *,
+        reset_peak_at_begin: bool = True,
+        progress: ProgressFile | None = None,
+    ) -> None:
+        self.recorder = recorder
+        self.memory = memory
+        self.reset_peak_at_begin = reset_peak_at_begin
+        self.progress = progress
+
+    def train_begin(self, max_steps: int) -> None:
+        """Training is about to take its first step."""
+        if self.memory is not None:
+            # ends the loading interval; the reset makes torch's peak after training
+            # training's own, without the load and wrapping spike
+            self.memory.mark("train_begin", reset=self.reset_peak_at_begin)
+        if self.progress is not None:
+            # before the first step's clock starts
+            self.progress.begin(max_steps)
+        self.recorder.train_begin()
+
+    def batch(self, model: Any, counts: BatchCounts) -> None:
+        """One micro-batch is about to be fed to ``model`` (the model as the trainer holds it)."""
+        if self.recorder.windows is None:
+            # before the first batch: which sliding windows to sum r·min(r, w) for
+            try:
+                self.recorder.windows = sliding_windows(model)
+            except FlopsUnavailable:
+                self.recorder.windows = ()
+        self.recorder.add_batch(counts.real, counts.padded, counts.lengths)
+
+    def step_end(self, global_step: int) -> None:
+        """An optimizer step ended."""
+        self.recorder.step_end()
+        if self.progress is not None:
+            # inside the next step's time, like everything between step ends; a write
+            # (about once a second) is a small file replaced, see trainer_entry.progress
+            stats = self.recorder.stats
+            self.progress.step(global_step, stats.step_tokens[-1], stats.step_times_s[-1])
+
+    def train_end(self, global_step: int) -> None:
+        """Training ended after ``global_step`` steps."""
+        if self.memory is not None:
+            # no reset: the run reads the training peak after training returns
+            self.memory.mark("train_end", reset=False)
+        if self.progress is not None:
+            self.progress.end(global_step)

@@ -1,0 +1,233 @@
+"""The result of a finished run: every rank's records made into one ``ChildResult``."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from orchestrator.contract.result import (
+    ChildMetrics,
+    ChildResult,
+    DataRecord,
+    FlopsRecord,
+    ModelRecord,
+    RankRecord,
+    RunTimings,
+    Versions,
+    timestamp,
+)
+from orchestrator.contract.spec import RunSpec
+from trainer_entry.arguments import ParsedArguments
+from trainer_entry.backends.base import TrainSettings
+from trainer_entry.flops import (
+    FlopsUnavailable,
+    compute_mode,
+    estimate_flops,
+    peak_note,
+    peak_tflops,
+    sequences_or_uniform,
+    utilization,
+)
+from trainer_entry.measure import (
+    RankStats,
+    fed_sequences,
+    loss_summary,
+    stage_memory_figures,
+    summarize,
+)
+
+
+def _versions() -> dict[str, str | None]:
+    import accelerate
+    import peft
+    import transformers
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "accelerate": accelerate.__version__,
+    }
+
+
+def flops_figures(
+    *,
+    model: Any,
+    ranks: list[RankStats],
+    metrics: Mapping[str, Any],
+    parsed: ParsedArguments,
+    settings: TrainSettings,
+    dtype: str | None,
+    device_name: str | None,
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(metrics, the result's ``flops`` record, notes) of FLOPs per token and MFU.
+
+    FLOPs per token come from the sequence lengths fed in the measured steps
+    (the rows each rank actually fed, a short last micro-batch included); a
+    figure that cannot be trusted is None, with a note saying why.
+    """
+    warmup, steps = metrics.get("warmup_steps_excluded", 0), metrics.get("steps", 0)
+    fed, notes = sequences_or_uniform(
+        fed_sequences(ranks, warmup, steps),
+        packing=parsed.data.packing,
+        max_seq_len=parsed.data.max_seq_len,
+    )
+    flops = None
+    if fed is not None:
+        try:
+            flops = estimate_flops(model, fed, settings.activation_checkpointing)
+        except FlopsUnavailable as exc:
+            notes.append(f"no FLOPs figure: {exc}")
+    mode = compute_mode(dtype=dtype, mixed_precision=settings.mixed_precision, tf32=settings.tf32)
+    peak = parsed.measure.peak_tflops_per_device or peak_tflops(device_name, mode)
+    missing_peak = peak_note(device_name, mode, peak)
+    notes += [missing_peak] if missing_peak else []
+    achieved, mfu, mfu_notes = utilization(
+        flops.model_flops_per_token if flops else None,
+        metrics.get("tokens_per_second_per_device"),
+        peak,
+    )
+    figures = {
+        "flops_per_token": flops.model_flops_per_token if flops else None,
+        "hardware_flops_per_token": flops.hardware_flops_per_token if flops else None,
+        "achieved_tflops_per_device": achieved,
+        "peak_tflops_per_device": peak,
+        "mfu": mfu,
+        # which of the device's peaks MFU is against: fp8, bf16 (or fp16), tf32 or fp32
+        "mfu_precision": mode,
+    }
+    record: dict[str, Any] = {
+        "rows": fed.rows if fed else None,
+        "real_tokens": fed.tokens if fed else None,
+        # Σ r² / Σ r: keys per real token's score row, before any sliding window
+        "attention_length": fed.attention_length(None) if fed else None,
+    }
+    if flops is not None:
+        record.update(
+            linear_forward=flops.linear_forward,
+            linear_input_grad=flops.linear_input_grad,
+            linear_weight_grad=flops.linear_weight_grad,
+            attention=flops.attention,
+            recompute=flops.recompute,
+        )
+    return figures, record, notes + mfu_notes
+
+
+def build_result(
+    *,
+    spec: RunSpec,
+    parsed: ParsedArguments,
+    settings: TrainSettings,
+    ranks: list[RankStats],
+    loaded_info: dict[str, Any],
+    data_meta: dict[str, Any],
+    hf_metrics: dict[str, Any],
+    log_history: list[dict[str, Any]],
+    model: Any,
+    on_gpu: bool,
+    timings: dict[str, float],
+    started_at: str,
+    stage_memory: Sequence[Mapping[str, Any]] = (),
+) -> ChildResult:
+    """The result of a finished run, from every rank's records (``ranks``, ``stage_memory``)."""
+    world = len(ranks)
+    pd = settings.per_device_train_batch_size
+    ga = settings.gradient_accumulation_steps
+    metrics = summarize(ranks, parsed.measure.warmup_steps_excluded)
+    loss = loss_summary(log_history)
+
+    device_name = torch.cuda.get_device_name() if on_gpu else None
+    dtype = loaded_info.get("dtype")
+    flop_figures, flops_record, flops_notes = flops_figures(
+        model=model,
+        ranks=ranks,
+        metrics=metrics,
+        parsed=parsed,
+        settings=settings,
+        dtype=dtype,
+        device_name=device_name,
+    )
+    # stage_memory: every rank's memory_stages(); the stage figures are rank 0's, as HF's were
+    mem = stage_memory_figures(
+        spec.memory_stages, hf_metrics, stage_memory[0] if stage_memory else {}
+    )
+    runtime = hf_metrics.get("train_runtime")
+    rank0_padded = sum(ranks[0].step_padded_tokens)
+
+    metrics.update(
+        train_runtime=runtime,
+        train_samples_per_second=hf_metrics.get("train_samples_per_second"),
+        train_steps_per_second=hf_metrics.get("train_steps_per_second"),
+        # HF's old definition: one device's tokens, padding included, over the whole run
+        train_tokens_per_second=rank0_padded / runtime if runtime else None,
+        train_loss=hf_metrics.get("train_loss"),
+        loss_first=loss["loss_first"],
+        loss_last=loss["loss_last"],
+        loss_mean_last10pct=loss["loss_mean_last10pct"],
+        **flop_figures,
+        mem_peak_torch_mem_alloc_in_bytes=mem["mem_peak_torch_mem_alloc_in_bytes"],
+        mem_torch_mem_alloc_in_bytes=mem["mem_torch_mem_alloc_in_bytes"],
+        mem_stage_source=mem["mem_stage_source"],
+        mem_load_peak_bytes=_max(m.get("mem_load_peak_bytes") for m in stage_memory),
+        torch_max_memory_allocated_bytes=_max(r.cuda_max_allocated_bytes for r in ranks),
+        torch_max_memory_reserved_bytes=_max(r.cuda_max_reserved_bytes for r in ranks),
+        mem_peak_rss_bytes=_max(r.peak_rss_bytes for r in ranks),
+    )
+    notes = [*parsed.notes, *flops_notes]
+    if spec.memory_stages == "hf-tracker" and not on_gpu:
+        notes.append(
+            "HF's memory tracker is not run on the CPU: its polling thread would compete "
+            "with training for the cores it measures"
+        )
+    elif spec.memory_stages == "hf-tracker" and parsed.measure.instrumentation:
+        notes.append(
+            "hf-tracker: torch_max_memory_* cover all of train(), model wrapping included, "
+            "so HF's train stage is left as HF measures it"
+        )
+    return ChildResult(
+        experiment_id=spec.experiment_id,
+        cell_id=spec.cell_id,
+        scenario=spec.scenario,
+        framework_config=spec.framework_config,
+        repeat=spec.repeat,
+        swept=spec.swept,
+        status="ok",
+        error=None,
+        error_type=None,
+        model_name_or_path=parsed.model.name,
+        device="gpu" if on_gpu else "cpu",
+        num_gpus=world,
+        world_size=world,
+        per_device_train_batch_size=pd,
+        gradient_accumulation_steps=ga,
+        effective_batch_size=pd * ga * world,
+        max_seq_len=parsed.data.max_seq_len,
+        packing=parsed.data.packing,
+        peft_method=parsed.peft.method,
+        torch_dtype=dtype,
+        activation_checkpointing=settings.activation_checkpointing,
+        gpu_device_name=device_name,
+        started_at=started_at,
+        finished_at=timestamp(),
+        metrics=ChildMetrics.model_validate(metrics),
+        timings=RunTimings.model_validate(timings),
+        model=ModelRecord.model_validate(loaded_info),
+        data=DataRecord.model_validate(data_meta),
+        flops=FlopsRecord.model_validate(flops_record),
+        ranks=[RankRecord.model_validate(r.as_dict()) for r in ranks],
+        hf_metrics=hf_metrics,
+        loss_history=loss["loss_history"],
+        versions=Versions.model_validate(_versions()),
+        notes=notes,
+        memory_stages=mem["stages"],
+    )
+
+
+def _max(values: Iterable[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
