@@ -18,6 +18,14 @@ from orchestrator.contract import metrics
 #: columns a cell has besides the declared ones: how many repeats, how many ok
 CELL_COUNTS = ("repeats", "repeats_ok")
 #: columns the report adds to cells for its own tables and plots, never written to a CSV
+#: the order of a scenario's cells in summary.md's tables and in the plots' legends
+CELL_ORDER = (
+    "model_name_or_path",
+    "framework_config",
+    "num_gpus",
+    "effective_batch_size",
+    "per_device_train_batch_size",
+)
 REPORT_ONLY_COLUMNS = ("likely_oom", "failed_peak_memory_bytes")
 #: the predecessor's columns that are no configuration and that no column of ours declares:
 #: measured outputs, and bookkeeping (its row position, output folder, config file path)

@@ -29,7 +29,7 @@ from orchestrator.results.aggregate import (
     shows_hf_estimate,
 )
 from orchestrator.results.capacity import GIB, LIKELY_OOM_FRACTION, Capacity, gib
-from orchestrator.results.columns import config_columns
+from orchestrator.results.columns import CELL_ORDER, config_columns
 
 #: the header of HF Trainer's throughput estimate, and what it is
 HF_ESTIMATE_HEADER = metrics.get("train_tokens_per_second").header
@@ -195,17 +195,7 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
         lines += ["", f"Columns with no figure in any cell are left out: {', '.join(missing)}."]
     lines += _capacity_lines(report)
     args = config_columns(cells)
-    order = [
-        k
-        for k in (
-            "model_name_or_path",
-            "framework_config",
-            "num_gpus",
-            "effective_batch_size",
-            "per_device_train_batch_size",
-        )
-        if k in cells.columns
-    ]
+    order = [k for k in CELL_ORDER if k in cells.columns]
     for scenario, group in cells.groupby("scenario", sort=False):
         group = group.sort_values(order, kind="stable", key=lambda c: c.map(_sort_key))
         varying = [

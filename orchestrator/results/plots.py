@@ -40,7 +40,7 @@ from orchestrator.contract import metrics
 from orchestrator.matrix.ids import model_short_name
 from orchestrator.results.aggregate import ReportTables, shows_hf_estimate
 from orchestrator.results.capacity import LIKELY_OOM_FRACTION
-from orchestrator.results.columns import config_columns
+from orchestrator.results.columns import CELL_ORDER, config_columns
 
 MAX_BARS = 60
 MAX_LINES = 12
@@ -246,20 +246,7 @@ def _select(cells: pd.DataFrame, values: pd.Series) -> tuple[pd.DataFrame, str]:
 def _ordered(cells: pd.DataFrame) -> pd.DataFrame:
     """Scenarios in file order; within one, by model, framework and GPU count."""
     order = {s: i for i, s in enumerate(dict.fromkeys(cells["scenario"]))}
-    keys = [
-        "_s",
-        *[
-            k
-            for k in (
-                "model_name_or_path",
-                "framework_config",
-                "num_gpus",
-                "effective_batch_size",
-                "per_device_train_batch_size",
-            )
-            if k in cells.columns
-        ],
-    ]
+    keys = ["_s", *[k for k in CELL_ORDER if k in cells.columns]]
     return (
         cells.assign(_s=cells["scenario"].map(order))
         .sort_values(keys, kind="stable")
