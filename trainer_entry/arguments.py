@@ -20,10 +20,14 @@ from orchestrator.contract.argnames import (
     CONTROLLED,
     DATA_ALIASES,
     DROPPED,
+    FORMATTER_TEMPLATE_KEY,
     OWN_KEYS,
     REFUSED,
     RENAMED,
+    REPLACED,
     batch_sharing_problem,
+    formatter_template,
+    predecessor_argument,
     refused_argument,
     training_fields,
     unknown_argument,
@@ -32,6 +36,7 @@ from orchestrator.contract.spec import RunSpec
 from trainer_entry.backends import DEFAULT_BACKEND, backend_name, get_backend
 from trainer_entry.data.formats import FORMATTINGS
 from trainer_entry.errors import SpecError
+from trainer_entry.tasks import DEFAULT_TASK, task_name
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,10 @@ class DataConfig:
     input_field: str = "input"
     response_field: str = "output"
     text_field: str = "text"
+    #: classification: the field holding the class (a name or an integer)
+    label_field: str = "label"
+    #: image classification: the field holding the image
+    image_field: str = "image"
     messages_field: str = "messages"
     chat_template: str | None = None
     response_template: str | None = None
@@ -54,6 +63,9 @@ class DataConfig:
     max_seq_len: int = 512
     packing: bool = False
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: False: sequences are left whole, none dropped (the trainer truncates: ``sft``); not a
+    #: scenario setting
+    truncate: bool = True
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,8 @@ class ModelConfig:
     attn_implementation: str | None = None
     trust_remote_code: bool = False
     revision: str | None = None
+    #: keyword arguments for a ``python:`` model's factory
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,8 @@ class ParsedArguments:
     notes: list[str] = field(default_factory=list)
     #: the trainer backend (``trainer_entry.backends``)
     backend: str = DEFAULT_BACKEND
+    #: what the run trains (``trainer_entry.tasks``)
+    task: str = DEFAULT_TASK
 
 
 def _check_type(key: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
@@ -143,8 +159,16 @@ def parse_arguments(
         refused = refused_argument(key, args[key])
         if refused:
             raise SpecError(f"spec arguments.{key}: {refused}")
+    for key in sorted(args):  # the predecessor's names: refused, or left off and dropped
+        replaced = predecessor_argument(key, args[key])
+        if replaced:
+            raise SpecError(f"spec arguments.{key}: {replaced}")
+        if key in REPLACED:
+            args.pop(key)
+            notes.append(f"argument '{key}' (fms-hf-tuning's) leaves its feature off; ignored")
 
-    backend = backend_name(args)
+    task = task_name(args)
+    backend = backend_name(args, task)
     if known_fields is not None:
         fields = known_fields
     else:
@@ -200,6 +224,7 @@ def parse_arguments(
         pad_to_multiple_of=pad_multiple,
         notes=notes,
         backend=backend,
+        task=task,
     )
 
 
@@ -235,7 +260,10 @@ def _model_config(spec: RunSpec, args: dict[str, Any]) -> ModelConfig:
     trust = args.get("trust_remote_code", False)
     _check_type("trust_remote_code", trust, bool, "true or false")
     tokenizer = args.get("tokenizer_name_or_path")
+    kwargs = args.get("model_kwargs") or {}
+    _check_type("model_kwargs", kwargs, dict, "a mapping of keyword arguments")
     return ModelConfig(
+        kwargs=dict(kwargs),
         name=name,
         tokenizer=tokenizer,
         dtype=dtype,
@@ -253,6 +281,18 @@ def _data_config(spec: RunSpec, args: dict[str, Any]) -> DataConfig:
             for alias in aliases:
                 if alias in source and source[alias] is not None:
                     values[name] = source[alias]
+    given = {**stanza, **args}
+    if given.get(FORMATTER_TEMPLATE_KEY) is not None:  # the predecessor's {{field}} template
+        if values.get("chat_template"):
+            raise SpecError(f"{FORMATTER_TEMPLATE_KEY} and chat_template are both set; keep one")
+        try:
+            values["chat_template"] = formatter_template(given[FORMATTER_TEMPLATE_KEY])
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
+        if values.setdefault("formatting", "template") != "template":
+            raise SpecError(f"{FORMATTER_TEMPLATE_KEY} is formatting template; remove formatting")
+    if "formatting" not in values and given.get("dataset_conversation_field") is not None:
+        values["formatting"] = "chat"  # the predecessor's conversations field
     if "formatting" not in values and values.get("chat_template"):
         values["formatting"] = "template"  # the predecessor's chat_template over a record
     for key in (
@@ -262,6 +302,8 @@ def _data_config(spec: RunSpec, args: dict[str, Any]) -> DataConfig:
         "input_field",
         "response_field",
         "text_field",
+        "label_field",
+        "image_field",
         "messages_field",
         "chat_template",
         "response_template",

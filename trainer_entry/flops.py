@@ -13,6 +13,15 @@ Definitions (all per real token, i.e. padding excluded, of one optimizer step):
   nothing below them needs it when the embeddings are frozen (LoRA): the
   estimate is up to ~5% above PyTorch's FLOP counter on tiny models, less
   on real ones.
+- **Once per sample.** A module the task runs on one position per sample
+  (a classifier head after pooling: ``trainer_entry.tasks``) costs its
+  ``2·in·out`` once per sequence, not once per token; per token that is the
+  cost times rows over tokens.
+- **Convolutions** (a ViT's patch embedding) cost ``2·numel(weight)`` per
+  output position, one position per token (a patch is a token; the class
+  token, which has none, is counted too: 1/197 of the convolution on
+  ViT-B/16). A 2-D convolution reads pixels: no input gradient, and it is not
+  recomputed under activation checkpointing.
 - **Mixture of experts.** Experts stored as 3-D weights (``gate_up_proj``,
   ``down_proj``: one matrix per expert) are counted for the experts a token
   is routed to: ``num_experts_per_tok`` times each expert's matrices. The
@@ -138,6 +147,12 @@ class _Matmul:
     module: torch.nn.Module
     forward: float
     trained: bool
+    #: runs once per sample (a pooled classifier head), not once per token
+    per_sample: bool = False
+    #: its input needs a gradient (not so for a convolution over pixels)
+    input_grad: bool = True
+    #: rerun by activation checkpointing when it sits in a checkpointed block
+    recomputed: bool = True
 
 
 def _decoder_layer_linears(model: Any) -> set[int]:
@@ -155,6 +170,17 @@ def _decoder_layer_linears(model: Any) -> set[int]:
         if any(c.__name__ in classes for c in type(module).__mro__):
             inside.update(id(m) for m in module.modules())
     return inside
+
+
+def _config_field(config: Any, name: str) -> Any:
+    """A field the attention formula reads; a config of a model's own may lack it."""
+    value = getattr(config, name, None)
+    if value is None:
+        raise FlopsUnavailable(
+            f"the model's config ({type(config).__name__}) has no {name}, "
+            "which the attention formula reads"
+        )
+    return value
 
 
 def _text_config(config: Any) -> Any:
@@ -192,11 +218,16 @@ def _experts_per_token(model: Any) -> int | None:
     return None
 
 
-def _matmuls(model: Any) -> list[_Matmul]:
-    """Every weight matrix product of a forward pass, with its FLOPs per token."""
+def _matmuls(model: Any, per_sample: set[int] | frozenset[int] = frozenset()) -> list[_Matmul]:
+    """Every weight matrix product of a forward pass, with its FLOPs per token
+    (per sample for the modules in ``per_sample``, and those inside them)."""
     from transformers.pytorch_utils import Conv1D
 
     idle = _idle_copies(model)
+    once: set[int] = set()
+    for module in model.modules():
+        if id(module) in per_sample:
+            once.update(id(inner) for inner in module.modules())
     top_k: int | None = None
     out: list[_Matmul] = []
     for name, module in model.named_modules():
@@ -204,15 +235,37 @@ def _matmuls(model: Any) -> list[_Matmul]:
             continue
         if isinstance(module, torch.nn.Linear):
             f = 2.0 * module.in_features * module.out_features
-            out.append(_Matmul(module, f, module.weight.requires_grad))
+            out.append(_Matmul(module, f, module.weight.requires_grad, id(module) in once))
             continue
         if isinstance(module, Conv1D):  # GPT-2's linear layer, its weight transposed
-            out.append(_Matmul(module, 2.0 * module.weight.numel(), module.weight.requires_grad))
+            out.append(
+                _Matmul(
+                    module,
+                    2.0 * module.weight.numel(),
+                    module.weight.requires_grad,
+                    id(module) in once,
+                )
+            )
             continue
         if isinstance(module, torch.nn.modules.conv._ConvNd):
-            continue  # convolutions (some hybrid models) are outside the formula, and small
+            # one output position per token: a ViT's patch embedding (a patch is a token).
+            # A 2-D convolution reads pixels, which need no gradient; it is not in the
+            # checkpointed blocks either
+            pixels = module.weight.ndim == 4
+            out.append(
+                _Matmul(
+                    module,
+                    2.0 * module.weight.numel(),
+                    module.weight.requires_grad,
+                    input_grad=not pixels,
+                    recomputed=not pixels,
+                )
+            )
+            continue
         params = dict(module.named_parameters(recurse=False))
-        stacked = {n: p for n, p in params.items() if p.ndim == 3}
+        # a leading 1 is a table added to the sequence (a ViT's class token and
+        # position embeddings), not one matrix per expert
+        stacked = {n: p for n, p in params.items() if p.ndim == 3 and p.shape[0] > 1}
         n_experts = getattr(module, "num_experts", None)
         if stacked:
             if not isinstance(n_experts, int) or any(
@@ -249,7 +302,7 @@ def _matmuls(model: Any) -> list[_Matmul]:
 def attention_windows(model: Any) -> list[int | None]:
     """Each attention layer's sliding window (None: the whole sequence)."""
     config = _text_config(model.config)
-    layers = int(config.num_hidden_layers)
+    layers = int(_config_field(config, "num_hidden_layers"))
     window = getattr(config, "sliding_window", None) or None
     types = getattr(config, "layer_types", None)
     if types is None:
@@ -277,31 +330,38 @@ def sliding_windows(model: Any) -> tuple[int, ...]:
 
 def _attention_width(config: Any) -> int:
     config = _text_config(config)
-    heads = int(config.num_attention_heads)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    heads = int(_config_field(config, "num_attention_heads"))
+    head_dim = getattr(config, "head_dim", None) or _config_field(config, "hidden_size") // heads
     return heads * int(head_dim)
 
 
 def estimate_flops(
-    model: Any, sequences: SequenceLengths | float, activation_checkpointing: bool
+    model: Any,
+    sequences: SequenceLengths | float,
+    activation_checkpointing: bool,
+    per_sample: set[int] | frozenset[int] = frozenset(),
 ) -> FlopsEstimate:
     """FLOPs per real token of one training step of ``model`` on ``sequences``.
 
     ``sequences`` is the length statistics of what was fed, or one number for
-    sequences all that long. Raises ``FlopsUnavailable`` for a model part the
-    formula does not cover.
+    sequences all that long. ``per_sample``: ids of the modules that run once
+    per sample (``Task.per_sample_modules``). Raises ``FlopsUnavailable`` for a
+    model part the formula does not cover.
     """
     if not isinstance(sequences, SequenceLengths):
         sequences = SequenceLengths.uniform(round(sequences))
     in_layers = _decoder_layer_linears(model) if activation_checkpointing else set()
+    samples_per_token = sequences.rows / sequences.tokens if sequences.tokens else 0.0
     fwd = input_grad = weight_grad = recompute = 0.0
-    for mm in _matmuls(model):
-        fwd += mm.forward
-        input_grad += mm.forward
+    for mm in _matmuls(model, per_sample):
+        f = mm.forward * samples_per_token if mm.per_sample else mm.forward
+        fwd += f
+        if mm.input_grad:
+            input_grad += f
         if mm.trained:
-            weight_grad += mm.forward
-        if id(mm.module) in in_layers:
-            recompute += mm.forward
+            weight_grad += f
+        if mm.recomputed and id(mm.module) in in_layers:
+            recompute += f
     d_attn = _attention_width(model.config)
     try:
         attn_fwd = sum(

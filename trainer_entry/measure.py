@@ -202,6 +202,9 @@ def summarize(ranks: Sequence[RankStats], warmup: int | None = None) -> dict[str
     mean = statistics.fmean(per_step)
     cv = statistics.stdev(per_step) / mean if len(per_step) > 1 and mean > 0 else None
     global_tps = sum(tokens) / window if window > 0 else None
+    # samples (the rows fed: sequences, packed rows, images); unknown without row records
+    samples = sum(sum(r.step_rows[k:steps]) for r in ranks)
+    global_sps = samples / window if samples and window > 0 else None
     total_real = sum(sum(r.step_tokens[:steps]) for r in ranks)
     total_padded = sum(sum(r.step_padded_tokens[:steps]) for r in ranks)
     return {
@@ -215,6 +218,9 @@ def summarize(ranks: Sequence[RankStats], warmup: int | None = None) -> dict[str
         "padding_fraction": 1 - sum(tokens) / sum(padded) if sum(padded) else None,
         "tokens_per_second_global": global_tps,
         "tokens_per_second_per_device": global_tps / world if global_tps is not None else None,
+        "samples_measured": samples or None,
+        "samples_per_second_global": global_sps,
+        "samples_per_second_per_device": global_sps / world if global_sps is not None else None,
         "step_time_median_s": statistics.median(per_step),
         "step_time_mean_s": mean,
         "step_time_cv": cv,

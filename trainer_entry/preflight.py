@@ -7,6 +7,7 @@ offline should fail in a fraction of that, with the same one-line error.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from orchestrator.contract.spec import RunSpec
 from trainer_entry.arguments import ParsedArguments, parse_arguments
 from trainer_entry.data.load import LOCAL_SUFFIXES
 from trainer_entry.errors import SpecError
+from trainer_entry.models.custom import check_findable
 from trainer_entry.models.kinds import model_kind
 from trainer_entry.models.tiny import TINY_NAME
 
@@ -42,6 +44,8 @@ def _model_is_reachable(name: str) -> bool:
 
 def preflight(spec: RunSpec) -> ParsedArguments:
     parsed = parse_arguments(spec, check_names=False)
+    if parsed.backend == "sft" and importlib.util.find_spec("trl") is None:
+        raise SpecError("trainer sft needs trl: pip install trl, or set trainer: hf")
     if parsed.peft.method == "qlora" and spec.device == "cpu":
         raise SpecError(
             "peft_method qlora needs a CUDA GPU (4-bit bitsandbytes); this run is on the CPU"
@@ -58,4 +62,21 @@ def preflight(spec: RunSpec) -> ParsedArguments:
             f"and the hub is offline (HF_HUB_OFFLINE=1); use {TINY_NAME}, "
             "config:<architecture>, a local folder, or a hub id when online"
         )
+    _check_python_model(spec, parsed)
     return parsed
+
+
+def _check_python_model(spec: RunSpec, parsed: ParsedArguments) -> None:
+    """A ``python:`` name's form and its top package; ``model_kwargs`` only for such a name.
+
+    Finding the package runs none of the user's code; the function is imported
+    and called when the model is loaded.
+    """
+    name = parsed.model.name
+    if model_kind(name) == "python":
+        check_findable(name, spec.python_path)
+    elif parsed.model.kwargs:
+        raise SpecError(
+            f"model_kwargs are the keyword arguments of a python:<module>:<function> model; "
+            f"model '{name}' takes none"
+        )

@@ -38,6 +38,7 @@ from trainer_entry.measure import (
     stage_memory_figures,
     summarize,
 )
+from trainer_entry.tasks.base import Task
 
 
 def _versions() -> dict[str, str | None]:
@@ -52,7 +53,17 @@ def _versions() -> dict[str, str | None]:
         "transformers": transformers.__version__,
         "peft": peft.__version__,
         "accelerate": accelerate.__version__,
+        "trl": _installed_version("trl"),
     }
+
+
+def _installed_version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def flops_figures(
@@ -64,6 +75,7 @@ def flops_figures(
     settings: TrainSettings,
     dtype: str | None,
     device_name: str | None,
+    per_sample: set[int] | frozenset[int] = frozenset(),
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(metrics, the result's ``flops`` record, notes) of FLOPs per token and MFU.
 
@@ -80,7 +92,7 @@ def flops_figures(
     flops = None
     if fed is not None:
         try:
-            flops = estimate_flops(model, fed, settings.activation_checkpointing)
+            flops = estimate_flops(model, fed, settings.activation_checkpointing, per_sample)
         except FlopsUnavailable as exc:
             notes.append(f"no FLOPs figure: {exc}")
     mode = compute_mode(dtype=dtype, mixed_precision=settings.mixed_precision, tf32=settings.tf32)
@@ -115,7 +127,25 @@ def flops_figures(
             attention=flops.attention,
             recompute=flops.recompute,
         )
+    if flops is not None and parsed.backend == "sft" and parsed.data.completion_only_loss:
+        notes.append(_masked_head_note(model, flops.model_flops_per_token))
     return figures, record, notes + mfu_notes
+
+
+def _masked_head_note(model: Any, flops_per_token: float) -> str:
+    """What FLOPs per token overstate under TRL's fused LM head with a prompt mask."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    share = (
+        f" (the LM head is at most {3 * 2 * weight.numel() / flops_per_token:.1%} of them)"
+        if weight is not None and flops_per_token
+        else ""
+    )
+    return (
+        "flops_per_token counts the LM head for every token, but under completion_only_loss "
+        "TRL's fused LM head skips the prompt positions, so flops_per_token and MFU are "
+        f"overstated by up to the LM head's share times the prompt share{share}"
+    )
 
 
 def build_result(
@@ -123,6 +153,7 @@ def build_result(
     spec: RunSpec,
     parsed: ParsedArguments,
     settings: TrainSettings,
+    task: Task,
     ranks: list[RankStats],
     loaded_info: dict[str, Any],
     data_meta: dict[str, Any],
@@ -151,6 +182,7 @@ def build_result(
         settings=settings,
         dtype=dtype,
         device_name=device_name,
+        per_sample=task.per_sample_modules(model),
     )
     # stage_memory: every rank's memory_stages(); the stage figures are rank 0's, as HF's were
     mem = stage_memory_figures(
@@ -199,6 +231,9 @@ def build_result(
         status="ok",
         error=None,
         error_type=None,
+        task=task.name,
+        trainer=parsed.backend,
+        sample_unit=task.sample_unit,
         model_name_or_path=parsed.model.name,
         device="gpu" if on_gpu else "cpu",
         num_gpus=world,
@@ -206,8 +241,9 @@ def build_result(
         per_device_train_batch_size=pd,
         gradient_accumulation_steps=ga,
         effective_batch_size=pd * ga * world,
-        max_seq_len=parsed.data.max_seq_len,
-        packing=parsed.data.packing,
+        # the text settings mean nothing where the task has no text (or no packing)
+        max_seq_len=parsed.data.max_seq_len if task.modality == "text" else None,
+        packing=parsed.data.packing if task.name == "causal-lm" else None,
         peft_method=parsed.peft.method,
         torch_dtype=dtype,
         activation_checkpointing=settings.activation_checkpointing,

@@ -19,7 +19,6 @@ from orchestrator.contract.spec import RunSpec
 from trainer_entry.arguments import check_launch_env, parse_arguments
 from trainer_entry.backends import backend_name, get_backend
 from trainer_entry.backends.base import TrainerBackend
-from trainer_entry.data.prepare import load_unprocessed, prepare
 from trainer_entry.errors import SpecError
 from trainer_entry.hooks import StepHooks
 from trainer_entry.measure import (
@@ -32,6 +31,7 @@ from trainer_entry.measure import (
 from trainer_entry.models.load import config_placement, fsdp_loading, load_model
 from trainer_entry.progress import ProgressFile
 from trainer_entry.record import build_result
+from trainer_entry.tasks import get_task, task_name
 
 
 def distributed_env() -> tuple[int, int, int]:
@@ -67,7 +67,7 @@ def _gather_object(value: Any, world: int) -> list[Any]:
 
 def load_backend(spec: RunSpec) -> TrainerBackend:
     """The trainer backend the spec asks for, its training stack imported."""
-    return get_backend(backend_name(spec.arguments))
+    return get_backend(backend_name(spec.arguments, task_name(spec.arguments)))
 
 
 def run(
@@ -90,6 +90,7 @@ def run(
     if on_gpu:
         torch.cuda.set_device(local_rank)
     settings = backend.configure(spec, parsed, on_gpu=on_gpu)
+    task = get_task(parsed.task)
     # counters at stage boundaries, on GPUs, unless measurement is off
     memory = (
         MemoryCounters(
@@ -108,15 +109,25 @@ def run(
     if memory is not None:
         memory.mark("load_begin")
     loaded = load_model(
-        parsed.model, parsed.peft, on_gpu=on_gpu, local_rank=local_rank, placement=placement
+        parsed.model,
+        parsed.peft,
+        task=task,
+        task_kwargs=task.model_kwargs(parsed),
+        search_path=spec.python_path,
+        on_gpu=on_gpu,
+        local_rank=local_rank,
+        placement=placement,
     )
     timings["model_load_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    if spec.no_data_processing:
-        data = load_unprocessed(parsed.data, loaded.tokenizer)
-    else:
-        data = prepare(parsed.data, loaded.tokenizer, Path(spec.data_dir))
+    data = task.prepare(
+        parsed,
+        loaded.tokenizer,
+        Path(spec.data_dir),
+        as_given=spec.no_data_processing,
+        model_config=loaded.model.config,
+    )
     timings["data_prep_s"] = time.perf_counter() - t
 
     model = loaded.model
@@ -147,7 +158,13 @@ def run(
     if memory is not None:
         memory.mark("init_begin")
     trainer = backend.build(
-        settings, model=model, tokenizer=loaded.tokenizer, data=data, parsed=parsed, hooks=hooks
+        settings,
+        model=model,
+        tokenizer=loaded.tokenizer,
+        task=task,
+        data=data,
+        parsed=parsed,
+        hooks=hooks,
     )
     if memory is not None:
         memory.mark("init_end")
@@ -177,6 +194,7 @@ def run(
         spec=spec,
         parsed=parsed,
         settings=settings,
+        task=task,
         ranks=ranks,
         loaded_info=loaded.info,
         data_meta=data.meta,

@@ -40,8 +40,13 @@ from orchestrator.config.values import (
 )
 from orchestrator.config.yamlio import Loc, YamlDoc, load_yaml
 from orchestrator.contract.argnames import (
+    BACKEND_KEY,
+    BACKEND_NAMES,
     BATCH_SHARING_SIZES,
+    TASK_KEY,
+    TASKS,
     batch_sharing_problem,
+    predecessor_argument,
     refused_argument,
     unknown_argument,
 )
@@ -81,6 +86,8 @@ class Framework:
     #: place on this machine (CONTENTS.yaml): the files' content, so ids agree
     #: across machines and folders
     env_identity: Mapping[str, str] | None = None
+    #: the line of each of its arguments
+    argument_lines: Mapping[str, int | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,8 @@ class Scenario:
     sweep: Mapping[str, tuple[Any, ...]]
     line: int | None
     timeout_s: float | None = None
+    #: the line of each argument and sweep key (``arguments.<key>``, ``sweep.<key>``)
+    lines: Mapping[str, int | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -120,9 +129,15 @@ class BenchConfig:
         return self.executors.get(executor)
 
     def where(self, scenario: Scenario, key: str | None = None) -> dict[str, Any]:
-        """Keyword arguments of ``ConfigError`` pointing at ``scenario``."""
+        """Keyword arguments of ``ConfigError`` pointing at ``scenario`` (at ``key``'s own
+        line, ``arguments.<name>`` or ``sweep.<name>``, where it has one)."""
         loc = f"scenarios[{scenario.index}]" + (f".{key}" if key else "")
-        return {"file": str(self.scenarios_file), "line": scenario.line, "key": loc}
+        line = scenario.lines.get(key) if key else None
+        return {
+            "file": str(self.scenarios_file),
+            "line": scenario.line if line is None else line,
+            "key": loc,
+        }
 
 
 # ---------------------------------------------------------------------------
@@ -145,9 +160,19 @@ def _check_arguments(doc: YamlDoc, arguments: Mapping[str, Any], loc: Loc) -> No
         problem = check_value(value, (*loc, key))
         if problem:
             raise doc.error(*problem)
-        refused = refused_argument(key, value)
+        refused = refused_argument(key, value) or _value_problem(key, value)
         if refused:
             raise doc.error(refused, (*loc, key))
+
+
+def _value_problem(key: str, value: Any) -> str | None:
+    """Why ``key: value`` is refused whatever the cell: the predecessor's names without a
+    counterpart here, and task or trainer names nothing runs."""
+    if key == TASK_KEY and value not in TASKS:
+        return f"task must be one of {', '.join(TASKS)}, got {value!r}"
+    if key == BACKEND_KEY and value not in BACKEND_NAMES:
+        return f"trainer must be one of {', '.join(BACKEND_NAMES)}, got {value!r}"
+    return predecessor_argument(key, value)
 
 
 def _check_unique(doc: YamlDoc, values: Sequence[Any], loc: Loc, what: str) -> None:
@@ -240,6 +265,7 @@ def _load_frameworks(
             file=doc.file,
             line=doc.line_of(loc),
             env_identity=(env_identity or {}).get(name),
+            argument_lines={k: doc.line_of((*loc, "arguments", k)) for k in fw.arguments},
         )
 
 
@@ -337,7 +363,7 @@ def _resolve_scenario(
             raise doc.error(*bad_value)
         _check_unique(doc, values, sl, "sweep value")
         for i, value in enumerate(values):
-            refused = refused_argument(key, value)
+            refused = refused_argument(key, value) or _value_problem(key, value)
             if refused:
                 raise doc.error(refused, (*sl, i))
         for fname in fw_names:
@@ -375,6 +401,10 @@ def _resolve_scenario(
         sweep=sweep,
         line=doc.line_of(loc),
         timeout_s=sc.timeout_s,
+        lines={
+            **{f"arguments.{k}": doc.line_of((*args_loc, k)) for k in sc.arguments},
+            **{f"sweep.{k}": doc.line_of((*loc, "sweep", k)) for k in sc.sweep},
+        },
     )
 
 

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from orchestrator.config.yamlio import Loc
+from orchestrator.contract.modelnames import is_python_model, python_model_problem
 from orchestrator.contract.spec import MemoryStages
 
 #: Matrix axes: set under ``matrix:`` (or on the command line); a scenario may
@@ -87,6 +88,9 @@ def check_model_name(value: object) -> str | None:
         return f"model name {value!r} contains a control character"
     if value != value.strip():
         return f"model name {value!r} has leading or trailing spaces"
+    if is_python_model(value):
+        # its form only: the module is the child's to import
+        return python_model_problem(value)
     return None
 
 

@@ -6,16 +6,27 @@ again against the transformers it actually runs with. ``FIELDS_FILE``
 lists ``transformers.TrainingArguments``' fields, saved from the version the
 project is tested with (``python -m trainer_entry.backends`` rewrites it, as
 only the child may import transformers; a test fails when it falls out of date).
+
+Which argument belongs to which task, trainer and PEFT method
+(``inapplicable_argument``) is decided here too, for the planner (one line at
+the line that wrote it) and the child alike. So are the predecessor's names
+(fms-hf-tuning's ``sft_trainer.py``, fms-acceleration's plugin flags): each one
+that differs from ours is mapped (``RENAMED``, ``DATA_ALIASES``,
+``formatter_template``) or refused with what to use instead (``REPLACED``,
+``predecessor_argument``), never silently dropped.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
 FIELDS_FILE = Path(__file__).resolve().parent / "assets" / "training_arguments.json"
+#: ``trl.SFTConfig``'s fields that ``TrainingArguments`` lacks (the ``sft`` backend's own)
+SFT_FIELDS_FILE = FIELDS_FILE.with_name("sft_arguments.json")
 
 MODEL_KEYS = frozenset(
     {
@@ -27,6 +38,7 @@ MODEL_KEYS = frozenset(
         "use_flash_attn",
         "trust_remote_code",
         "model_revision",
+        "model_kwargs",
     }
 )
 PEFT_KEYS = frozenset(
@@ -42,8 +54,25 @@ PEFT_KEYS = frozenset(
     }
 )
 MEASURE_KEYS = frozenset({"warmup_steps_excluded", "peak_tflops_per_device", "instrumentation"})
-#: names the child's trainer backend (``hf``, the default: the Hugging Face Trainer)
+#: names the child's trainer backend (``sft``: TRL's SFTTrainer; ``hf``: the Hugging Face Trainer)
 BACKEND_KEY = "trainer"
+#: names what the run trains: its model class, data, collator, FLOPs and throughput unit
+TASK_KEY = "task"
+#: every task, the default first
+TASKS = ("causal-lm", "seq-classification", "image-classification")
+DEFAULT_TASK = TASKS[0]
+#: the trainer backends each task can run, its default first
+TASK_BACKENDS: dict[str, tuple[str, ...]] = {
+    "causal-lm": ("sft", "hf"),
+    "seq-classification": ("hf",),
+    "image-classification": ("hf",),
+}
+
+
+def default_backend(task: str) -> str:
+    """The trainer backend a run of ``task`` uses when its scenario names none."""
+    return TASK_BACKENDS.get(task, TASK_BACKENDS[DEFAULT_TASK])[0]
+
 
 #: tunematrix's data setting <- the spellings accepted for it (in arguments and in
 #: the scenarios file's data_processing stanza)
@@ -54,22 +83,31 @@ DATA_ALIASES: dict[str, tuple[str, ...]] = {
     "instruction_field": ("instruction_field",),
     "input_field": ("input_field",),
     "response_field": ("response_field",),
-    "text_field": ("dataset_text_field", "text_field"),
-    "messages_field": ("messages_field",),
+    # text_column_name: the predecessor's later spelling of dataset_text_field
+    "text_field": ("dataset_text_field", "text_field", "text_column_name"),
+    "label_field": ("label_field", "dataset_label_field"),
+    "image_field": ("image_field", "dataset_image_field"),
+    # dataset_conversation_field: the predecessor's; it also means formatting chat
+    "messages_field": ("messages_field", "dataset_conversation_field"),
     "chat_template": ("chat_template",),
     "response_template": ("response_template",),
     "completion_only_loss": ("completion_only_loss",),
-    "max_seq_len": ("max_seq_len", "max_seq_length", "max_length"),
+    "max_seq_len": ("max_seq_len", "max_seq_length", "max_length", "model_max_length"),
     "packing": ("packing",),
     "dataset_kwargs": ("dataset_kwargs", "additional_dataset_kwargs"),
 }
-DATA_OTHER = frozenset({"pad_to_multiple_of", "tokenize"})
+#: the predecessor's ``{{field}}`` template over a record: becomes a ``template``
+#: formatting's chat_template (``formatter_template``)
+FORMATTER_TEMPLATE_KEY = "data_formatter_template"
+DATA_OTHER = frozenset({"pad_to_multiple_of", "tokenize", FORMATTER_TEMPLATE_KEY})
 DATA_KEYS = frozenset({a for aliases in DATA_ALIASES.values() for a in aliases} | DATA_OTHER)
 
 #: old names, translated with a note
 RENAMED = {
     "evaluation_strategy": "eval_strategy",
     "gradient_checkpointing": "activation_checkpointing",
+    # the predecessor's LoRA bias (peft's LoraConfig.bias)
+    "bias": "lora_bias",
 }
 #: old names that no longer mean anything here, dropped with a note
 DROPPED = {
@@ -79,7 +117,7 @@ DROPPED = {
 #: set by the child from the spec; a scenario's value is ignored with a note
 CONTROLLED = frozenset({"output_dir", "skip_memory_metrics", "use_cpu"})
 
-OWN_KEYS = MODEL_KEYS | PEFT_KEYS | MEASURE_KEYS | DATA_KEYS | {BACKEND_KEY}
+OWN_KEYS = MODEL_KEYS | PEFT_KEYS | MEASURE_KEYS | DATA_KEYS | {BACKEND_KEY, TASK_KEY}
 
 #: TrainingArguments that would make a row describe a run other than the one measured:
 #: name -> (why, what to do). Refused while planning and again by the child.
@@ -147,11 +185,402 @@ def training_fields() -> frozenset[str]:
     return frozenset(json.loads(FIELDS_FILE.read_text())["fields"])
 
 
-def unknown_argument(key: str, fields: frozenset[str] | None = None) -> str | None:
-    """Why ``key`` is not an argument anything accepts (with the closest name), or None."""
-    fields = training_fields() if fields is None else fields
-    if key in OWN_KEYS or key in fields or key in RENAMED or key in DROPPED or key in CONTROLLED:
+def sft_fields() -> frozenset[str]:
+    """``SFTConfig`` field names that ``TrainingArguments`` lacks, as saved in ``SFT_FIELDS_FILE``."""
+    return frozenset(json.loads(SFT_FIELDS_FILE.read_text())["fields"])
+
+
+def unknown_argument(
+    key: str, fields: frozenset[str] | None = None, *, backend: str | None = None
+) -> str | None:
+    """Why ``key`` is not an argument anything accepts (with the closest name), or None.
+
+    ``fields``: the trainer's argument names; by default ``TrainingArguments``', with
+    ``SFTConfig``'s own when ``backend`` is ``sft`` or not known yet (None: the planner
+    checks a scenario's names before its cells, whose ``trainer`` a sweep may choose;
+    ``inapplicable_argument`` then refuses an ``SFTConfig`` field in a cell of another
+    trainer). The predecessor's names (``REPLACED``) are known: ``predecessor_argument``
+    says what to use instead.
+    """
+    sft = "SFTConfig" if fields is None and backend in (None, "sft") else None
+    if fields is None:
+        fields = training_fields() | (_sft_names() if sft else frozenset())
+    known = OWN_KEYS | REPLACED.keys() | RENAMED.keys() | DROPPED.keys() | CONTROLLED
+    if key in known or key in fields:
         return None
+    if backend not in (None, "sft") and key in _sft_names():
+        return sft_only_problem(key, backend)
     close = difflib.get_close_matches(key, sorted(OWN_KEYS | fields), n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
-    return f"unknown argument '{key}': not a TrainingArguments field nor a tunematrix setting{hint}"
+    what = "a TrainingArguments" + (f" or {sft}" if sft else "") + " field"
+    return f"unknown argument '{key}': not {what} nor a tunematrix setting{hint}"
+
+
+def _sft_names() -> frozenset[str]:
+    """``SFTConfig``'s own fields, or none where the saved list is missing."""
+    try:
+        return sft_fields()
+    except OSError:
+        return frozenset()
+
+
+# ---------------------------------------------------------------------------
+# Which arguments belong to which task and trainer
+# ---------------------------------------------------------------------------
+
+#: the tasks that read text (a tokenizer, a length to cut to, padding)
+TEXT_TASKS = ("causal-lm", "seq-classification")
+#: the tasks that learn a class per sample
+CLASSIFICATION_TASKS = ("seq-classification", "image-classification")
+_CAUSAL_LM = ("causal-lm",)
+#: settings that mean something for some tasks only (canonical names: see ``ARGUMENT_TASKS``)
+_TASK_SETTINGS: dict[str, tuple[str, ...]] = {
+    # how a record becomes a prompt and a response, what the loss is on, how rows are filled
+    "formatting": _CAUSAL_LM,
+    "instruction_field": _CAUSAL_LM,
+    "input_field": _CAUSAL_LM,
+    "response_field": _CAUSAL_LM,
+    "messages_field": _CAUSAL_LM,
+    "chat_template": _CAUSAL_LM,
+    "response_template": _CAUSAL_LM,
+    "completion_only_loss": _CAUSAL_LM,
+    "packing": _CAUSAL_LM,
+    "tokenize": _CAUSAL_LM,
+    FORMATTER_TEMPLATE_KEY: _CAUSAL_LM,
+    # text: the field read, the tokenizer, the length cut to, the padding
+    "text_field": TEXT_TASKS,
+    "max_seq_len": TEXT_TASKS,
+    "pad_to_multiple_of": TEXT_TASKS,
+    "tokenizer_name_or_path": TEXT_TASKS,
+    "label_field": CLASSIFICATION_TASKS,
+    "image_field": ("image-classification",),
+}
+#: argument name (every spelling) -> the tasks it means something for; names not
+#: listed apply to every task
+ARGUMENT_TASKS: dict[str, tuple[str, ...]] = {
+    alias: tasks
+    for name, tasks in _TASK_SETTINGS.items()
+    for alias in DATA_ALIASES.get(name, (name,))
+}
+#: ``peft_method`` values that train adapters; the LoRA settings need one
+LORA_METHODS = ("lora", "qlora")
+#: settings of LoRA adapters (``peft_method: lora`` or ``qlora``)
+LORA_KEYS = PEFT_KEYS - {"peft_method"}
+#: every trainer backend a task can run
+BACKEND_NAMES = tuple(dict.fromkeys(b for runs in TASK_BACKENDS.values() for b in runs))
+
+
+def peft_method_of(arguments: Mapping[str, object]) -> str | None:
+    """The adapter method the arguments train (``lora``, ``qlora``), None for every weight."""
+    method = arguments.get("peft_method")
+    if not isinstance(method, str) or method.lower() in ("none", "full"):
+        return None
+    return method.lower()
+
+
+def sft_only_fields() -> frozenset[str]:
+    """``SFTConfig``'s settings that only trainer ``sft`` takes (ours excluded: the
+    ``sft`` backend maps tunematrix's data settings onto TRL's itself)."""
+    return _sft_names() - OWN_KEYS - training_fields()
+
+
+def sft_only_problem(key: str, backend: str) -> str:
+    return f"'{key}' is an option of trainer sft (TRL); this scenario runs trainer {backend}"
+
+
+def inapplicable_argument(
+    key: str,
+    value: object,
+    *,
+    task: str,
+    backend: str,
+    arguments: Mapping[str, object],
+    sft_only: frozenset[str] | None = None,
+) -> str | None:
+    """Why ``key: value`` does not apply to a run of ``task`` with trainer ``backend``
+    (one line, saying what to do), or None when it does.
+
+    ``arguments``: the run's other arguments (the LoRA settings need ``peft_method``).
+    ``sft_only``: ``sft_only_fields()``, when the caller asks for many keys at once.
+    The key's old names (``RENAMED``) are judged as the new one.
+    """
+    if key == TASK_KEY:
+        if value not in TASKS:
+            return f"task must be one of {', '.join(TASKS)}, got {value!r}"
+        return None
+    if key == BACKEND_KEY:
+        if value not in BACKEND_NAMES:
+            return f"trainer must be one of {', '.join(BACKEND_NAMES)}, got {value!r}"
+        runs = TASK_BACKENDS.get(task, ())
+        if value not in runs:
+            return (
+                f"trainer {value} does not train task {task}; it runs with "
+                f"{' or '.join(runs)} (remove trainer for the default, {runs[0]})"
+            )
+        return None
+    name = RENAMED.get(key, key)
+    tasks = ARGUMENT_TASKS.get(name)
+    if tasks is not None and task not in tasks:
+        return f"'{key}' means nothing for task {task} (it is for {', '.join(tasks)}); remove it"
+    if name in LORA_KEYS and peft_method_of(arguments) not in LORA_METHODS:
+        return f"'{key}' needs peft_method: lora; set peft_method or remove {key}"
+    if backend != "sft" and key in (sft_only_fields() if sft_only is None else sft_only):
+        return sft_only_problem(key, backend)
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The predecessor's names (fms-hf-tuning's sft_trainer.py, fms-acceleration's plugins)
+# ---------------------------------------------------------------------------
+
+_NOT_SAVED = "a benchmark saves no model; remove it"
+_TRACKER = (
+    "tunematrix records the loss curve, timings and memory itself; for an experiment "
+    "tracker use report_to (a TrainingArguments field), configured by its environment "
+    "variables (a framework's env)"
+)
+_LORA_ONLY = (
+    "LoRA here takes r, lora_alpha, lora_dropout, target_modules, lora_bias and "
+    "modules_to_save; remove it"
+)
+_PROMPT_TUNING = "prompt tuning is not offered; use peft_method: lora or qlora"
+_PLUGIN = (
+    "fms-acceleration's plugins are not loaded by the training child; remove it "
+    "(use_liger_kernel, a TrainingArguments field, fuses the loss, norms and RoPE)"
+)
+_DEFAULT_OFF: tuple[object, ...] = (None, False, "", [], {})
+
+#: the predecessor's arguments with no counterpart here (fms-hf-tuning's model, data and
+#: training arguments, its LoRA, prompt-tuning, quantization and tracker configs, its
+#: launcher's job config, and fms-acceleration's plugin flags): name -> (why, and what to
+#: use instead; the values that leave the feature off). A value that turns the feature on
+#: is refused while planning and by the child; one that leaves it off is dropped by the
+#: child with a note. Names that differ only in spelling are mapped instead: ``RENAMED``,
+#: ``DATA_ALIASES``, ``use_flash_attn``, ``data_formatter_template``.
+REPLACED: dict[str, tuple[str, tuple[object, ...]]] = {
+    # ModelArguments
+    "embedding_size_multiple_of": (
+        "the embeddings are never resized here, so the model is measured with its own "
+        "vocabulary; remove it",
+        (*_DEFAULT_OFF, 1),
+    ),
+    "flash_attn_implementation": (
+        "write attn_implementation: <its value> instead (use_flash_attn: true alone means "
+        "flash_attention_2)",
+        (*_DEFAULT_OFF, "flash_attention_2"),
+    ),
+    # DataArguments
+    "data_config_path": (
+        "data configs are not read; write the data settings as arguments (dataset, split, "
+        "formatting and the field names) or in the scenarios file's data_processing stanza",
+        _DEFAULT_OFF,
+    ),
+    "validation_data_path": (
+        'a benchmark measures training only (eval_strategy stays "no"); remove it',
+        _DEFAULT_OFF,
+    ),
+    "instruction_template": (
+        "for chat data write formatting: chat with completion_only_loss: true (the loss is "
+        "then on the assistant turns only)",
+        _DEFAULT_OFF,
+    ),
+    "add_special_tokens": (
+        "no tokens are added here (that would resize the embeddings); remove it",
+        _DEFAULT_OFF,
+    ),
+    "do_dataprocessing_only": (
+        "every run prepares its data before training (cached in the results folder's data/); "
+        "remove it",
+        _DEFAULT_OFF,
+    ),
+    "num_train_dataset_shards": (
+        "it goes with do_dataprocessing_only; remove it",
+        (*_DEFAULT_OFF, 1),
+    ),
+    "num_eval_dataset_shards": (
+        "it goes with do_dataprocessing_only; remove it",
+        (*_DEFAULT_OFF, 1),
+    ),
+    # TrainingArguments extensions
+    "cache_dir": (
+        "set HF_HOME or HF_HUB_CACHE in a framework's env instead",
+        _DEFAULT_OFF,
+    ),
+    "save_model_dir": (_NOT_SAVED, _DEFAULT_OFF),
+    "lora_post_process_for_vllm": (_NOT_SAVED, _DEFAULT_OFF),
+    "enable_reduce_loss_sum": (
+        "the loss is the trainer's mean; a summed loss is not offered; remove it",
+        _DEFAULT_OFF,
+    ),
+    "trainer_controller_config_file": (
+        "a benchmark runs a fixed number of steps (max_steps); remove it",
+        _DEFAULT_OFF,
+    ),
+    "exp_metadata": (
+        "each run's spec.json and the report record what ran; remove it",
+        _DEFAULT_OFF,
+    ),
+    # trackers (TrackerConfigs)
+    "trackers": (_TRACKER, (*_DEFAULT_OFF, ["file_logger"], "file_logger")),
+    "tracker": (_TRACKER, (*_DEFAULT_OFF, "file_logger")),
+    **{
+        name: (_TRACKER, _DEFAULT_OFF)
+        for name in (
+            "experiment",
+            "run_uri_export_path",
+            "aim_experiment",
+            "aim_repo",
+            "aim_remote_server_ip",
+            "aim_remote_server_port",
+            "aim_url",
+            "mlflow_experiment",
+            "mlflow_tracking_uri",
+            "clearml_project",
+            "clearml_task",
+            "scanner_output_filename",
+            "training_logs_filename",
+        )
+    },
+    # LoraConfig beyond ours, aLoRA, prompt tuning, MXFP4
+    "exclude_modules": (_LORA_ONLY, _DEFAULT_OFF),
+    "init_lora_weights": (_LORA_ONLY, (None, True)),
+    "layers_to_transform": (_LORA_ONLY, _DEFAULT_OFF),
+    "layers_pattern": (_LORA_ONLY, _DEFAULT_OFF),
+    "trainable_token_indices": (_LORA_ONLY, _DEFAULT_OFF),
+    "loftq_config": (_LORA_ONLY, _DEFAULT_OFF),
+    "target_parameters": (_LORA_ONLY, _DEFAULT_OFF),
+    "alora_invocation_string": ("aLoRA is not offered; use peft_method: lora", _DEFAULT_OFF),
+    "prompt_tuning_init": (_PROMPT_TUNING, _DEFAULT_OFF),
+    "prompt_tuning_init_text": (_PROMPT_TUNING, _DEFAULT_OFF),
+    "num_virtual_tokens": (_PROMPT_TUNING, _DEFAULT_OFF),
+    "quantization_method": (
+        "MXFP4 models are not offered; for LoRA over a 4-bit base use peft_method: qlora",
+        (*_DEFAULT_OFF, "none"),
+    ),
+    "dequantize": (
+        "it goes with quantization_method mxfp4, which is not offered; remove it",
+        (None, True, False),
+    ),
+    # fms-acceleration's plugin flags
+    "bnb_qlora": (
+        "write peft_method: qlora instead (LoRA over a bitsandbytes 4-bit base)",
+        _DEFAULT_OFF,
+    ),
+    "auto_gptq": (
+        "GPTQ-quantized base models are not offered; for LoRA over a 4-bit base use "
+        "peft_method: qlora",
+        _DEFAULT_OFF,
+    ),
+    "fused_lora": (_PLUGIN, _DEFAULT_OFF),
+    "fast_kernels": (_PLUGIN, _DEFAULT_OFF),
+    "fast_moe": (_PLUGIN, _DEFAULT_OFF),
+    "odm": ("online data mixing is not offered; remove it", _DEFAULT_OFF),
+    "multipack": (
+        "multipack sampling is not offered; use packing: true (every row filled) or, with "
+        "trainer sft, padding_free: true",
+        _DEFAULT_OFF,
+    ),
+}
+
+#: ``peft_method`` values of the predecessor's that are not offered -> what to use instead
+_PEFT_REPLACED = {
+    "pt": "prompt tuning (peft_method pt) is not offered; use lora or qlora, or remove "
+    "peft_method for full fine-tuning",
+    "alora": "aLoRA (peft_method alora) is not offered; use lora",
+}
+
+
+def _same(value: object, other: object) -> bool:
+    """Equal and of one type (``True`` is not ``1``)."""
+    return type(value) is type(other) and value == other
+
+
+def is_off(key: str, value: object) -> bool:
+    """Whether ``value`` leaves the predecessor's feature ``key`` (``REPLACED``) off."""
+    return any(_same(value, off) for off in REPLACED[key][1])
+
+
+def predecessor_argument(key: str, value: object) -> str | None:
+    """Why the predecessor's ``key: value`` is refused (one line, with what to use
+    instead), or None when it is accepted (a name of ours, a mapped one, or a
+    ``REPLACED`` one at a value that leaves it off, which the child drops with a note).
+
+    Also the values the predecessor spelled differently: ``peft_method: pt``,
+    fms-acceleration's ``padding_free: ["huggingface"]``, a ``data_formatter_template``
+    that cannot be translated (``formatter_template``).
+    """
+    if key in REPLACED:
+        if is_off(key, value):
+            return None
+        return f"'{key}' (fms-hf-tuning's) has no counterpart here: {REPLACED[key][0]}"
+    if key == "peft_method" and value is not None:
+        method = value.lower() if isinstance(value, str) else value
+        if method in _PEFT_REPLACED:
+            return _PEFT_REPLACED[str(method)]
+        if method not in ("none", "full", *LORA_METHODS):
+            return f"peft_method must be lora, qlora or null, got {value!r}"
+    if key == "padding_free" and isinstance(value, list):
+        return (
+            f"padding_free {json.dumps(value)} is fms-acceleration's plugin flag; write "
+            "padding_free: true (TRL's padding-free batching, trainer sft)"
+        )
+    if key == FORMATTER_TEMPLATE_KEY and value is not None:
+        if not isinstance(value, str):
+            return f"{key} must be a string, got {value!r}"
+        try:
+            formatter_template(value)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+_EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.S)
+_FIELD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*")
+_ELEMENT = re.compile(r"""\s*element\s*\[\s*(['"])([^'"\\]+)\1\s*\]\s*""")
+#: the tokenizer's tokens a template formatting renders with
+_TOKENS = ("eos_token", "bos_token")
+
+
+def formatter_template(template: str) -> str:
+    """The predecessor's ``data_formatter_template`` as a ``template`` formatting's
+    ``chat_template`` (which renders with ``messages=[record]``).
+
+    The predecessor's template names a record's fields as ``{{field}}`` (or
+    ``{{element['field']}}``) and the tokenizer's tokens as ``{{eos_token}}``; each
+    field becomes ``{{ messages[0]['field'] }}``. Anything Jinja would read otherwise
+    (a ``{% %}`` block, a filter, another special token) raises ``ValueError`` saying
+    what to write instead.
+    """
+    out: list[str] = []
+    end = 0
+    for match in _EXPRESSION.finditer(template):
+        out.append(template[end : match.start()])
+        end = match.end()
+        inner = match.group(1)
+        field = _FIELD.fullmatch(inner)
+        element = _ELEMENT.fullmatch(inner)
+        if field is not None and field.group(1) in _TOKENS:
+            out.append("{{ " + field.group(1) + " }}")
+            continue
+        if field is not None and field.group(1).endswith("_token"):
+            raise ValueError(
+                f"{FORMATTER_TEMPLATE_KEY} uses {{{{{field.group(1)}}}}}; a template renders "
+                f"with {' and '.join(_TOKENS)} only: write the token's text instead"
+            )
+        name = field.group(1) if field is not None else element.group(2) if element else None
+        if name is None:
+            raise ValueError(
+                f"{FORMATTER_TEMPLATE_KEY} has {{{{{inner.strip()}}}}}, not a {{{{field}}}}; "
+                "write it as chat_template (formatting: template), a Jinja template "
+                "rendered with messages=[record]"
+            )
+        out.append("{{ messages[0][" + json.dumps(name) + "] }}")
+    out.append(template[end:])
+    for literal in out[::2]:
+        if any(mark in literal for mark in ("{{", "{%", "{#")):
+            raise ValueError(
+                f"{FORMATTER_TEMPLATE_KEY} has Jinja beyond {{{{field}}}}; write it as "
+                "chat_template (formatting: template), a Jinja template rendered with "
+                "messages=[record]"
+            )
+    return "".join(out)

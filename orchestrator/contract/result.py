@@ -80,6 +80,10 @@ class ChildMetrics(_Record):
     padding_fraction: float | None = None
     tokens_per_second_global: float | None = None
     tokens_per_second_per_device: float | None = None
+    #: samples (sequences, packed rows, images) of the measured steps, all ranks
+    samples_measured: int | None = None
+    samples_per_second_global: float | None = None
+    samples_per_second_per_device: float | None = None
     step_time_median_s: float | None = None
     step_time_mean_s: float | None = None
     #: standard deviation over mean of the step times
@@ -206,6 +210,8 @@ class Versions(_Record):
     transformers: str
     peft: str
     accelerate: str
+    #: TRL, where installed (the ``sft`` backend)
+    trl: str | None = None
 
 
 class ChildResult(_Record):
@@ -230,6 +236,12 @@ class ChildResult(_Record):
     finished_at: str
 
     # ---- a finished run ------------------------------------------------------
+    #: what the run trained (``causal-lm``, ``seq-classification``, ``image-classification``)
+    task: str | None = None
+    #: the trainer backend that ran it (``sft``, ``hf``)
+    trainer: str | None = None
+    #: what one sample is (``sequences``, ``images``)
+    sample_unit: str | None = None
     device: Literal["gpu", "cpu"] | None = None
     #: processes (one per GPU; on the CPU, one per process)
     num_gpus: int | None = None

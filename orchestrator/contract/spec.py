@@ -70,6 +70,9 @@ class RunSpec(BaseModel):
     output_dir: str = "trainer_output"
     #: cache of prepared (tokenized) datasets, shared by the runs of a results folder
     data_dir: str = "data"
+    #: folders put first on ``sys.path`` before a ``python:`` model's module is imported
+    #: (the parent gives the scenarios file's folder); relative ones are against the spec's
+    python_path: list[str] = []
     #: what measures the GPU memory stages (before init, init, train; the predecessor's
     #: ``mem_*_torch_mem_alloc_in_bytes``): ``torch``, torch.cuda's counters read at
     #: stage boundaries (no thread); ``hf-tracker``, HF's TrainerMemoryTracker
@@ -95,13 +98,13 @@ class RunSpec(BaseModel):
     def resolve(self, base: Path) -> RunSpec:
         """The same spec with its paths made absolute against ``base``."""
         names = ("result_path", "output_dir", "data_dir", "progress_path")
-        return self.model_copy(
-            update={
-                name: str((base / getattr(self, name)).resolve())
-                for name in names
-                if getattr(self, name) is not None
-            }
-        )
+        update: dict[str, Any] = {
+            name: str((base / getattr(self, name)).resolve())
+            for name in names
+            if getattr(self, name) is not None
+        }
+        update["python_path"] = [str((base / folder).resolve()) for folder in self.python_path]
+        return self.model_copy(update=update)
 
 
 def write_spec(spec: RunSpec, path: Path) -> None:

@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from orchestrator.config.values import MEMORY_LOGGING
 from orchestrator.contract.layout import NodeFiles, ResultsLayout, RunPaths, write_atomic
+from orchestrator.contract.modelnames import TINY_MODEL_NAMES
 from orchestrator.contract.outcome import Outcome, write_outcome
 from orchestrator.contract.result import LAUNCH_ID_ENV, read_result
 from orchestrator.contract.spec import MemoryStages, RunSpec, write_spec
@@ -252,7 +253,7 @@ def write_command_script(path: Path, env: dict[str, str], argv: Sequence[str], c
 
 
 def _hub_free(model: str) -> bool:
-    return model == "tiny-llama" or model.startswith("config:")
+    return model in TINY_MODEL_NAMES or model.startswith("config:")
 
 
 def child_environment(

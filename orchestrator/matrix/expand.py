@@ -7,6 +7,15 @@ effective_batch_size × max_seq_len × packing × repeat.
 Trainer arguments merge as defaults < scenario arguments < sweep value <
 framework overlay; ``key: null`` at a layer removes the key set below it. Each
 cell builds its own dict, so nothing one scenario sets reaches another.
+
+Every cell names its ``task`` and ``trainer`` (the defaults resolved: causal-lm,
+and the task's default backend), so both are in its id and its key columns.
+What does not apply to a cell's task, trainer or PEFT method
+(``orchestrator.contract.argnames.inapplicable_argument``) is an error at the line
+that wrote it, unless it comes from what every scenario shares (defaults.yaml, the
+data_processing stanza, the ``matrix:`` axes): that is left out of the cells it does
+not apply to (an axis is not crossed: ``max_seq_len`` and ``packing`` of an image
+task stay empty), with a note in the plan.
 """
 
 from __future__ import annotations
@@ -15,12 +24,24 @@ import fnmatch
 import functools
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.scenarios import AccelerateConfig, BenchConfig, Scenario
 from orchestrator.config.values import NO_FRAMEWORK
+from orchestrator.contract.argnames import (
+    ARGUMENT_TASKS,
+    BACKEND_KEY,
+    DEFAULT_TASK,
+    LORA_KEYS,
+    RENAMED,
+    TASK_KEY,
+    default_backend,
+    inapplicable_argument,
+    sft_only_fields,
+)
 from orchestrator.contract.errors import ConfigError, UserError
+from orchestrator.contract.modelnames import is_python_model
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.ids import experiment_id, spec_digest, spec_hash
 
@@ -306,6 +327,7 @@ def build_plan(config: BenchConfig, selection: Selection, gpu_count: GpuCount) -
     seen: dict[str, Experiment] = {}
     notes: list[str] = []
     swept_keys: dict[str, None] = {}
+    checks = _Applicability(sft_only=sft_only_fields())
 
     for scenario in scenarios:
         counts = gpus.values
@@ -320,7 +342,7 @@ def build_plan(config: BenchConfig, selection: Selection, gpu_count: GpuCount) -
         if scenario.device == "gpu" and device == "cpu":
             notes.append(f"scenario '{scenario.name}' needs GPUs; planned on the CPU as processes")
         swept_keys.update(dict.fromkeys(scenario.sweep))
-        for cell in _expand_scenario(config, scenario, counts, axes, n_repeats):
+        for cell in _expand_scenario(config, scenario, counts, axes, n_repeats, checks):
             other = seen.get(cell.experiment_id)
             if other is not None:
                 # Every axis value, model, framework and sweep value is distinct by
@@ -332,7 +354,9 @@ def build_plan(config: BenchConfig, selection: Selection, gpu_count: GpuCount) -
                 )
             seen[cell.experiment_id] = cell
             experiments.append(cell)
+        checks.settle(scenario.name)
 
+    notes.extend(checks.notes())
     if not experiments:
         raise UserError(
             "the matrix is empty: "
@@ -446,10 +470,189 @@ class _Variant:
     #: per argument, the merge layer that set it
     provenance: dict[str, int]
     effective_batch_size: tuple[int, ...]
-    max_seq_len: tuple[int, ...]
-    packing: tuple[bool, ...]
+    #: (None,) where the task takes no such setting: the axis is not crossed
+    max_seq_len: tuple[int | None, ...]
+    packing: tuple[bool | None, ...]
+    #: the data_processing stanza, less what the task does not take
+    data_processing: Mapping[str, Any] | None
     #: SHA-256 of what the cell ids share: scenario, framework, arguments, data, accelerate, env
     base_digest: str
+
+
+@dataclass
+class _Applicability:
+    """What a plan's variants are checked against, what the shared settings left out, and
+    the scenario's own settings a swept value left out of some of its cells."""
+
+    #: ``SFTConfig``'s own settings (read once per plan)
+    sft_only: frozenset[str]
+    #: (where it was set, why it does not apply, scenario) -> the keys left out
+    left_out: dict[tuple[str, str, str], dict[str, None]] = field(default_factory=dict)
+    #: (scenario, key) -> the refusal of a setting a swept value left out of a cell
+    deferred: dict[tuple[str, str], ConfigError] = field(default_factory=dict)
+    #: (scenario, key) of the settings the scenario wrote that applied to some cell
+    applied: set[tuple[str, str]] = field(default_factory=set)
+
+    def leave_out(self, where: str, key: str, why: str, scenario: str) -> None:
+        self.left_out.setdefault((where, why, scenario), {})[key] = None
+
+    def settle(self, scenario: str) -> None:
+        """Refuse a setting of ``scenario`` that its sweep left out of every cell."""
+        for (name, key), error in self.deferred.items():
+            if name == scenario and (name, key) not in self.applied:
+                raise error
+
+    def notes(self) -> list[str]:
+        """One line per setting (or settings) left out, naming the scenarios."""
+        grouped: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}
+        for (where, why, scenario), keys in self.left_out.items():
+            grouped.setdefault((where, why, tuple(keys)), []).append(scenario)
+        return [
+            f"{where}'s {' and '.join(keys)} {'is' if len(keys) == 1 else 'are'} left out of "
+            f"{', '.join(scenarios)}: {why}"
+            for (where, why, keys), scenarios in grouped.items()
+        ]
+
+
+def _place(
+    config: BenchConfig, scenario: Scenario, overlay: _Overlay, key: str, layer: int
+) -> dict[str, Any]:
+    """Keyword arguments of ``ConfigError`` pointing at the line that set ``key``."""
+    if layer == _FRAMEWORK and overlay.label in config.frameworks:
+        framework = config.frameworks[overlay.label]
+        line = framework.argument_lines.get(key)
+        return {
+            "file": framework.file,
+            "line": framework.line if line is None else line,
+            "key": f"frameworks.{framework.name}.arguments.{key}",
+        }
+    if layer == _SWEEP:
+        return config.where(scenario, f"sweep.{key}")
+    if layer == _DEFAULTS:
+        return {"file": config.defaults_file, "key": key}
+    return config.where(scenario, f"arguments.{key}")
+
+
+def _why(problem: str) -> str:
+    """A refusal without its advice (``; remove it``), for a note on what was left out."""
+    return problem.split("; ", 1)[0]
+
+
+def _decider(key: str, sft_only: frozenset[str]) -> str | None:
+    """The argument that decides whether ``key`` applies: the task (for a task's setting,
+    and the trainer), the PEFT method (LoRA's) or the trainer (``SFTConfig``'s own)."""
+    name = RENAMED.get(key, key)
+    if key == BACKEND_KEY or name in ARGUMENT_TASKS:
+        return TASK_KEY
+    if name in LORA_KEYS:
+        return "peft_method"
+    if key in sft_only:
+        return BACKEND_KEY
+    return None
+
+
+def _check_applicable(
+    config: BenchConfig,
+    scenario: Scenario,
+    overlay: _Overlay,
+    swept: Mapping[str, Any],
+    merged: dict[str, Any],
+    provenance: dict[str, int],
+    checks: _Applicability,
+) -> str:
+    """Resolve the variant's task and trainer into ``merged`` and refuse what does not
+    apply to them, at the line that wrote it. Left out instead, with a note: what
+    defaults.yaml set, and a setting of the scenario (or its framework) in the cells
+    where a swept value (``peft_method: none``, another task or trainer) makes it
+    mean nothing, as long as it applies to one of the scenario's cells. Returns the task.
+    """
+    task = merged.get(TASK_KEY, DEFAULT_TASK)
+
+    def refuse(key: str, problem: str) -> ConfigError:
+        layer = provenance.get(key, _SCENARIO)
+        # the swept values that make the cell what it is: the key's own, then those
+        # that decide whether it applies
+        swept_here = [
+            f"{k}: {swept[k]}"
+            for k in dict.fromkeys((key, TASK_KEY, BACKEND_KEY, "peft_method"))
+            if k in swept and provenance.get(k, _SWEEP) == _SWEEP
+        ]
+        parts = [f"the sweep's {', '.join(swept_here)}"] if swept_here else []
+        if layer == _FRAMEWORK:
+            parts.insert(0, f"framework '{overlay.label}', scenario '{scenario.name}'")
+        context = f" ({', '.join(parts)})" if parts else ""
+        return ConfigError(problem + context, **_place(config, scenario, overlay, key, layer))
+
+    def settle(key: str, problem: str | None) -> None:
+        layer = provenance.get(key)
+        if problem is None:
+            if layer != _DEFAULTS:
+                checks.applied.add((scenario.name, key))
+            return
+        decider = _decider(key, checks.sft_only)
+        swept_decider = (
+            decider is not None
+            and decider in swept
+            and provenance.get(decider, _SWEEP) == _SWEEP
+            and layer in (_SCENARIO, _FRAMEWORK)
+        )
+        if layer == _DEFAULTS:
+            where = config.defaults_file.name if config.defaults_file else "the defaults"
+            why = _why(problem)
+        elif swept_decider:
+            # a constant the sweep turns off here; refused if no cell takes it
+            where = "the scenario" if layer == _SCENARIO else f"framework {overlay.label}"
+            why = f"{_why(problem)} (the sweep's {decider}: {swept[str(decider)]})"
+            checks.deferred.setdefault((scenario.name, key), refuse(key, problem))
+        else:
+            raise refuse(key, problem)
+        merged.pop(key)
+        provenance.pop(key, None)
+        checks.leave_out(where, key, why, scenario.name)
+
+    for key in (TASK_KEY, BACKEND_KEY):
+        if key in merged:
+            settle(
+                key,
+                inapplicable_argument(
+                    key, merged[key], task=task, backend="", arguments=merged, sft_only=frozenset()
+                ),
+            )
+    merged[TASK_KEY] = task
+    backend = merged.setdefault(BACKEND_KEY, default_backend(task))
+    for key in list(merged):
+        if key in (TASK_KEY, BACKEND_KEY, "model_name_or_path"):
+            continue
+        settle(
+            key,
+            inapplicable_argument(
+                key,
+                merged[key],
+                task=task,
+                backend=backend,
+                arguments=merged,
+                sft_only=checks.sft_only,
+            ),
+        )
+    return str(task)
+
+
+def _task_data(
+    config: BenchConfig, scenario: Scenario, task: str, checks: _Applicability
+) -> Mapping[str, Any] | None:
+    """The data_processing stanza less the settings ``task`` does not take (noted)."""
+    stanza = config.data_processing
+    if not stanza:
+        return stanza
+    kept = {}
+    for key, value in stanza.items():
+        tasks = ARGUMENT_TASKS.get(key)
+        if tasks is not None and task not in tasks:
+            why = f"'{key}' means nothing for task {task}"
+            checks.leave_out("data_processing", key, why, scenario.name)
+        else:
+            kept[key] = value
+    return kept
 
 
 def _variant(
@@ -459,6 +662,7 @@ def _variant(
     model: str,
     swept: dict[str, Any],
     axes: Mapping[str, Axis],
+    checks: _Applicability,
 ) -> _Variant:
     merged, provenance = _merge(
         [
@@ -469,18 +673,26 @@ def _variant(
         ]
     )
     merged["model_name_or_path"] = model
+    task = _check_applicable(config, scenario, overlay, swept, merged, provenance, checks)
     # an argument that pins an axis replaces the axis for this variant (and leaves
-    # the arguments, so the id hashes it once, as the axis value)
-    pinned = {
-        name: _axis_override(config, scenario, merged, provenance, name, axes[name].values)
-        for name in ("effective_batch_size", "max_seq_len", "packing")
-    }
+    # the arguments, so the id hashes it once, as the axis value); an axis the task
+    # takes no value of is not crossed
+    pinned: dict[str, tuple[Any, ...]] = {}
+    for name in ("effective_batch_size", "max_seq_len", "packing"):
+        if task in ARGUMENT_TASKS.get(name, (task,)):
+            pinned[name] = _axis_override(
+                config, scenario, merged, provenance, name, axes[name].values
+            )
+        else:
+            pinned[name] = (None,)
+            checks.leave_out("the matrix", name, f"task {task} takes none", scenario.name)
+    data_processing = _task_data(config, scenario, task, checks)
     base = {
         "scenario": scenario.name,
         "framework": overlay.label,
         "device": scenario.device,
         "arguments": merged,
-        "data_processing": config.data_processing,
+        "data_processing": data_processing,
         "accelerate_config": overlay.accelerate.digest if overlay.accelerate is not None else None,
         "env": overlay.env_identity,
     }
@@ -494,6 +706,7 @@ def _variant(
         effective_batch_size=pinned["effective_batch_size"],
         max_seq_len=pinned["max_seq_len"],
         packing=pinned["packing"],
+        data_processing=data_processing,
         base_digest=spec_digest(base),
     )
 
@@ -524,18 +737,22 @@ def _cell_experiments(
     variant: _Variant,
     num_gpus: int,
     effective_batch_size: int,
-    max_seq_len: int,
-    packing: bool,
+    max_seq_len: int | None,
+    packing: bool | None,
     repeats: int,
 ) -> Iterator[Experiment]:
     """The repeats of one cell; the cell's id is its first repeat's."""
     per_device, grad_accum = _batch_split(config, variant, num_gpus, effective_batch_size)
-    batch = {
+    batch: dict[str, Any] = {
         "per_device_train_batch_size": per_device,
         "gradient_accumulation_steps": grad_accum,
-        "max_seq_len": max_seq_len,
-        "packing": packing,
     }
+    # settings the task takes no value of are left out (an image has no sequence length)
+    batch.update(
+        (name, value)
+        for name, value in (("max_seq_len", max_seq_len), ("packing", packing))
+        if value is not None
+    )
     digest = spec_hash(
         {
             "base": variant.base_digest,
@@ -574,8 +791,11 @@ def _cell_experiments(
             swept=variant.swept,
             accelerate=variant.overlay.accelerate,
             env=variant.overlay.env,
-            data_processing=config.data_processing,
+            data_processing=variant.data_processing,
             timeout_s=variant.scenario.timeout_s or config.timeout_s,
+            python_path=(str(config.scenarios_file.parent.resolve()),)
+            if is_python_model(variant.model)
+            else (),
         )
 
 
@@ -585,12 +805,13 @@ def _expand_scenario(
     gpu_counts: tuple[int, ...],
     axes: Mapping[str, Axis],
     repeats: int,
+    checks: _Applicability,
 ) -> Iterator[Experiment]:
     for name in scenario.frameworks:
         overlay = _overlay(config, name)
         for model in scenario.models:
             for swept in _sweep_combos(scenario.sweep):
-                variant = _variant(config, scenario, overlay, model, swept, axes)
+                variant = _variant(config, scenario, overlay, model, swept, axes, checks)
                 for n, eb, seq, pack in itertools.product(
                     gpu_counts, variant.effective_batch_size, variant.max_seq_len, variant.packing
                 ):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config.scenarios import AccelerateConfig
+from orchestrator.contract.argnames import BACKEND_KEY, DEFAULT_TASK, TASK_KEY, default_backend
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,9 @@ class Experiment:
     effective_batch_size: int
     per_device_train_batch_size: int
     gradient_accumulation_steps: int
-    max_seq_len: int
-    packing: bool
+    #: None where the task takes none (an image task)
+    max_seq_len: int | None
+    packing: bool | None
     repeat: int
     #: every trainer argument, merged: defaults < scenario < sweep < framework
     arguments: Mapping[str, Any]
@@ -40,11 +42,24 @@ class Experiment:
     data_processing: Mapping[str, Any] | None
     #: time limit in seconds (not part of the id: it does not change what is measured)
     timeout_s: float | None = None
+    #: folders the child puts first on ``sys.path`` for a ``python:`` model (the
+    #: scenarios file's folder; not part of the id: moving the folder changes nothing)
+    python_path: tuple[str, ...] = ()
 
     @property
     def peft_method(self) -> str | None:
         value = self.arguments.get("peft_method")
         return None if value is None else str(value)
+
+    @property
+    def task(self) -> str:
+        """What the cell trains (``causal-lm``, ...): the planner always names it."""
+        return str(self.arguments.get(TASK_KEY, DEFAULT_TASK))
+
+    @property
+    def trainer(self) -> str:
+        """The trainer backend (``sft``, ``hf``): the planner always names it."""
+        return str(self.arguments.get(BACKEND_KEY, default_backend(self.task)))
 
     @property
     def torch_dtype(self) -> str | None:
@@ -72,4 +87,5 @@ class Experiment:
             "accelerate_config": str(self.accelerate.path) if self.accelerate else None,
             "env": dict(self.env),
             "data_processing": dict(self.data_processing) if self.data_processing else None,
+            "python_path": list(self.python_path),
         }

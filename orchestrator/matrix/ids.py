@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.config.values import canonical_json
+from orchestrator.contract.modelnames import is_python_model
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 MODEL_SHORT_MAX = 48
@@ -27,9 +28,12 @@ def model_short_name(model_name_or_path: str) -> str:
     """A short, path-safe label for a model: the last part of its name or path.
 
     ``mistralai/Mistral-7B-v0.1`` -> ``Mistral-7B-v0.1``; ``config:llama-3.1-8b``
-    -> ``llama-3.1-8b``; ``../../etc`` -> ``etc``. Never empty, never a path.
+    -> ``llama-3.1-8b``; ``python:my_models.factory:build_tiny`` -> ``build_tiny``
+    (the factory's name); ``../../etc`` -> ``etc``. Never empty, never a path.
     """
     name = model_name_or_path.removeprefix("config:")
+    if is_python_model(name):
+        name = name.rpartition(":")[2]
     parts = [p for p in re.split(r"[/\\]+", name) if p not in ("", ".", "..")]
     short = _UNSAFE.sub("-", parts[-1] if parts else "")
     short = short.strip(".-_")[:MODEL_SHORT_MAX].strip(".-_")

@@ -290,6 +290,8 @@ def benchmarks_table(cells: pd.DataFrame) -> pd.DataFrame:
 
 SCALING_FAMILY = (
     "scenario",
+    "task",
+    "trainer",
     "framework_config",
     "model_name_or_path",
     "effective_batch_size",

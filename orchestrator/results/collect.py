@@ -9,7 +9,10 @@ Sources, in order of trust:
   (fms-acceleration), whose column names are mapped onto ours.
 
 The table has one row per experiment and repeat, with the key columns always
-present, so that report and compare need not care where rows came from.
+present, so that report and compare need not care where rows came from. Rows
+from before runs named their task and trainer are read as what they ran
+(``LEGACY_TASK``, ``LEGACY_TRAINER``; the predecessor's ``PREDECESSOR_TRAINER``),
+so a new run's ``sft`` and ``hf`` cells each meet their own kind in an old table.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.contract import metrics
+from orchestrator.contract.argnames import DEFAULT_TASK
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import RunPaths
 from orchestrator.contract.metrics import KEY_COLUMNS
@@ -39,6 +43,13 @@ def aliases() -> dict[str, str]:
     """Other column names -> ours (same meaning and units)."""
     return {**metrics.alias_map(), **ARGUMENT_ALIASES}
 
+
+#: what the rows of tables made before runs named their task and trainer ran: a
+#: causal LM, with the plain Trainer (ours, whose only trainer then was ``hf``) or with
+#: TRL's SFTTrainer (the predecessor's fms-hf-tuning ``sft_trainer.py``)
+LEGACY_TASK = DEFAULT_TASK
+LEGACY_TRAINER = "hf"
+PREDECESSOR_TRAINER = "sft"
 
 NUMERIC = (
     "num_gpus",
@@ -210,7 +221,13 @@ def normalise(
     for column in KEY_COLUMNS:
         if column not in df.columns:
             df[column] = None
-    if predecessor or df["status"].isna().all():
+    predecessor = predecessor or bool(df["status"].isna().all())
+    for column, legacy in (
+        ("task", LEGACY_TASK),
+        ("trainer", PREDECESSOR_TRAINER if predecessor else LEGACY_TRAINER),
+    ):
+        df[column] = df[column].astype(object).where(df[column].notna(), legacy)
+    if predecessor:
         statuses = [_predecessor_status(r) for r in df.to_dict("records")]
         df["status"] = [s for s, _ in statuses]
         if "error" not in df.columns:

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.contract import metrics as registry
+from orchestrator.contract.argnames import DEFAULT_TASK
 from orchestrator.contract.layout import ResultsLayout, write_atomic
 from orchestrator.contract.outcome import LOST, MEASURED
 from orchestrator.results.columns import argument_columns, is_output
@@ -473,6 +474,8 @@ def cell_label(row: Any, keys: list[str]) -> str:
     for k in keys:
         value = str(row[k])
         if value in ("none", "", "nan", "<NA>") and k in ("peft_method", "scenario"):
+            continue
+        if k == "task" and value == DEFAULT_TASK:  # the usual one goes without saying
             continue
         declared = registry.find(k)
         short = registry.short_label(k, value, unit="GPU", per="dev")

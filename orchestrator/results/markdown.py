@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.contract import metrics
+from orchestrator.contract.argnames import CLASSIFICATION_TASKS
 from orchestrator.results.aggregate import (
     PEAK_MEMORY_SOURCES,
     CostSettings,
@@ -142,8 +143,32 @@ def figure_text(cell: Mapping[Any, Any], name: str) -> str:
     return _fmt(cell.get(name), _UNIT_FORMATS.get(column.unit, ""))
 
 
-#: key columns a scenario's table shows when they vary within it
-_VARYING_KEYS = ("peft_method", "max_seq_len", "torch_dtype", "packing")
+#: key columns a scenario's table shows when they vary within it (the trainer first:
+#: sft and hf cells of one scenario side by side)
+_VARYING_KEYS = ("task", "trainer", "peft_method", "max_seq_len", "torch_dtype", "packing")
+#: the figure shown next to tokens/s for the tasks whose unit is a sample, not a token
+SAMPLES_FIGURE = "samples_per_second_global"
+#: its header where every cell of a table is an image task
+IMAGES_HEADER = "images/s"
+
+
+def _figures_of(group: pd.DataFrame, figures: list[str]) -> list[tuple[str, str]]:
+    """A scenario table's figures and their headers: ``figures``, with samples/s next to
+    tokens/s where the table has classification cells (images/s when all are images)."""
+    out = [(name, metrics.get(name).header) for name in figures]
+    tasks = group["task"].astype(str) if "task" in group.columns else pd.Series(dtype=str)
+    if not tasks.isin(CLASSIFICATION_TASKS).any() or not has_figures(group, SAMPLES_FIGURE):
+        return out
+    header = (
+        IMAGES_HEADER
+        if (tasks == "image-classification").all()
+        else metrics.get(SAMPLES_FIGURE).header
+    )
+    after = max(
+        (i for i, (name, _) in enumerate(out) if name.startswith("tokens_per_second")),
+        default=-1,
+    )
+    return [*out[: after + 1], (SAMPLES_FIGURE, header), *out[after + 1 :]]
 
 
 def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> str:
@@ -189,6 +214,11 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
             + "."
         )
     lines[-1] += " With repeats, figures are medians (± the coefficient of variation)."
+    if "task" in cells.columns and (cells["task"].astype(str) == "image-classification").any():
+        lines[-1] += (
+            " For image classification a token is an image patch (tokens/s are patches/s)"
+            f" and a sample an image ({IMAGES_HEADER})."
+        )
     if hf:
         lines += ["", HF_ESTIMATE_NOTE]
     if missing:
@@ -200,16 +230,17 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
         group = group.sort_values(order, kind="stable", key=lambda c: c.map(_sort_key))
         varying = [
             a
-            for a in (*_VARYING_KEYS, *args)
+            for a in dict.fromkeys((*_VARYING_KEYS, *args))
             if a in group.columns and group[a].astype(str).nunique() > 1
         ]
+        shown = _figures_of(group, figures)
         headers = [
             "model",
             "framework",
             "GPUs",
             "batch/dev × accum",
             *varying,
-            *[metrics.get(name).header for name in figures],
+            *[header for _, header in shown],
             "status",
         ]
         body = []
@@ -222,7 +253,7 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
                     _fmt(c.get("num_gpus"), "int"),
                     f"{_fmt(c.get('per_device_train_batch_size'), 'int')} × {_fmt(c.get('gradient_accumulation_steps'), 'int')}",
                     *[_fmt(c.get(a)) for a in varying],
-                    *[figure_text(c, name) for name in figures],
+                    *[figure_text(c, name) for name, _ in shown],
                     status_text(c, report.capacity),
                 ]
             )

@@ -170,6 +170,8 @@ def _label_columns(cells: pd.DataFrame) -> list[str]:
     """
     base = ["model_name_or_path", "framework_config", "num_gpus"]
     candidates = [
+        "task",
+        "trainer",
         "effective_batch_size",
         "per_device_train_batch_size",
         "peft_method",
@@ -614,6 +616,8 @@ def scaling_figure(table: pd.DataFrame) -> Figure | None:
         k
         for k in (
             "scenario",
+            "task",
+            "trainer",
             "model_name_or_path",
             "framework_config",
             "effective_batch_size",
@@ -625,6 +629,8 @@ def scaling_figure(table: pd.DataFrame) -> Figure | None:
     families = list(table.groupby(keys, sort=False, dropna=False))
     shown = families[:MAX_LINES]
     counts: set[int] = set()
+    # the task and trainer name a line where they tell lines apart (sft and hf side by side)
+    told = [k for k in ("task", "trainer") if k in keys and table[k].map(str).nunique() > 1]
     for i, (key, group) in enumerate(shown):
         group = group.sort_values("num_gpus")
         parts: dict[str, Any] = dict(
@@ -639,6 +645,7 @@ def scaling_figure(table: pd.DataFrame) -> Figure | None:
                 f"eb {int(parts['effective_batch_size'])}"
                 if pd.notna(parts.get("effective_batch_size"))
                 else None,
+                *(f"{k}={parts[k]}" for k in told),
             )
             if v
         )

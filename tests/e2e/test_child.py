@@ -122,6 +122,7 @@ def test_every_record_once_gives_the_exact_token_count(tmp_path, processes, peft
     steps = n // (world * pd * ga)
     arguments = {
         "model_name_or_path": "tiny-llama",
+        "trainer": "hf",  # the sft backend's count: tests/e2e/test_sft.py
         "dataset": str(write_records(tmp_path / "d.jsonl", n)),
         "max_seq_len": 256,
         "packing": False,
@@ -186,6 +187,7 @@ def test_every_record_once_gives_the_exact_token_count(tmp_path, processes, peft
 def test_packed_run_counts_full_blocks_and_reuses_the_prepared_data(tmp_path) -> None:
     arguments = {
         "model_name_or_path": "tiny-llama",
+        "trainer": "hf",  # our packing: fixed blocks of max_seq_len
         "max_seq_len": 64,
         "packing": True,
         "per_device_train_batch_size": 3,

@@ -105,6 +105,7 @@ scenarios:
     arguments:
       model_name_or_path: tiny-llama
       max_seq_len: 64
+      trainer: hf  # fixed packed blocks: the exact token count below
     sweep:
       learning_rate: [1e-4, 2e-4]
 """

@@ -86,7 +86,9 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
 
 
 def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
-    (tmp_path / "defaults.yaml").write_text(DEFAULTS)
+    # the plain Trainer: its packing fills every row, so the tokens are known exactly
+    # (trainer sft packs as TRL does, whole sequences into rows of at most the length)
+    (tmp_path / "defaults.yaml").write_text(DEFAULTS + "trainer: hf\n")
     (tmp_path / "scenarios.yaml").write_text(
         scenarios(scenario("full"), scenario("lora", extra="      peft_method: lora\n      r: 4\n"))
     )
@@ -114,6 +116,7 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
         assert float(r["tokens_per_second_per_device"]) == pytest.approx(
             float(r["tokens_per_second_global"]) / int(r["num_gpus"])
         )
+        assert r["trainer"] == "hf" and r["task"] == "causal-lm"
         assert int(r["tokens_total"]) == 4 * 4 * 64  # packed: steps × effective batch × length
         assert r["world_size"] == r["num_gpus"]
         assert r["error"] == "" and r["memory_backend"] == "psutil"

@@ -41,6 +41,7 @@ scenarios:
     arguments:
       model_name_or_path: tiny-llama
       max_seq_len: 64
+      trainer: hf  # fixed packed blocks: the exact token count below
       max_steps: {max_steps}
     sweep:
       learning_rate: {rates}

@@ -18,10 +18,11 @@ from trainer_entry.backends.base import TrainOutput, TrainSettings
 from trainer_entry.errors import SpecError
 
 
-def test_the_default_backend_is_hf_and_a_name_must_be_registered() -> None:
-    assert backends.backend_name({}) == backends.DEFAULT_BACKEND == "hf"
-    assert backends.backend_name({BACKEND_KEY: None}) == "hf"
-    with pytest.raises(SpecError, match=r"^trainer must be one of hf, got 'trl'$"):
+def test_the_default_backend_is_sft_and_a_name_must_be_registered() -> None:
+    assert backends.backend_name({}) == backends.DEFAULT_BACKEND == "sft"
+    assert backends.backend_name({BACKEND_KEY: None}) == "sft"
+    assert backends.backend_name({BACKEND_KEY: "hf"}) == "hf"
+    with pytest.raises(SpecError, match=r"^trainer must be one of sft, hf, got 'trl'$"):
         backends.backend_name({BACKEND_KEY: "trl"})
     with pytest.raises(SpecError, match=r"got 3$"):
         backends.backend_name({BACKEND_KEY: 3})
@@ -56,6 +57,7 @@ def test_hf_settings_are_what_the_trainer_arguments_say(tmp_path: Path) -> None:
         output_dir=str(tmp_path),
         arguments={
             "model_name_or_path": "m",
+            BACKEND_KEY: "hf",
             "per_device_train_batch_size": 3,
             "gradient_accumulation_steps": 4,
             "activation_checkpointing": True,
@@ -67,7 +69,9 @@ def test_hf_settings_are_what_the_trainer_arguments_say(tmp_path: Path) -> None:
     assert settings.activation_checkpointing is True
     assert settings.mixed_precision == "no" and settings.tf32 is None and not settings.fsdp
     assert settings.native.output_dir == str(tmp_path) and settings.native.use_cpu is True
-    bad = spec.model_copy(update={"arguments": {"model_name_or_path": "m", "optim": "nope"}})
+    bad = spec.model_copy(
+        update={"arguments": {"model_name_or_path": "m", BACKEND_KEY: "hf", "optim": "nope"}}
+    )
     with pytest.raises(SpecError, match=r"^invalid trainer arguments: .*nope"):
         backend.configure(bad, parse_arguments(bad), on_gpu=False)
 
@@ -125,13 +129,14 @@ class LoopBackend:
         *,
         model: Any,
         tokenizer: Any,
+        task: Any,
         data: Any,
         parsed: ParsedArguments,
         hooks: Any,
     ) -> _Loop:
         from trainer_entry.data.collate import Collator, SequenceDataset
 
-        rows, pd = SequenceDataset(data), settings.per_device_train_batch_size
+        rows, pd = SequenceDataset(data.examples), settings.per_device_train_batch_size
         collate = Collator(tokenizer.pad_token_id)
         batches = [
             collate([rows[i * pd + j] for j in range(pd)])
@@ -146,6 +151,7 @@ def test_a_backend_is_one_module_and_one_registry_line(
     from trainer_entry import train
 
     monkeypatch.setitem(backends.BACKENDS, "loop", f"{__name__}:LoopBackend")
+    monkeypatch.setitem(backends.TASK_BACKENDS, "causal-lm", ("sft", "hf", "loop"))
     spec = RunSpec(
         device="cpu",
         arguments={

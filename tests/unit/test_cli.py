@@ -29,16 +29,18 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 def test_plan_prints_header_and_table(capsys) -> None:
     code, out, err = run_cli(capsys, "plan", *SHIPPED, "--device", "cpu")
     assert code == 0, err
-    assert "tunematrix plan: 4 experiments from" in out
+    assert "tunematrix plan: 6 experiments from" in out
     assert "device:    cpu (requested)" in out
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#  experiment_id"))
-    table = lines[header + 2 : header + 6]
+    table = lines[header + 2 : header + 8]
     assert [line.split()[2] for line in table] == [
         "tiny-full-finetuning",
         "tiny-full-finetuning",
         "tiny-lora",
         "tiny-lora",
+        "tiny-sft-vs-hf",
+        "tiny-sft-vs-hf",
     ]
     assert (
         "procs" in lines[header] and "per_dev_bs" in lines[header] and "grad_acc" in lines[header]
@@ -89,7 +91,7 @@ def test_plan_output_dash_writes_only_csv(capsys) -> None:
     code, out, _ = run_cli(capsys, "plan", *SHIPPED, "--device", "cpu", "--output", "-")
     assert code == 0
     rows = list(csv.DictReader(io.StringIO(out)))
-    assert len(rows) == 4
+    assert len(rows) == 6
     assert rows[0]["device"] == "cpu"
 
 
@@ -117,7 +119,7 @@ def test_commands_are_exact_accelerate_launches(capsys) -> None:
     )
     assert code == 0
     commands = _commands(out)
-    assert len(commands) == 8
+    assert len(commands) == 10  # tiny-sft-vs-hf runs on 1 process only
     for eid, argv in commands.items():
         assert argv[0] == "env"
         launch = next(i for i, word in enumerate(argv) if word.endswith("accelerate"))

@@ -148,21 +148,30 @@ def test_predecessor_reference(tmp_path) -> None:
         "none,org/model,2,,4,1000.0,100\n"
     )
     new = _results(tmp_path / "new", repeats=1)
-    for row in (new / "runs").iterdir():  # our runs used fsdp; make them "none" to match
-        spec = (row / "spec.json").read_text().replace('"fsdp"', '"none"')
-        (row / "spec.json").write_text(spec)
+    old = _results(tmp_path / "old", repeats=1)  # ours from before trainers were chosen: hf
+    for row in [*(new / "runs").iterdir(), *(old / "runs").iterdir()]:
+        # our runs used fsdp; make them "none" to match
+        spec = json.loads((row / "spec.json").read_text().replace('"fsdp"', '"none"'))
+        if row.parents[1] == new:  # a run of today names its task and trainer
+            spec["arguments"].update(task="causal-lm", trainer="sft")
+        (row / "spec.json").write_text(json.dumps(spec))
+    # the predecessor's fms-hf-tuning trains with TRL's SFTTrainer: its rows are sft's
     result = compare(_load(new), _load(ref), metrics=["train_tokens_per_second"])
     assert result.keys == [
+        "trainer",
+        "task",
         "framework_config",
         "model_name_or_path",
         "num_gpus",
         "per_device_train_batch_size",
         "peft_method",
     ]
-    # keys both sides lack (torch_dtype, trainer, task) are not worth a note
+    # keys both sides lack (torch_dtype) are not worth a note
     assert "matched without scenario, max_seq_len, packing, device (missing on one side)" in (
         result.notes
     )
+    hf = compare(_load(old), _load(ref), metrics=["train_tokens_per_second"])
+    assert hf.table.empty and len(hf.only_new) == len(hf.only_ref) == 2
     assert len(result.table) == 2
     # ours (first repeat, noise 0.98): 1.1 × 980 / 1 GPU = 1078 vs 1100; 1.1 × 1960 / 2 = 1078 vs 1000
     assert sorted(round(c, 4) for c in result.table["change"]) == [
@@ -179,7 +188,7 @@ def test_cli_exit_codes_and_files(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "tunematrix compare: 2 matched cells, 2 regression(s)" in out
     assert (
-        "regression: s · fsdp · org/model · 1 GPU · bs 8/dev · seq 1024 · packed · gpu · eb 8: "
+        "regression: s · hf · fsdp · org/model · 1 GPU · bs 8/dev · seq 1024 · packed · gpu · eb 8: "
         "tokens_per_second_global -20.0% p = 0.00397" in out
     )
     rows = list(csv.DictReader((new / "compare.csv").open()))
@@ -273,20 +282,49 @@ def test_packing_dtype_and_device_are_separate_cells(tmp_path, field, values, la
     assert result.regressions.empty
 
 
-def test_trainer_and_task_are_keys_when_both_sides_have_them(tmp_path) -> None:
-    for side, trainer in (("new", "trl"), ("ref", "hf"), ("bare", None)):
+def test_trainer_and_task_are_keys(tmp_path) -> None:
+    for side, trainer in (("sft", "sft"), ("hf", "hf")):
         for r in range(2):
-            extra = {"trainer": trainer, "task": "sft"} if trainer else {}
+            extra = {"trainer": trainer, "task": "causal-lm"}
             write_run(tmp_path / side, f"x.r{r}", repeat=r, extra_arguments=extra)
-    new, ref, bare = (_load(tmp_path / side) for side in ("new", "ref", "bare"))
-    different = compare(new, ref)
+    sft, hf = _load(tmp_path / "sft"), _load(tmp_path / "hf")
+    different = compare(sft, hf)
     assert {"trainer", "task"} <= set(different.keys)
     assert different.table.empty and len(different.only_new) == len(different.only_ref) == 1
-    same = compare(new, new)
+    same = compare(sft, sft)
     assert len(same.table) > 0 and "trainer" in same.keys
-    one_sided = compare(new, bare)  # a reference from before there was a choice of trainer
-    assert "trainer" not in one_sided.keys and len(one_sided.table) > 0
-    assert any("matched without" in n and "trainer, task" in n for n in one_sided.notes)
+
+
+def test_an_old_reference_is_read_as_causal_lm_on_hf(tmp_path) -> None:
+    """Rows from before runs named their task and trainer ran a causal LM with the plain
+    Trainer: a new run's hf cell is compared with them, its sft cell is not."""
+    new, old = tmp_path / "new", tmp_path / "old"
+    for r in range(2):
+        for trainer in ("sft", "hf"):
+            write_run(
+                new,
+                f"{trainer}.r{r}",
+                cell_id=trainer,
+                repeat=r,
+                tps=1000.0 if trainer == "hf" else 800.0,
+                extra_arguments={"trainer": trainer, "task": "causal-lm"},
+            )
+        write_run(old, f"x.r{r}", cell_id="x", repeat=r, tps=1000.0)  # an old-style row
+    assert (
+        "trainer" not in json.loads((old / "runs" / "x.r0" / "spec.json").read_text())["arguments"]
+    )
+    loaded = _load(old)
+    assert set(loaded["task"]) == {"causal-lm"} and set(loaded["trainer"]) == {"hf"}
+    # the same holds for the old run's tables (raw_summary.csv without the two columns)
+    table = loaded.drop(columns=["task", "trainer"])
+    table.to_csv(tmp_path / "old.csv", index=False)
+    assert set(_load(tmp_path / "old.csv")["trainer"]) == {"hf"}
+    result = compare(_load(new), loaded, metrics=["tokens_per_second_global"])
+    assert {"trainer", "task"} <= set(result.keys)
+    assert list(result.table["trainer"]) == ["hf"]
+    assert list(result.table["new"]) == [1000.0] and list(result.table["ref"]) == [1000.0]
+    assert list(result.only_new["trainer"]) == ["sft"] and result.only_ref.empty
+    assert not any("matched without" in n and "trainer" in n for n in result.notes)
 
 
 def test_outputs_and_bookkeeping_are_never_keys(tmp_path) -> None:
@@ -351,7 +389,8 @@ def test_two_published_predecessor_tables(tmp_path) -> None:
     new_path = FIXTURES / "fms_a100_80gb_2024-06-07.csv"
     ref_path = FIXTURES / "fms_a100_80gb_2024-05-27.csv"
     result = compare(_load(new_path), _load(ref_path), metrics=["train_tokens_per_second"])
-    assert set(result.keys) == set(FMS_CONFIG)
+    # both read as what fms-hf-tuning ran: a causal LM with TRL's SFTTrainer
+    assert set(result.keys) == {*FMS_CONFIG, "trainer", "task"}
     new_cells, ref_cells = _fms_cells(new_path), _fms_cells(ref_path)
     both = new_cells.keys() & ref_cells.keys()
     assert len(new_cells) - len(result.only_new) == len(both)

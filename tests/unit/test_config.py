@@ -435,7 +435,7 @@ def test_unknown_trainer_argument_is_caught_while_planning(load) -> None:
     )
     assert message.endswith(
         "scenarios.yaml:3: scenarios[0].arguments.learnig_rate: unknown argument 'learnig_rate': "
-        "not a TrainingArguments field nor a tunematrix setting; did you mean 'learning_rate'?"
+        "not a TrainingArguments or SFTConfig field nor a tunematrix setting; did you mean 'learning_rate'?"
     )
 
 

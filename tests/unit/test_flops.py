@@ -150,13 +150,27 @@ def test_unknown_device_says_how_to_set_a_peak() -> None:
     assert peak_note(None, "fp32", None) is None  # the CPU: no MFU, nothing to explain
 
 
-def _figures(model, ranks, *, tps, device, peak=None, mixed_precision="bf16", packing=False):
+def _figures(
+    model,
+    ranks,
+    *,
+    tps,
+    device,
+    peak=None,
+    mixed_precision="bf16",
+    packing=False,
+    backend="hf",
+    completion_only_loss=False,
+):
     from trainer_entry.arguments import DataConfig, MeasureConfig
     from trainer_entry.record import flops_figures
 
     parsed = SimpleNamespace(
-        data=DataConfig(max_seq_len=SEQ, packing=packing),
+        data=DataConfig(
+            max_seq_len=SEQ, packing=packing, completion_only_loss=completion_only_loss
+        ),
         measure=MeasureConfig(peak_tflops_per_device=peak),
+        backend=backend,
     )
     settings = SimpleNamespace(
         mixed_precision=mixed_precision, tf32=None, activation_checkpointing=False
@@ -200,6 +214,19 @@ def test_result_figures_use_the_rows_fed_in_the_measured_steps(tiny_path) -> Non
         model, [rec.stats for rec in recorder], tps=1000.0, device=None, peak=1e-9
     )
     assert figures["mfu"] is None and notes[0].startswith("error: MFU computed as")
+    # sft with a prompt mask: TRL's fused head skips the prompt, the figure counts it: a note
+    head = model.get_output_embeddings().weight.numel()
+    figures, _, notes = _figures(
+        model,
+        [rec.stats for rec in recorder],
+        tps=1000.0,
+        device=None,
+        backend="sft",
+        completion_only_loss=True,
+    )
+    assert figures["flops_per_token"] == pytest.approx(expected)
+    (note,) = notes
+    assert "overstated" in note and f"{6 * head / expected:.1%}" in note
     # unrecorded lengths: packed rows are max_seq_len long; unpacked ones are unknown
     empty = [RankStats(0, step_times_s=[1.0] * 3, step_tokens=[0] * 3, step_padded_tokens=[0] * 3)]
     figures, _, _ = _figures(model, empty, tps=None, device=None, packing=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,8 +111,23 @@ def _config(name: str, window: int = WINDOW):
     return AutoConfig.for_model(**configs[name])
 
 
-# every shipped architecture (a new one is checked as soon as its file is there)
-SHIPPED = [f"config:{name}" for name in shipped_architectures()]
+#: Shipped architectures checked by a task's tests, by model_type: an encoder
+#: or a ViT is no causal LM. Every other shipped architecture is checked here.
+CHECKED_BY_TASK = {
+    "bert": "seq-classification",
+    "roberta": "seq-classification",
+    "vit": "image-classification",
+}
+
+
+def _model_type(name: str) -> str:
+    return json.loads((ARCHITECTURES / f"{name}.json").read_text())["model_type"]
+
+
+# every shipped causal architecture (a new one is checked as soon as its file is there)
+SHIPPED = [
+    f"config:{name}" for name in shipped_architectures() if _model_type(name) not in CHECKED_BY_TASK
+]
 ARCHS = [
     *SHIPPED,
     "gpt_bigcode",
@@ -398,5 +414,20 @@ def test_recompute_is_found_in_fully_sharded_blocks(name, gloo_group) -> None:
 
 
 def test_the_shipped_architectures_are_all_checked() -> None:
+    """Causal ones here; the others by their task's tests, whose file must exist.
+
+    bert and roberta: ``tests/unit/test_task_seq_classification.py``; vit:
+    ``tests/unit/test_task_image_classification.py``. Each of those picks the
+    shipped architectures of its model types itself.
+    """
     assert {"config:llama-3.1-8b", "config:llama-3.2-1b", "config:mistral-7b"} <= set(SHIPPED)
     assert "config:qwen2.5-7b" in SHIPPED
+    here = Path(__file__).parent
+    for name in shipped_architectures():
+        task = CHECKED_BY_TASK.get(_model_type(name))
+        if task is None:
+            assert f"config:{name}" in SHIPPED
+        else:
+            assert f"config:{name}" not in SHIPPED
+            test_file = here / f"test_task_{task.replace('-', '_')}.py"
+            assert test_file.is_file(), f"{name} ({task}) needs its checks in {test_file.name}"

@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator.config.scenarios import load_config
 from orchestrator.contract.layout import ResultsLayout
+from orchestrator.matrix import expand
 from orchestrator.matrix.expand import Selection, build_plan
 from orchestrator.matrix.ids import model_short_name
 
@@ -34,6 +35,7 @@ scenarios:
     arguments:
       model_name_or_path: org/model
       learning_rate: 2e-4
+      peft_method: lora
       target_modules: [q_proj, v_proj]
 """
 
@@ -171,8 +173,10 @@ def test_hostile_model_names_stay_inside_the_results_folder(plan, tmp_path, mode
 
 # Golden ids, computed by the code before `_expand_scenario` was split into steps:
 # a refactoring of the expansion must keep every id byte for byte, or every
-# earlier results folder would stop resuming and comparing.
-GOLDEN = """
+# earlier results folder would stop resuming and comparing. Since every cell names
+# its task and trainer (issue 13) the ids are new, and only those two keys changed
+# them: without them the expansion gives the ids from before (GOLDEN_IDS_BEFORE_TASKS).
+GOLDEN_BEFORE_TASKS = """
 frameworks:
   f:
     accelerate_config: accelerate.yaml
@@ -198,8 +202,13 @@ scenarios:
       per_device_train_batch_size: 2
       packing: false
 """
+# LoRA settings need a peft_method now
+GOLDEN = GOLDEN_BEFORE_TASKS.replace(
+    "learning_rate: 2e-4\n      target_modules",
+    "learning_rate: 2e-4\n      peft_method: lora\n      target_modules",
+)
 
-GOLDEN_IDS = [
+GOLDEN_IDS_BEFORE_TASKS = [
     "s.model.none.g1.eb4-64a53dab",
     "s.model.none.g1.eb4.r1-64a53dab",
     "s.model.none.g2.eb4-5a6c716a",
@@ -237,6 +246,51 @@ GOLDEN_IDS = [
     "fixed-batch.model.none.g2.eb4-dd54a0d5",
     "fixed-batch.model.none.g2.eb4.r1-dd54a0d5",
 ]
+GOLDEN_IDS = [
+    "s.model.none.g1.eb4-d7b375d1",
+    "s.model.none.g1.eb4.r1-d7b375d1",
+    "s.model.none.g2.eb4-0cfe1c95",
+    "s.model.none.g2.eb4.r1-0cfe1c95",
+    "s.model.none.g1.eb4-82b1f978",
+    "s.model.none.g1.eb4.r1-82b1f978",
+    "s.model.none.g2.eb4-61cc4a3f",
+    "s.model.none.g2.eb4.r1-61cc4a3f",
+    "s.Model-7B.none.g1.eb4-2e6f9871",
+    "s.Model-7B.none.g1.eb4.r1-2e6f9871",
+    "s.Model-7B.none.g2.eb4-9dd2c8ba",
+    "s.Model-7B.none.g2.eb4.r1-9dd2c8ba",
+    "s.Model-7B.none.g1.eb4-9e273fe0",
+    "s.Model-7B.none.g1.eb4.r1-9e273fe0",
+    "s.Model-7B.none.g2.eb4-dc766a35",
+    "s.Model-7B.none.g2.eb4.r1-dc766a35",
+    "s.model.f.g1.eb4-48bbd90d",
+    "s.model.f.g1.eb4.r1-48bbd90d",
+    "s.model.f.g2.eb4-50dd5463",
+    "s.model.f.g2.eb4.r1-50dd5463",
+    "s.model.f.g1.eb4-0da4ea3e",
+    "s.model.f.g1.eb4.r1-0da4ea3e",
+    "s.model.f.g2.eb4-5d079658",
+    "s.model.f.g2.eb4.r1-5d079658",
+    "s.Model-7B.f.g1.eb4-d78aa814",
+    "s.Model-7B.f.g1.eb4.r1-d78aa814",
+    "s.Model-7B.f.g2.eb4-57d7961b",
+    "s.Model-7B.f.g2.eb4.r1-57d7961b",
+    "s.Model-7B.f.g1.eb4-8c070cbb",
+    "s.Model-7B.f.g1.eb4.r1-8c070cbb",
+    "s.Model-7B.f.g2.eb4-ba0dc86e",
+    "s.Model-7B.f.g2.eb4.r1-ba0dc86e",
+    "fixed-batch.model.none.g1.eb4-420225e5",
+    "fixed-batch.model.none.g1.eb4.r1-420225e5",
+    "fixed-batch.model.none.g2.eb4-23938acd",
+    "fixed-batch.model.none.g2.eb4.r1-23938acd",
+]
+
+
+@pytest.fixture
+def before_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The expansion as it was before cells named their task and trainer (and before the
+    planner refused settings that do not apply to them)."""
+    monkeypatch.setattr(expand, "_check_applicable", lambda *args: "causal-lm")
 
 
 def test_ids_of_a_realistic_matrix_are_pinned(plan) -> None:
@@ -244,18 +298,43 @@ def test_ids_of_a_realistic_matrix_are_pinned(plan) -> None:
     assert [e.experiment_id for e in built.experiments] == GOLDEN_IDS
     fixed = [e for e in built.experiments if e.scenario == "fixed-batch"]
     assert [e.gradient_accumulation_steps for e in fixed] == [2, 2, 1, 1]
+    assert {(e.task, e.trainer) for e in built.experiments} == {("causal-lm", "sft")}
 
 
-PREDECESSOR_FIRST_IDS = [
+def test_only_the_task_and_trainer_changed_the_ids(plan, before_tasks) -> None:
+    built = plan(
+        GOLDEN_BEFORE_TASKS, "seed: 42\n", num_gpus=(1, 2), effective_batch_size=(4,), repeats=2
+    )
+    assert [e.experiment_id for e in built.experiments] == GOLDEN_IDS_BEFORE_TASKS
+
+
+def test_an_earlier_hf_run_is_not_taken_for_a_new_cell(plan, before_tasks, monkeypatch) -> None:
+    """Resuming (NO_OVERWRITE) keeps a run by its id: a folder of runs made before the
+    trainer was chosen (all ``hf``) has no id of a cell that names its trainer, ``sft``
+    or ``hf``, so nothing in it is skipped as already done."""
+    text = BASE + "    sweep: {trainer: [sft, hf]}\n"
+    before = set(_ids(plan, BASE))
+    monkeypatch.undo()
+    now = _ids(plan, text)
+    assert len(now) == len(set(now)) == 2
+    assert before.isdisjoint(now)
+
+
+PREDECESSOR_FIRST_IDS_BEFORE_TASKS = [
     "full-finetuning.gpt_bigcode-santacoder.none.g1.eb4-c165de54",
     "full-finetuning.gpt_bigcode-santacoder.none.g1.eb8-ad0eae56",
 ]
-PREDECESSOR_IDS_SHA256 = "e8025797f4f3ad607cce6953a52599f501354d632f536b17a476353b99af90ad"
+PREDECESSOR_IDS_SHA256_BEFORE_TASKS = (
+    "e8025797f4f3ad607cce6953a52599f501354d632f536b17a476353b99af90ad"
+)
+PREDECESSOR_FIRST_IDS = [
+    "full-finetuning.gpt_bigcode-santacoder.none.g1.eb4-271ab41b",
+    "full-finetuning.gpt_bigcode-santacoder.none.g1.eb8-0a2ce612",
+]
+PREDECESSOR_IDS_SHA256 = "f4783322f181e55cbd6be195ec953e0234a3028f8c38926b8a4cfbd5c84e7647"
 
 
-def test_ids_of_the_predecessors_matrix_are_pinned(config_dir: Path) -> None:
-    """fms-acceleration's scenarios with its CONTENTS.yaml: the ids hash the plugin
-    files' content (not their place), the framework overlays and the data stanza."""
+def _predecessor_ids(config_dir: Path) -> list[str]:
     fixtures = REPO / "tests" / "fixtures"
     config = load_config(
         fixtures / "fms_scenarios_2026-01.yaml",
@@ -268,7 +347,21 @@ def test_ids_of_the_predecessors_matrix_are_pinned(config_dir: Path) -> None:
         Selection(device="gpu", num_gpus=(1, 2), effective_batch_size=(4, 8), filters=("*",)),
         gpu_count=0,
     )
-    ids = [e.experiment_id for e in built.experiments]
+    return [e.experiment_id for e in built.experiments]
+
+
+def test_ids_of_the_predecessors_matrix_are_pinned(config_dir: Path) -> None:
+    """fms-acceleration's scenarios with its CONTENTS.yaml: the ids hash the plugin
+    files' content (not their place), the framework overlays and the data stanza."""
+    ids = _predecessor_ids(config_dir)
     assert len(ids) == 124
     assert ids[:2] == PREDECESSOR_FIRST_IDS
     assert hashlib.sha256("\n".join(ids).encode()).hexdigest() == PREDECESSOR_IDS_SHA256
+
+
+def test_the_predecessors_ids_changed_only_by_task_and_trainer(config_dir, before_tasks) -> None:
+    ids = _predecessor_ids(config_dir)
+    assert ids[:2] == PREDECESSOR_FIRST_IDS_BEFORE_TASKS
+    assert hashlib.sha256("\n".join(ids).encode()).hexdigest() == (
+        PREDECESSOR_IDS_SHA256_BEFORE_TASKS
+    )

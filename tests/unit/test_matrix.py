@@ -117,7 +117,7 @@ def test_no_value_leaks_between_scenarios(plan) -> None:
         """
         scenarios:
           - name: first
-            arguments: {model_name_or_path: m, learning_rate: 1.0, r: 4, max_steps: null}
+            arguments: {model_name_or_path: m, learning_rate: 1.0, peft_method: lora, r: 4, max_steps: null}
           - name: second
             arguments: {model_name_or_path: m}
         """,

@@ -213,7 +213,9 @@ def test_default_memory_logging_does_not_run_hf_tracker(tmp_path: Path) -> None:
 
     stages = MEMORY_LOGGING[RunOptions().memory_logging][1]
     spec = RunSpec(memory_stages=stages, output_dir=str(tmp_path))
-    parsed = parse_arguments(spec.model_copy(update={"arguments": {"model_name_or_path": "m"}}))
+    parsed = parse_arguments(
+        spec.model_copy(update={"arguments": {"model_name_or_path": "m", "trainer": "hf"}})
+    )
     assert training_arguments(spec, parsed, on_gpu=True).skip_memory_metrics is True
     by_name = spec.model_copy(update={"memory_stages": "hf-tracker"})
     assert training_arguments(by_name, parsed, on_gpu=True).skip_memory_metrics is False

@@ -44,8 +44,9 @@ def test_help_prints_usage(tmp_path) -> None:
 def test_dry_run_previews_the_default_matrix_and_writes_nothing(tmp_path) -> None:
     result = sh(tmp_path, DRY_RUN="true", DEVICE="cpu")
     assert result.returncode == 0, result.stderr
-    assert "tunematrix plan: 4 experiments" in result.stdout
-    assert result.stdout.count("accelerate launch") == 4
+    # 2 scenarios × 2 batch sizes, and tiny-sft-vs-hf's two trainers at one batch size
+    assert "tunematrix plan: 6 experiments" in result.stdout
+    assert result.stdout.count("accelerate launch") == 6
     assert "results/runs/" in result.stdout
     assert list(tmp_path.iterdir()) == []
 
@@ -131,8 +132,8 @@ def test_the_predecessors_five_argument_form(tmp_path) -> None:
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "tunematrix plan: 8 experiments" in out
-    assert "scenarios: tiny-full-finetuning, tiny-lora\n" in out
+    assert "tunematrix plan: 10 experiments" in out
+    assert "scenarios: tiny-full-finetuning, tiny-lora, tiny-sft-vs-hf\n" in out
     assert "effective_batch_size:    2, 6  [command line]" in out
     assert (
         "note: run_benchmarks.sh read 5 arguments: NUM_GPUS_MATRIX EFFECTIVE_BS_MATRIX "
@@ -147,7 +148,7 @@ def test_the_four_argument_form_says_so_and_none_means_every_scenario(tmp_path) 
         tmp_path, "1", "results", str(REPO / "scenarios.yaml"), "NONE", DRY_RUN="true", DEVICE="cpu"
     )
     assert result.returncode == 0, result.stderr
-    assert "scenarios: tiny-full-finetuning, tiny-lora\n" in result.stdout
+    assert "scenarios: tiny-full-finetuning, tiny-lora, tiny-sft-vs-hf\n" in result.stdout
     assert (
         "note: run_benchmarks.sh read 4 arguments: NUM_GPUS_MATRIX RESULT_DIR SCENARIOS_CONFIG "
         "SCENARIOS_FILTER\n" in result.stdout

@@ -1,10 +1,17 @@
-"""raw_summary.csv rows: the plan, the parent's outcome and the child's figures joined."""
+"""raw_summary.csv rows: the plan, the parent's outcome and the child's figures joined;
+summary.md's tables of trainers and tasks."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
+from pathlib import Path
 
+from fakeruns import write_run
+
+from orchestrator.results.markdown import summary_markdown
+from orchestrator.results.report import CostSettings, build_report
 from orchestrator.results.rows import build_row, to_csv
 from orchestrator.running.progress import Progress
 
@@ -127,3 +134,80 @@ def test_progress_without_a_terminal_is_plain_lines() -> None:
         "[2/2] skipped     b  0.0s  already ok",
     ]
     assert "\r" not in stream.getvalue()
+
+
+# ---------------------------------------------------------------------------
+# summary.md: trainers side by side, samples/s for the classification tasks
+# ---------------------------------------------------------------------------
+
+
+def _table(markdown: str, scenario: str) -> list[dict[str, str]]:
+    """The rows of ``scenario``'s table in summary.md, by header."""
+    lines = markdown.splitlines()
+    start = lines.index(f"## {scenario}") + 2
+    table = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        table.append([cell.strip() for cell in line.strip("|").split("|")])
+    headers, body = table[0], table[2:]
+    return [dict(zip(headers, row, strict=True)) for row in body]
+
+
+def _add_figures(run: Path, **figures: float) -> None:
+    result = json.loads((run / "result.json").read_text())
+    result["metrics"].update(figures)
+    (run / "result.json").write_text(json.dumps(result))
+
+
+def test_sft_and_hf_cells_are_side_by_side(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    throughput = {("sft", 1): 1000.0, ("sft", 2): 1800.0, ("hf", 1): 1500.0, ("hf", 2): 2400.0}
+    for (trainer, gpus), tps in throughput.items():
+        write_run(
+            root,
+            f"{trainer}.g{gpus}",
+            scenario="t",
+            num_gpus=gpus,
+            tps=tps,
+            extra_arguments={"task": "causal-lm", "trainer": trainer},
+        )
+    report = build_report(root, CostSettings())
+    table = _table(summary_markdown(report, root, CostSettings()), "t")
+    assert [(r["trainer"], r["GPUs"], r["tokens/s"]) for r in table] == [
+        ("hf", "1", "1,500"),
+        ("sft", "1", "1,000"),
+        ("hf", "2", "2,400"),
+        ("sft", "2", "1,800"),
+    ]
+    assert "samples/s" not in table[0]  # a causal LM's unit is the token
+    # each trainer scales against itself, never against the other
+    speedup = {r["trainer"]: r["speedup"] for r in report.scaling.to_dict("records")}
+    assert speedup == {"sft": 1.8, "hf": 1.6}
+
+
+def test_classification_tables_show_samples_per_second(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    for scenario, task, samples in (
+        ("bert", "seq-classification", 40.0),
+        ("vit", "image-classification", 25.0),
+        ("llama", "causal-lm", 3.0),
+    ):
+        run = write_run(
+            root,
+            scenario,
+            scenario=scenario,
+            num_gpus=2,
+            extra_arguments={"task": task, "trainer": "hf"},
+        )
+        _add_figures(
+            run, samples_per_second_global=samples, samples_per_second_per_device=samples / 2
+        )
+    report = build_report(root, CostSettings())
+    markdown = summary_markdown(report, root, CostSettings())
+    (bert,), (vit,), (llama,) = (_table(markdown, s) for s in ("bert", "vit", "llama"))
+    assert list(bert)[4:7] == ["tokens/s", "tokens/s/GPU", "samples/s"]
+    assert bert["samples/s"] == "40"
+    assert list(vit)[4:7] == ["tokens/s", "tokens/s/GPU", "images/s"] and vit["images/s"] == "25"
+    assert "samples/s" not in llama and "images/s" not in llama
+    assert "For image classification a token is an image patch" in markdown

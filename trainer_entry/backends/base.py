@@ -8,8 +8,9 @@ backend:
   check refuses any other name);
 - turns them into its own configuration, and reports the settings measurement
   reads (``configure`` -> ``TrainSettings``);
-- builds its trainer from the model, the tokenizer and the prepared data
-  (``build``), calling the measurement hooks (``trainer_entry.hooks.StepHooks``)
+- builds its trainer from the model, the tokenizer (or processor) and the
+  task's prepared data (``build``; the task, ``trainer_entry.tasks``, gives the
+  dataset and the collator), calling the measurement hooks (``trainer_entry.hooks.StepHooks``)
   at the start of training, for every micro-batch with its token counts
   (``trainer_entry.data.collate.pop_counts``), at every optimizer step's end
   and at the end;
@@ -24,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from orchestrator.contract.spec import RunSpec
     from trainer_entry.arguments import ParsedArguments
-    from trainer_entry.data.tokenize import PreparedData
     from trainer_entry.hooks import StepHooks
+    from trainer_entry.tasks.base import Task, TaskData
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ class TrainerBackend(Protocol):
         *,
         model: Any,
         tokenizer: Any,
-        data: PreparedData,
+        task: Task,
+        data: TaskData,
         parsed: ParsedArguments,
         hooks: StepHooks | None,
     ) -> BuiltTrainer:

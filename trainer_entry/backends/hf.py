@@ -12,10 +12,10 @@ from orchestrator.contract.argnames import training_fields
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.arguments import ParsedArguments
 from trainer_entry.backends.base import TrainOutput, TrainSettings
-from trainer_entry.data.collate import Collator, SequenceDataset, pop_counts
-from trainer_entry.data.tokenize import PreparedData
+from trainer_entry.data.collate import pop_counts
 from trainer_entry.errors import SpecError
 from trainer_entry.hooks import StepHooks
+from trainer_entry.tasks.base import Task, TaskData
 
 # Loading bars would fill stderr.log with carriage-return noise.
 hf_logging.disable_progress_bar()
@@ -115,17 +115,22 @@ class HFTrainerBackend:
         *,
         model: Any,
         tokenizer: Any,
-        data: PreparedData,
+        task: Task,
+        data: TaskData,
         parsed: ParsedArguments,
         hooks: StepHooks | None,
     ) -> _Run:
         trainer = BenchTrainer(
             model=model,
             args=settings.native,
-            train_dataset=SequenceDataset(data),
-            data_collator=Collator(tokenizer.pad_token_id, parsed.pad_to_multiple_of),
+            train_dataset=task.dataset(data),
+            data_collator=task.collator(tokenizer, parsed),
             processing_class=tokenizer,
             callbacks=[MeasureCallback(hooks)] if hooks is not None else [],
             hooks=hooks,
         )
+        if not task.loss_counts_items:
+            # the model's loss is a mean over the micro-batch whatever it is told
+            # (num_items_in_batch): the Trainer must scale it for accumulation itself
+            trainer.model_accepts_loss_kwargs = False
         return _Run(trainer)

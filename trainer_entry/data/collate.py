@@ -8,6 +8,8 @@ before the forward pass.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,3 +90,43 @@ class Collator:
             PADDED_TOKENS: n * width,
             REAL_LENGTHS: lengths,
         }
+
+
+def count_collated(batch: Mapping[str, Any], features: Sequence[Mapping[str, Any]]) -> BatchCounts:
+    """What a batch made by a collator that counts nothing fed (TRL's language-modeling one).
+
+    ``features`` are the examples the collator was given, ``batch`` what it
+    made of them. A collator pads and never cuts, so the real tokens are
+    every token of every example; the padded tokens are the batch's
+    rectangle. The lengths are the sequences attention runs over: with an
+    attention mask, each row's real tokens (its ones; a packed row without
+    document boundaries is one sequence); without one (padding-free: the
+    examples flattened into a single row, told apart by ``position_ids``
+    restarting at 0, which transformers attends document by document), each
+    document. ``ValueError`` when the batch does not hold the examples as
+    described.
+    """
+    ids = batch["input_ids"]
+    real = sum(len(f["input_ids"]) for f in features)
+    padded = int(ids.numel())
+    mask = batch.get("attention_mask")
+    if mask is not None:
+        rows = [int(n) for n in mask.sum(dim=-1).tolist()]
+        if rows != [len(f["input_ids"]) for f in features]:
+            raise ValueError(
+                f"the batch's attention mask holds rows of {rows} tokens, its examples "
+                f"{[len(f['input_ids']) for f in features]}"
+            )
+        return BatchCounts(real=real, padded=padded, lengths=rows)
+    positions = batch.get("position_ids")
+    if positions is None or positions.shape[0] != 1 or positions.shape[-1] < real:
+        raise ValueError(
+            "a batch without an attention mask must be one padding-free row with position_ids "
+            f"covering its {real} tokens"
+        )
+    flat = positions[0, :real]
+    starts = (flat == 0).nonzero().flatten().tolist()
+    if real and (not starts or starts[0] != 0):
+        raise ValueError("a padding-free row must start a document at position 0")
+    lengths = [b - a for a, b in itertools.pairwise([*starts, real])]
+    return BatchCounts(real=real, padded=padded, lengths=lengths)

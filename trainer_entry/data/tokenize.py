@@ -4,7 +4,8 @@ Packing concatenates the tokenized examples (each ending with EOS) and cuts
 the stream into blocks of exactly ``max_seq_len`` tokens: no padding, every
 position a real token. Without packing, examples are truncated to
 ``max_seq_len`` (and padded per batch by the collator); an example left with
-no token to learn from is dropped.
+no token to learn from is dropped. ``DataConfig.truncate`` False leaves them
+whole, for a trainer that truncates and packs itself (TRL's, the ``sft`` backend).
 """
 
 from __future__ import annotations
@@ -131,6 +132,12 @@ def sequences(
         ids_out = list(ids_arr.reshape(n_blocks, cfg.max_seq_len))
         labels_out = list(labels_arr.reshape(n_blocks, cfg.max_seq_len))
         meta["tokens_dropped"] = len(flat_ids) - n_blocks * cfg.max_seq_len
+    elif not cfg.truncate:  # left whole: the trainer truncates, drops and packs (sft)
+        for ids, labels in tokenized:
+            ids_out.append(np.asarray(ids, dtype=np.int64))
+            labels_out.append(np.asarray(labels, dtype=np.int64))
+        if not ids_out:
+            raise SpecError("the dataset has no example")
     else:
         truncated = dropped = 0
         for ids, labels in tokenized:

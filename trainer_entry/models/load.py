@@ -8,6 +8,8 @@
   folder holding one): the architecture only, randomly initialised, with no
   weights downloaded. Throughput and memory do not depend on weight values, so
   this benchmarks an 8B model without a 16 GB download;
+- ``python:<module>:<function>``: a function of the user's builds the model
+  (``trainer_entry.models.custom`` has the contract);
 - a Hugging Face hub id or a local folder with weights.
 
 ``trust_remote_code`` stays off unless the scenario sets it.
@@ -20,9 +22,10 @@ training's, not a loading spike (see ``config_placement``).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +35,9 @@ import torch
 from trainer_entry import ASSETS
 from trainer_entry.arguments import ModelConfig, PeftConfig
 from trainer_entry.errors import SpecError
-from trainer_entry.models.kinds import CONFIG_PREFIX, model_kind
-from trainer_entry.models.tiny import TINY_NAME, ensure_tiny
+from trainer_entry.models.kinds import CONFIG_PREFIX, TINY_MODELS, model_kind
+from trainer_entry.models.tiny import TINY_NAME
+from trainer_entry.tasks.base import Task
 
 ARCHITECTURES = ASSETS / "architectures"
 DTYPES = {
@@ -154,6 +158,19 @@ def _model_error(name: str, exc: Exception) -> SpecError:
     )
 
 
+def tiny_model_path(name: str) -> Path:
+    """The folder of embedded tiny model ``name``, built on first use."""
+    module, _, function = TINY_MODELS[name].partition(":")
+    path: Path = getattr(importlib.import_module(module), function)()
+    return path
+
+
+def _default_task() -> Task:
+    from trainer_entry.tasks.causal_lm import CausalLMTask
+
+    return CausalLMTask()
+
+
 def load_model(
     cfg: ModelConfig,
     peft: PeftConfig,
@@ -161,14 +178,24 @@ def load_model(
     on_gpu: bool,
     local_rank: int,
     placement: Placement | None = None,
+    task: Task | None = None,
+    task_kwargs: Mapping[str, Any] | None = None,
+    search_path: Sequence[str] = (),
 ) -> LoadedModel:
     """Model (with PEFT applied) and tokenizer, on the CPU or this rank's GPU.
 
-    ``placement`` says where a ``config:`` model is built (default: this rank's
-    GPU when ``on_gpu``, see ``config_placement``); other models load on the CPU
-    and the trainer (or FSDP) moves them.
+    ``task`` (default: causal LM) gives the model class, ``task_kwargs`` what
+    that class needs from the data (``num_labels``). An image task has no
+    tokenizer (None). ``placement`` says where a ``config:`` model is built
+    (default: this rank's GPU when ``on_gpu``, see ``config_placement``); other
+    models load on the CPU and the trainer (or FSDP) moves them.
+    ``search_path``: the folders a ``python:`` model's module is looked for in first.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
+
+    task = task or _default_task()
+    auto_model = task.model_class()
+    extra = dict(task_kwargs or {})
 
     name = cfg.name
     kind = model_kind(name)
@@ -186,44 +213,40 @@ def load_model(
 
     tokenizer_name = cfg.tokenizer
     place = placement or Placement("cuda" if on_gpu else "cpu")
+    given_tokenizer = None
     try:
-        if kind == "config":
+        if kind == "python":
+            model, given_tokenizer = _python_model(cfg, task, extra, search_path, dtype)
+        elif kind == "config":
             config = AutoConfig.for_model(**_architecture_config(name))
             device = torch.device("cuda", local_rank) if place.device == "cuda" else "cpu"
+            for key, value in extra.items():
+                setattr(config, key, value)
             with torch.device(device), _weights_drawn(place.init_weights):
-                model = AutoModelForCausalLM.from_config(
+                model = auto_model.from_config(
                     config,
                     dtype=dtype,
                     attn_implementation=attn,
                     trust_remote_code=cfg.trust_remote_code,
                 )
-            tokenizer_name = tokenizer_name or str(ensure_tiny())
         else:
-            path = str(ensure_tiny()) if kind == "tiny" else name
-            model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=dtype, revision=cfg.revision, **common
+            path = str(tiny_model_path(name)) if kind == "tiny" else name
+            model = auto_model.from_pretrained(
+                path, dtype=dtype, revision=cfg.revision, **common, **extra
             )
             tokenizer_name = tokenizer_name or path
     except SpecError:
         raise
     except (OSError, ValueError, KeyError) as exc:
         raise _model_error(name, exc) from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            tokenizer_name, trust_remote_code=cfg.trust_remote_code
-        )
-    except (OSError, ValueError) as exc:
-        raise SpecError(
-            f"tokenizer '{tokenizer_name}' could not be loaded: {type(exc).__name__}: {exc}"
-        ) from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    vocab = model.get_input_embeddings().num_embeddings
-    if len(tokenizer) > vocab:
-        raise SpecError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {vocab}; "
-            "set tokenizer_name_or_path to a matching tokenizer"
-        )
+    if given_tokenizer is not None:
+        tokenizer = _fit_tokenizer(given_tokenizer, model)
+    elif task.modality == "text":
+        # a model built here (config:, python:) takes the task's tiny model's tokenizer
+        tokenizer_name = tokenizer_name or str(tiny_model_path(task.tokenizer_model or TINY_NAME))
+        tokenizer = _load_tokenizer(tokenizer_name, cfg, model, AutoTokenizer)
+    else:
+        tokenizer = None
 
     info: dict[str, Any] = {
         "kind": kind,
@@ -235,11 +258,86 @@ def load_model(
         "built_on": place.device if kind == "config" else None,
         "weights_drawn": place.init_weights if kind == "config" else None,
     }
-    model = apply_peft(model, peft, quantized=quant is not None)
+    model = apply_peft(model, peft, quantized=quant is not None, task=task)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     info.update(trainable_params=trainable, total_params=total, peft_method=peft.method)
     return LoadedModel(model=model, tokenizer=tokenizer, info=info)
+
+
+def _python_model(
+    cfg: ModelConfig,
+    task: Task,
+    task_kwargs: Mapping[str, Any],
+    search_path: Sequence[str],
+    dtype: torch.dtype | str,
+) -> tuple[Any, Any]:
+    """A ``python:`` model built by its function, and the tokenizer it came with (or None)."""
+    from trainer_entry.models import custom
+
+    model, tokenizer = custom.build(
+        cfg.name, cfg.kwargs, task=task.name, task_kwargs=task_kwargs, folders=search_path
+    )
+    if tokenizer is not None and task.modality != "text":
+        raise SpecError(
+            f"model '{cfg.name}' returned a tokenizer, but {task.name} takes none "
+            "(its pixels follow the model's config); return the model alone"
+        )
+    if tokenizer is not None and cfg.tokenizer:
+        raise SpecError(
+            f"model '{cfg.name}' returned a tokenizer and the scenario sets "
+            "tokenizer_name_or_path; keep one"
+        )
+    labels = task_kwargs.get("num_labels")
+    if labels is not None and getattr(model.config, "num_labels", labels) != labels:
+        raise SpecError(
+            f"model '{cfg.name}' has {model.config.num_labels} labels but the data has {labels}; "
+            "give the function a num_labels parameter"
+        )
+    if getattr(model, "generation_config", None) is None:
+        # a model not built on GenerationMixin has none; TRL's SFTTrainer writes the pad
+        # and end tokens into it (training does not read it)
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_model_config(model.config)
+    # the function chose the dtype and attention; the scenario's own setting overrides them
+    if cfg.dtype not in (None, "auto") and isinstance(dtype, torch.dtype):
+        model = model.to(dtype)
+    if cfg.attn_implementation:
+        try:
+            model.set_attn_implementation(cfg.attn_implementation)
+        except (ValueError, ImportError) as exc:
+            raise SpecError(
+                f"attn_implementation {cfg.attn_implementation!r} does not fit model "
+                f"'{cfg.name}': {exc}"
+            ) from None
+    return model, tokenizer
+
+
+def _load_tokenizer(name: str, cfg: ModelConfig, model: Any, auto_tokenizer: Any) -> Any:
+    try:
+        tokenizer = auto_tokenizer.from_pretrained(name, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise SpecError(
+            f"tokenizer '{name}' could not be loaded: {type(exc).__name__}: {exc}"
+        ) from None
+    return _fit_tokenizer(tokenizer, model)
+
+
+def _fit_tokenizer(tokenizer: Any, model: Any) -> Any:
+    """A pad token where the tokenizer has none; its size checked against the model's."""
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    vocab = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > vocab:
+        raise SpecError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {vocab}; "
+            "set tokenizer_name_or_path to a matching tokenizer"
+        )
+    if getattr(model.config, "pad_token_id", None) is None:
+        # a classification head finds each row's last token by the pad id
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return tokenizer
 
 
 def _weights_drawn(draw: bool) -> contextlib.AbstractContextManager[Any]:
@@ -256,8 +354,10 @@ def _qlora_quantization(on_gpu: bool, dtype: torch.dtype | str, kind: str) -> An
         raise SpecError(
             "peft_method qlora needs a CUDA GPU (4-bit bitsandbytes); this run is on the CPU"
         )
-    if kind == "config":
-        raise SpecError("peft_method qlora quantizes pretrained weights; a config: model has none")
+    if kind in ("config", "python"):
+        raise SpecError(
+            f"peft_method qlora quantizes pretrained weights as they load; a {kind}: model has none"
+        )
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
@@ -283,9 +383,10 @@ def linear_module_names(model: Any) -> list[str]:
     return sorted(names)
 
 
-def apply_peft(model: Any, cfg: PeftConfig, *, quantized: bool) -> Any:
+def apply_peft(model: Any, cfg: PeftConfig, *, quantized: bool, task: Task | None = None) -> Any:
     if cfg.method is None:
         return model
+    task = task or _default_task()
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     available = linear_module_names(model)
@@ -306,8 +407,11 @@ def apply_peft(model: Any, cfg: PeftConfig, *, quantized: bool) -> Any:
         lora_dropout=cfg.lora_dropout,
         target_modules=target,
         bias=cfg.bias,
-        modules_to_save=cfg.modules_to_save,
-        task_type="CAUSAL_LM",
+        # a new head (a classifier) is trained in full unless the scenario says otherwise
+        modules_to_save=cfg.modules_to_save
+        if cfg.modules_to_save is not None
+        else (task.head_modules(model) or None),
+        task_type=task.peft_task_type(),
     )
     try:
         return get_peft_model(model, config)

@@ -1,0 +1,79 @@
+"""The ``sft`` backend (TRL's SFTTrainer) in the real child: every token it fed is counted."""
+
+from __future__ import annotations
+
+import pytest
+from test_child import prepared_lengths, run_child, write_records
+
+pytestmark = pytest.mark.e2e
+pytest.importorskip("trl")
+
+
+def check_sft_result(proc, result: dict) -> dict:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert result["status"] == "ok" and result["trainer"] == "sft"
+    assert result["versions"]["trl"]
+    m = result["metrics"]
+    assert m["samples_per_second_global"] > 0 and m["tokens_per_second_global"] > 0
+    assert m["loss_first"] is not None and m["loss_last"] is not None
+    return m
+
+
+def test_two_processes_unpacked_feed_every_cut_record_once(tmp_path) -> None:
+    """TRL cuts to max_length and masks prompts; each record is fed once across two ranks."""
+    n, pd, ga, world, cut = 24, 2, 2, 2, 48
+    steps = n // (world * pd * ga)
+    arguments = {
+        "model_name_or_path": "tiny-llama",
+        "dataset": str(write_records(tmp_path / "d.jsonl", n)),
+        "max_seq_len": cut,
+        "completion_only_loss": True,
+        "per_device_train_batch_size": pd,
+        "gradient_accumulation_steps": ga,
+        "max_steps": steps,
+        "logging_steps": 1,
+        "warmup_steps_excluded": 1,
+        "peft_method": "lora",
+        "r": 4,
+        "target_modules": ["q_proj", "v_proj"],
+    }
+    proc, result = run_child(tmp_path, arguments, processes=world, port=29850)
+    m = check_sft_result(proc, result)
+    whole = prepared_lengths(result)  # the cache holds the sequences whole: TRL cuts them
+    assert len(whole) == n and max(whole) > cut
+    assert m["tokens_total"] == sum(min(length, cut) for length in whole)
+    assert m["padded_tokens_total"] > m["tokens_total"]
+    assert m["steps"] == steps and len(result["ranks"]) == world
+    assert sum(sum(r["step_rows"]) for r in result["ranks"]) == n
+    data = result["data"]
+    assert data["examples_truncated"] == sum(length > cut for length in whole)
+    assert (data["sequences"], data["examples_dropped"]) == (n, 0)
+    assert len(result["loss_history"]) == steps
+
+
+def test_packed_with_trls_default_strategy_feeds_every_document_once(tmp_path) -> None:
+    """One epoch over TRL's bfd-packed rows: each record once, cut to max_length."""
+    n, cut = 24, 100
+    arguments = {
+        "model_name_or_path": "tiny-llama",
+        "dataset": str(write_records(tmp_path / "d.jsonl", n)),
+        "max_seq_len": cut,
+        "packing": True,
+        "per_device_train_batch_size": 2,
+        "num_train_epochs": 1,
+        "logging_steps": 1,
+        "warmup_steps_excluded": 1,
+    }
+    proc, result = run_child(tmp_path, arguments)
+    m = check_sft_result(proc, result)
+    whole = prepared_lengths(result)
+    assert len(whole) == n and max(whole) > cut
+    # bfd keeps each record whole up to max_length, and drops the rest of it
+    assert m["tokens_total"] == sum(min(length, cut) for length in whole)
+    assert result["data"]["tokens_dropped"] == sum(whole) - m["tokens_total"] > 0
+    assert result["packing"] is True and result["data"]["packing"] is True
+    # padding-free batches: every document is one sequence of its own, rows hold several
+    rows = result["data"]["sequences"]
+    assert sum(result["ranks"][0]["step_rows"]) == n > rows
+    assert m["padding_fraction"] == 0.0
+    assert m["steps"] == -(-rows // 2) and len(result["loss_history"]) == m["steps"]

@@ -1,0 +1,301 @@
+"""The ``sft`` backend: TRL's ``SFTTrainer``, with ``SFTConfig``; the default for causal LMs.
+
+tunematrix formats and tokenizes the records (``trainer_entry.data``: the
+formattings, the prompt masks) and leaves the rest to TRL, as a user of
+``SFTTrainer`` would: the sequences reach it whole (``data_config``) as a
+tokenized dataset, and TRL truncates them to ``max_length`` (our
+``max_seq_len``), drops those left with nothing to learn, packs them
+(``packing``, with TRL's ``packing_strategy``), masks the prompts
+(``completion_only_loss``), and flattens batches (``padding_free``). TRL's
+collator makes the batches; ``trainer_entry.data.collate.count_collated``
+counts what each one fed.
+
+A scenario's arguments mean the same under ``sft`` as under ``hf``: where
+``SFTConfig``'s default differs from ``TrainingArguments``' (learning rate,
+logging steps, activation checkpointing, bf16), the latter's is kept unless
+the scenario sets the argument, so sweeping ``trainer`` changes the trainer
+and nothing else.
+
+TRL's per-step entropy and token accuracy are left on: they are what a user
+of ``SFTTrainer`` pays for (TRL offers no setting to turn them off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+from trl import SFTConfig, SFTTrainer
+
+from orchestrator.contract.argnames import sft_fields, training_fields
+from orchestrator.contract.spec import RunSpec
+from trainer_entry.arguments import DataConfig, ParsedArguments
+from trainer_entry.backends.base import TrainOutput, TrainSettings
+from trainer_entry.backends.hf import MeasureCallback
+from trainer_entry.backends.hf import installed_fields as training_arguments_fields
+from trainer_entry.data.collate import (
+    PADDED_TOKENS,
+    REAL_LENGTHS,
+    REAL_TOKENS,
+    count_collated,
+    pop_counts,
+)
+from trainer_entry.data.formats import IGNORE_INDEX
+from trainer_entry.data.tokenize import PreparedData
+from trainer_entry.errors import SpecError
+from trainer_entry.hooks import StepHooks
+from trainer_entry.tasks.base import Task, TaskData
+
+# TRL prepares its dataset with datasets' map: no loading bars in stderr.log
+datasets.disable_progress_bars()
+
+#: SFTConfig fields that cannot do what they say here -> why, and what to do instead
+REFUSED = {
+    "model_init_kwargs": "tunematrix loads the model before the trainer sees it; use torch_dtype "
+    "or attn_implementation",
+    "chat_template_path": "the records are tokenized before the trainer sees them; use "
+    "chat_template",
+    "eos_token": "the records are tokenized with the tokenizer's own EOS before the trainer sees "
+    "them",
+    "assistant_only_loss": "the records reach the trainer tokenized, not as conversations; use "
+    "formatting: chat with completion_only_loss: true",
+}
+
+
+def installed_fields() -> frozenset[str]:
+    """The fields of the installed ``SFTConfig`` (``TrainingArguments``' among them)."""
+    return frozenset(f.name for f in dataclasses.fields(SFTConfig) if f.init)
+
+
+def own_fields() -> frozenset[str]:
+    """The installed ``SFTConfig``'s fields that ``TrainingArguments`` lacks (what is saved)."""
+    return installed_fields() - training_arguments_fields()
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def hf_defaults() -> dict[str, Any]:
+    """``TrainingArguments``' defaults of the fields whose default ``SFTConfig`` changes."""
+    from transformers import TrainingArguments
+
+    hf = {f.name: f for f in dataclasses.fields(TrainingArguments) if f.init}
+    out = {}
+    for f in dataclasses.fields(SFTConfig):
+        if f.init and f.name in hf:
+            ours = _default(hf[f.name])
+            if ours is not dataclasses.MISSING and ours != _default(f):
+                out[f.name] = ours
+    return out
+
+
+def _padding_free_unpacked(parsed: ParsedArguments) -> bool:
+    return bool(parsed.training.get("padding_free")) and not parsed.data.packing
+
+
+def data_config(parsed: ParsedArguments) -> DataConfig:
+    """How the causal-LM task prepares the records for TRL: tokenized, not packed, not cut.
+
+    TRL packs and truncates. The exception: ``padding_free`` without packing,
+    where TRL wants sequences already cut to length (it cannot enforce
+    ``max_length`` there), so they are cut and dropped as for ``hf``.
+    """
+    return dataclasses.replace(parsed.data, packing=False, truncate=_padding_free_unpacked(parsed))
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def sft_config(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> SFTConfig:
+    """The ``SFTConfig`` of a run: the scenario's, our data options, what tunematrix controls."""
+    for key in sorted(REFUSED.keys() & parsed.training.keys()):
+        if parsed.training[key]:
+            raise SpecError(f"trainer sft: {key} is refused: {REFUSED[key]}")
+    cfg = parsed.data
+    truncated_here = _padding_free_unpacked(parsed)
+    mode = parsed.training.get("truncation_mode", "keep_start")
+    if truncated_here and mode != "keep_start":
+        raise SpecError(
+            f"trainer sft: truncation_mode {mode} needs TRL to truncate, which it does not do "
+            "under padding_free without packing; remove truncation_mode or set packing: true"
+        )
+    kwargs: dict[str, Any] = {
+        **hf_defaults(),
+        "report_to": "none",
+        "save_strategy": "no",
+        "disable_tqdm": True,
+        **parsed.training,
+        # our data options, as TRL's own
+        "max_length": None if truncated_here else cfg.max_seq_len,
+        "packing": cfg.packing,
+        "completion_only_loss": cfg.completion_only_loss,
+        "output_dir": spec.output_dir,
+        "use_cpu": not on_gpu,
+        # as for hf (trainer_entry.backends.hf.training_arguments)
+        "skip_memory_metrics": not (
+            spec.memory_stages == "hf-tracker" and on_gpu and parsed.measure.instrumentation
+        ),
+    }
+    if parsed.pad_to_multiple_of is not None:
+        kwargs["pad_to_multiple_of"] = parsed.pad_to_multiple_of
+    try:
+        return SFTConfig(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise SpecError(f"invalid trainer arguments: {_first_line(exc)}") from None
+
+
+def sft_dataset(prepared: PreparedData, completion_only_loss: bool) -> datasets.Dataset:
+    """The prepared sequences as a dataset TRL takes as tokenized.
+
+    The loss mask goes in as TRL's own where it can: a ``completion_mask`` under
+    ``completion_only_loss`` (TRL masks the prompt), none when every token is
+    learnt from. Labels given otherwise (a file taken as it is) go in as
+    ``labels``, which TRL uses as they are.
+    """
+    columns: dict[str, list[list[int]]] = {"input_ids": [x.tolist() for x in prepared.input_ids]}
+    learnt = [labels != IGNORE_INDEX for labels in prepared.labels]
+    same = all(
+        np.array_equal(ids[m], labels[m])
+        for ids, labels, m in zip(prepared.input_ids, prepared.labels, learnt, strict=True)
+    )
+    if same and all(m.all() for m in learnt):
+        pass  # TRL's labels are the input ids
+    elif same and completion_only_loss:
+        columns["completion_mask"] = [m.astype(np.int64).tolist() for m in learnt]
+    else:
+        columns["labels"] = [x.tolist() for x in prepared.labels]
+    return datasets.Dataset.from_dict(columns)
+
+
+def describe(
+    meta: dict[str, Any],
+    dataset: datasets.Dataset,
+    prepared: PreparedData,
+    cfg: DataConfig,
+    max_length: int | None,
+) -> None:
+    """Update ``meta`` (the result's ``data``) with what TRL's preparation made of ``prepared``.
+
+    Packed: the tokens TRL's packing left out (``bfd`` cuts sequences longer than
+    ``max_length``); not packed: the sequences it cut and those it dropped.
+    """
+    table = dataset.with_format("arrow")[:]
+    lengths = pc.list_value_length(table.column("input_ids"))
+    tokens = int(pc.sum(lengths).as_py() or 0)
+    labels = pc.list_flatten(table.column("labels"))
+    before = prepared.lengths()
+    meta.update(
+        sequences=len(dataset),
+        tokens=tokens,
+        label_tokens=int(pc.sum(pc.not_equal(labels, IGNORE_INDEX)).as_py() or 0),
+        packing=cfg.packing,
+        max_seq_len=cfg.max_seq_len,
+    )
+    if cfg.packing:
+        meta["tokens_dropped"] = sum(before) - tokens
+    else:
+        # when the sequences were cut here (padding-free, unpacked), meta already says so
+        if max_length is not None:
+            meta["examples_truncated"] = sum(n > max_length for n in before)
+            meta["examples_dropped"] = len(before) - len(dataset)
+
+
+@dataclass
+class CountingCollator:
+    """TRL's collator, with what each batch fed added (``trainer_entry.data.collate``)."""
+
+    inner: Any
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = dict(self.inner(features))
+        counts = count_collated(batch, features)
+        batch[REAL_TOKENS] = counts.real
+        batch[PADDED_TOKENS] = counts.padded
+        batch[REAL_LENGTHS] = counts.lengths
+        return batch
+
+
+class BenchSFTTrainer(SFTTrainer):
+    """An ``SFTTrainer`` that hands the hooks what every micro-batch fed."""
+
+    def __init__(self, *args: Any, hooks: StepHooks | None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._hooks = hooks
+        # after TRL chose its collator (it refuses one given under padding-free)
+        self.data_collator = CountingCollator(self.data_collator)
+
+    def training_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if REAL_TOKENS not in inputs:
+            raise RuntimeError("a batch reached training_step without its token counts")
+        counts = pop_counts(inputs)  # always: the model must not see them
+        if self._hooks is not None:
+            self._hooks.batch(self.model, counts)
+        return super().training_step(model, inputs, *args, **kwargs)
+
+
+class _Run:
+    def __init__(self, trainer: BenchSFTTrainer) -> None:
+        self.trainer = trainer
+
+    def train(self) -> TrainOutput:
+        output = self.trainer.train()
+        # TRL's own figures (entropy, mean_token_accuracy, num_tokens) are in the log as logged
+        return TrainOutput(dict(output.metrics), self.trainer.state.log_history)
+
+
+class SFTTrainerBackend:
+    """TRL's ``SFTTrainer`` configured by ``SFTConfig``."""
+
+    def argument_fields(self) -> frozenset[str]:
+        """``SFTConfig``'s fields (``TrainingArguments``' with them), installed and saved."""
+        return installed_fields() | training_fields() | sft_fields()
+
+    def configure(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> TrainSettings:
+        args = sft_config(spec, parsed, on_gpu)
+        return TrainSettings(
+            per_device_train_batch_size=args.per_device_train_batch_size,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            activation_checkpointing=bool(args.activation_checkpointing),
+            fsdp=args.fsdp,
+            mixed_precision=getattr(args, "mixed_precision", None),
+            tf32=args.tf32,
+            native=args,
+        )
+
+    def build(
+        self,
+        settings: TrainSettings,
+        *,
+        model: Any,
+        tokenizer: Any,
+        task: Task,
+        data: TaskData,
+        parsed: ParsedArguments,
+        hooks: StepHooks | None,
+    ) -> _Run:
+        config: SFTConfig = settings.native
+        prepared: PreparedData = data.examples
+        try:
+            trainer = BenchSFTTrainer(
+                model=model,
+                args=config,
+                train_dataset=sft_dataset(prepared, parsed.data.completion_only_loss),
+                processing_class=tokenizer,
+                callbacks=[MeasureCallback(hooks)] if hooks is not None else [],
+                hooks=hooks,
+            )
+        except ValueError as exc:  # TRL's checks of its arguments against the model and data
+            raise SpecError(f"trainer sft: {_first_line(exc)}") from None
+        describe(data.meta, trainer.train_dataset, prepared, parsed.data, config.max_length)
+        return _Run(trainer)

@@ -1,0 +1,158 @@
+"""The embedded encoder ``tiny-bert``: built offline, deterministically, once.
+
+The sequence-classification counterpart of ``tiny-llama`` (``trainer_entry.models.tiny``):
+a byte-level BPE tokenizer trained on the shipped texts (the review set and
+the instruction set) and a two-layer BERT encoder with its pooler,
+initialised from a fixed seed. Nothing is downloaded. The saved model is the
+encoder alone (``BertModel``); loaded as ``AutoModelForSequenceClassification``
+it gains a new classifier sized to the data's classes, as a pretrained
+encoder does.
+
+BERT's conventions: every encoded text is ``[CLS] text [SEP]`` (a pair:
+``[CLS] a [SEP] b [SEP]``), ``[PAD]`` is id 0, and there are ``[UNK]`` and
+``[MASK]`` tokens (byte-level BPE never needs ``[UNK]``; it is there for code
+that expects one).
+
+Built into the same cache as ``tiny-llama`` (``cache_root``), under a name
+carrying a hash of the recipe and of the texts, and published once however
+many processes ask (``trainer_entry.publish``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trainer_entry import ASSETS
+from trainer_entry.data.load import SHIPPED_DATASET
+from trainer_entry.models.tiny import cache_root
+from trainer_entry.publish import build_once
+
+TINY_BERT_NAME = "tiny-bert"
+#: the labelled review set the seq-classification task trains on by default
+REVIEWS = ASSETS / "reviews.jsonl"
+#: what the tokenizer is trained on (part of the cache key)
+TEXTS = (REVIEWS, SHIPPED_DATASET)
+
+# The recipe. Changing any of it changes the cache key.
+_RECIPE: dict[str, Any] = {
+    "version": 1,
+    "seed": 4321,
+    "vocab_size": 1024,
+    # pad first: id 0, as in BERT
+    "special_tokens": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+    "model": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 512,
+        "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12,
+    },
+}
+
+#: Written last into a finished build; a folder without it is not the model.
+COMPLETE = ".complete"
+#: What a build must have written before it is marked finished.
+BUILT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def _key() -> str:
+    h = hashlib.sha256(json.dumps(_RECIPE, sort_keys=True).encode())
+    for path in TEXTS:
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def tiny_bert_path() -> Path:
+    """Where the tiny encoder lives (built or not)."""
+    return cache_root() / f"{TINY_BERT_NAME}-{_key()}"
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
+    try:
+        return (folder / COMPLETE).read_text(encoding="utf-8").strip() == _key()
+    except OSError:
+        return False
+
+
+def ensure_tiny_bert() -> Path:
+    """The folder of the tiny encoder and its tokenizer, building it on first use."""
+    target = tiny_bert_path()
+    build_once(target, _build_and_mark, is_complete, what=TINY_BERT_NAME)
+    return target
+
+
+def _build_and_mark(folder: Path) -> None:
+    build(folder)
+    missing = [name for name in BUILT_FILES if not (folder / name).is_file()]
+    if missing:
+        raise RuntimeError(f"the {TINY_BERT_NAME} build wrote no {', '.join(missing)}")
+    (folder / COMPLETE).write_text(_key() + "\n", encoding="utf-8")
+
+
+def _training_texts() -> Iterator[str]:
+    with REVIEWS.open(encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)["text"]
+    with SHIPPED_DATASET.open(encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            yield " ".join(str(record.get(k) or "") for k in ("instruction", "input", "output"))
+
+
+def build(folder: Path) -> None:
+    """Train the tokenizer, initialise the encoder, save both to ``folder``."""
+    import torch
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+    pad, unk, cls, sep, mask = _RECIPE["special_tokens"]
+    tok = Tokenizer(models.BPE(unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=_RECIPE["vocab_size"],
+        min_frequency=2,
+        special_tokens=_RECIPE["special_tokens"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_training_texts(), trainer=trainer)
+    cls_id, sep_id = tok.token_to_id(cls), tok.token_to_id(sep)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}",
+        pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, cls_id), (sep, sep_id)],
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=pad,
+        unk_token=unk,
+        cls_token=cls,
+        sep_token=sep,
+        mask_token=mask,
+        model_max_length=_RECIPE["model"]["max_position_embeddings"],
+    )
+    tokenizer.save_pretrained(folder)
+
+    config = BertConfig(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **_RECIPE["model"]
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_RECIPE["seed"])
+        model = BertModel(config)
+    # Written directly rather than by save_pretrained, which writes the config and
+    # the weights on rank 0 only when a process group is up: whichever rank of a
+    # job builds the model, it must come out whole.
+    config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(folder)
+    weights = {name: t.contiguous() for name, t in model.state_dict().items()}
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,111 @@
+"""The embedded image model ``tiny-vit``: built offline, deterministically, once.
+
+A four-layer ViT (hidden size 64, the MLP four times as wide, as in ViT-Base)
+for 32×32 colour images in 4×4 patches (64 patches and the class token: 65
+positions), its classifier labelled with the classes of the generated
+``synthetic-shapes`` set, initialised from a fixed seed. Nothing is
+downloaded. It has no tokenizer and needs no image processor: the
+``image-classification`` task resizes and normalises images itself
+(``trainer_entry.data.images``).
+
+Built and published like ``tiny-llama`` (``trainer_entry.models.tiny``): into
+the same cache, in a folder named for a hash of the recipe, published whole
+(``trainer_entry.publish``) and taken only with its ``COMPLETE`` marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from trainer_entry.data.images import SYNTHETIC_CLASSES, SYNTHETIC_VERSION
+from trainer_entry.models.tiny import cache_root
+from trainer_entry.publish import build_once
+
+TINY_VIT_NAME = "tiny-vit"
+
+# The recipe. Changing any of it changes the cache key.
+_RECIPE: dict[str, Any] = {
+    "version": 1,
+    "seed": 4321,
+    "classes": list(SYNTHETIC_CLASSES),
+    "synthetic_version": SYNTHETIC_VERSION,
+    "model": {
+        "image_size": 32,
+        "patch_size": 4,
+        "num_channels": 3,
+        "hidden_size": 64,
+        "intermediate_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "hidden_act": "gelu",
+        "qkv_bias": True,
+        "layer_norm_eps": 1e-12,
+    },
+}
+
+#: Written last into a finished build; a folder without it is not the model.
+COMPLETE = ".complete"
+#: What a build must have written before it is marked finished.
+BUILT_FILES = ("config.json", "model.safetensors")
+
+
+def _key() -> str:
+    return hashlib.sha256(json.dumps(_RECIPE, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def tiny_vit_path() -> Path:
+    """Where the tiny ViT lives (built or not)."""
+    return cache_root() / f"{TINY_VIT_NAME}-{_key()}"
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
+    try:
+        return (folder / COMPLETE).read_text(encoding="utf-8").strip() == _key()
+    except OSError:
+        return False
+
+
+def ensure_tiny_vit() -> Path:
+    """The folder of the tiny ViT, building it on first use."""
+    target = tiny_vit_path()
+    build_once(target, _build_and_mark, is_complete, what=TINY_VIT_NAME)
+    return target
+
+
+def _build_and_mark(folder: Path) -> None:
+    build(folder)
+    missing = [name for name in BUILT_FILES if not (folder / name).is_file()]
+    if missing:
+        raise RuntimeError(f"the {TINY_VIT_NAME} build wrote no {', '.join(missing)}")
+    (folder / COMPLETE).write_text(_key() + "\n", encoding="utf-8")
+
+
+def build(folder: Path) -> None:
+    """Initialise the model from the recipe's seed and save it to ``folder``.
+
+    Writes what ``save_pretrained`` writes (the config and the weights) on
+    whichever rank builds it: with a process group up, ``save_pretrained``
+    would write them on rank 0 only.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import ViTConfig, ViTForImageClassification
+
+    classes = _RECIPE["classes"]
+    config = ViTConfig(
+        **_RECIPE["model"],
+        id2label=dict(enumerate(classes)),
+        label2id={name: i for i, name in enumerate(classes)},
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_RECIPE["seed"])
+        model = ViTForImageClassification(config)
+    model.config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
+    weights = {name: t.contiguous() for name, t in model.state_dict().items()}
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,100 @@
+"""The task protocol: what a run trains, and everything that follows from it.
+
+A task (``task`` in a scenario's arguments) owns:
+
+- the model class a model name is loaded as (``AutoModelForCausalLM``, ...),
+  the keyword arguments that class needs from the data (``num_labels``), and
+  the PEFT task type and trained head under LoRA;
+- the data: records to prepared training examples (cached where it pays),
+  the dataset a trainer iterates, and the collator that counts what every
+  micro-batch fed (``trainer_entry.data.collate``: real tokens, the padded
+  rectangle, each row's length);
+- what a sample is for samples/s (a sequence, an image), and which modules
+  run once per sample rather than once per token (FLOPs: a classifier head
+  after pooling).
+
+The rest of a run (the trainer backend, measurement, the result) is the same
+for every task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from trainer_entry.arguments import ParsedArguments
+
+
+@dataclass
+class TaskData:
+    """A task's prepared training examples and what the preparation did (``meta``).
+
+    ``examples`` is whatever the task's ``dataset`` turns into a torch dataset
+    (``trainer_entry.data.tokenize.PreparedData`` for text).
+    """
+
+    examples: Any
+    meta: dict[str, Any]
+
+
+class Task(Protocol):
+    #: the task's name, as a scenario writes it
+    name: str
+    #: what one sample is, for samples/s (``sequences``, ``images``)
+    sample_unit: str
+    #: ``text``: a tokenizer comes with the model; ``image``: pixels, no tokenizer
+    modality: str
+    #: the embedded tiny model whose tokenizer a model built here (``config:``,
+    #: ``python:``) takes unless the scenario names one; None: no tokenizer
+    tokenizer_model: str | None
+    #: False: the model's loss is a mean over the micro-batch whatever item count the
+    #: trainer passes it, so the trainer must scale the loss for accumulation itself
+    loss_counts_items: bool
+
+    def model_class(self) -> Any:
+        """The transformers auto class a model of this task is loaded as."""
+        ...
+
+    def model_kwargs(self, parsed: ParsedArguments) -> dict[str, Any]:
+        """Keyword arguments the model class needs from the data (``num_labels``, ...)."""
+        ...
+
+    def peft_task_type(self) -> str | None:
+        """PEFT's ``task_type`` under LoRA (None: a plain ``PeftModel``)."""
+        ...
+
+    def head_modules(self, model: Any) -> list[str]:
+        """Modules trained in full under LoRA (a new classifier head); [] for none."""
+        ...
+
+    def prepare(
+        self,
+        parsed: ParsedArguments,
+        processor: Any,
+        data_dir: Path,
+        *,
+        as_given: bool,
+        model_config: Any,
+    ) -> TaskData:
+        """The training examples; ``as_given``: the file as it is (``no_data_processing``).
+
+        ``processor`` is the tokenizer (None for images); ``model_config`` the
+        model's config (an image task reads the image size it expects).
+        """
+        ...
+
+    def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:
+        """The dataset a trainer iterates."""
+        ...
+
+    def collator(self, processor: Any, parsed: ParsedArguments) -> Any:
+        """Batches examples and adds the counts ``trainer_entry.data.collate.pop_counts`` takes."""
+        ...
+
+    def per_sample_modules(self, model: Any) -> set[int]:
+        """ids of the modules that run once per sample, not once per token (FLOPs)."""
+        ...

@@ -1,0 +1,66 @@
+"""``causal-lm``: next-token prediction on text, the default task.
+
+The data steps are ``trainer_entry.data`` (formatting, tokenizing, packing,
+the cache); a sample is a sequence (a packed row when packing); every module
+runs once per token (the LM head included).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer_entry.arguments import ParsedArguments
+from trainer_entry.data.collate import Collator, SequenceDataset
+from trainer_entry.data.prepare import load_unprocessed, prepare
+from trainer_entry.tasks.base import TaskData
+
+
+class CausalLMTask:
+    name = "causal-lm"
+    sample_unit = "sequences"
+    modality = "text"
+    tokenizer_model = "tiny-llama"
+    loss_counts_items = True
+
+    def model_class(self) -> Any:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
+
+    def model_kwargs(self, parsed: ParsedArguments) -> dict[str, Any]:
+        return {}
+
+    def peft_task_type(self) -> str | None:
+        return "CAUSAL_LM"
+
+    def head_modules(self, model: Any) -> list[str]:
+        return []
+
+    def prepare(
+        self,
+        parsed: ParsedArguments,
+        processor: Any,
+        data_dir: Path,
+        *,
+        as_given: bool,
+        model_config: Any = None,
+    ) -> TaskData:
+        cfg = parsed.data
+        if parsed.backend == "sft":  # TRL's SFTTrainer truncates and packs
+            from trainer_entry.backends.sft import data_config
+
+            cfg = data_config(parsed)
+        data = load_unprocessed(cfg, processor) if as_given else prepare(cfg, processor, data_dir)
+        return TaskData(examples=data, meta=data.meta)
+
+    def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:
+        return SequenceDataset(data.examples)
+
+    def collator(self, processor: Any, parsed: ParsedArguments) -> Any:
+        return Collator(processor.pad_token_id, parsed.pad_to_multiple_of)
+
+    def per_sample_modules(self, model: Any) -> set[int]:
+        return set()
