@@ -53,13 +53,13 @@ class BenchTrainer(Trainer):
         return super().training_step(model, inputs, num_items_in_batch)
 
 
-def training_arguments(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> TrainingArguments:
-    """The ``TrainingArguments`` of a run: the scenario's, with what tunematrix controls."""
-    kwargs: dict[str, Any] = {
-        "report_to": "none",
-        "save_strategy": "no",
-        "disable_tqdm": True,
-        **parsed.training,
+#: what a run's trainer arguments default to here (a scenario may set them)
+RUN_DEFAULTS: dict[str, Any] = {"report_to": "none", "save_strategy": "no", "disable_tqdm": True}
+
+
+def controlled_arguments(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> dict[str, Any]:
+    """The trainer arguments tunematrix sets whatever the scenario says."""
+    return {
         "output_dir": spec.output_dir,
         "use_cpu": not on_gpu,
         # HF's memory tracker polls RSS in a busy thread for all of train(), on every
@@ -68,6 +68,15 @@ def training_arguments(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> 
         "skip_memory_metrics": not (
             spec.memory_stages == "hf-tracker" and on_gpu and parsed.measure.instrumentation
         ),
+    }
+
+
+def training_arguments(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> TrainingArguments:
+    """The ``TrainingArguments`` of a run: the scenario's, with what tunematrix controls."""
+    kwargs: dict[str, Any] = {
+        **RUN_DEFAULTS,
+        **parsed.training,
+        **controlled_arguments(spec, parsed, on_gpu),
         "remove_unused_columns": False,
     }
     try:
@@ -76,8 +85,23 @@ def training_arguments(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> 
         raise SpecError(f"invalid trainer arguments: {exc}") from None
 
 
-class _Run:
-    def __init__(self, trainer: BenchTrainer) -> None:
+def settings_of(args: TrainingArguments) -> TrainSettings:
+    """What measurement reads of a run's ``TrainingArguments`` (or a subclass, ``SFTConfig``)."""
+    return TrainSettings(
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        activation_checkpointing=bool(args.activation_checkpointing),
+        fsdp=args.fsdp,
+        mixed_precision=getattr(args, "mixed_precision", None),
+        tf32=args.tf32,
+        native=args,
+    )
+
+
+class TrainerRun:
+    """A built ``Trainer`` (or subclass): trains, and returns its metrics and log."""
+
+    def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
 
     def train(self) -> TrainOutput:
@@ -98,16 +122,7 @@ class HFTrainerBackend:
         return installed_fields() | training_fields()
 
     def configure(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> TrainSettings:
-        args = training_arguments(spec, parsed, on_gpu)
-        return TrainSettings(
-            per_device_train_batch_size=args.per_device_train_batch_size,
-            gradient_accumulation_steps=args.gradient_accumulation_steps,
-            activation_checkpointing=bool(args.activation_checkpointing),
-            fsdp=args.fsdp,
-            mixed_precision=getattr(args, "mixed_precision", None),
-            tf32=args.tf32,
-            native=args,
-        )
+        return settings_of(training_arguments(spec, parsed, on_gpu))
 
     def build(
         self,
@@ -119,7 +134,7 @@ class HFTrainerBackend:
         data: TaskData,
         parsed: ParsedArguments,
         hooks: StepHooks | None,
-    ) -> _Run:
+    ) -> TrainerRun:
         trainer = BenchTrainer(
             model=model,
             args=settings.native,
@@ -133,4 +148,4 @@ class HFTrainerBackend:
             # the model's loss is a mean over the micro-batch whatever it is told
             # (num_items_in_batch): the Trainer must scale it for accumulation itself
             trainer.model_accepts_loss_kwargs = False
-        return _Run(trainer)
+        return TrainerRun(trainer)

@@ -34,8 +34,14 @@ from trl import SFTConfig, SFTTrainer
 from orchestrator.contract.argnames import sft_fields, training_fields
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.arguments import DataConfig, ParsedArguments
-from trainer_entry.backends.base import TrainOutput, TrainSettings
-from trainer_entry.backends.hf import MeasureCallback
+from trainer_entry.backends.base import TrainSettings
+from trainer_entry.backends.hf import (
+    RUN_DEFAULTS,
+    MeasureCallback,
+    TrainerRun,
+    controlled_arguments,
+    settings_of,
+)
 from trainer_entry.backends.hf import installed_fields as training_arguments_fields
 from trainer_entry.data.collate import (
     PADDED_TOKENS,
@@ -132,20 +138,13 @@ def sft_config(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> SFTConfi
         )
     kwargs: dict[str, Any] = {
         **hf_defaults(),
-        "report_to": "none",
-        "save_strategy": "no",
-        "disable_tqdm": True,
+        **RUN_DEFAULTS,
         **parsed.training,
         # our data options, as TRL's own
         "max_length": None if truncated_here else cfg.max_seq_len,
         "packing": cfg.packing,
         "completion_only_loss": cfg.completion_only_loss,
-        "output_dir": spec.output_dir,
-        "use_cpu": not on_gpu,
-        # as for hf (trainer_entry.backends.hf.training_arguments)
-        "skip_memory_metrics": not (
-            spec.memory_stages == "hf-tracker" and on_gpu and parsed.measure.instrumentation
-        ),
+        **controlled_arguments(spec, parsed, on_gpu),
     }
     if parsed.pad_to_multiple_of is not None:
         kwargs["pad_to_multiple_of"] = parsed.pad_to_multiple_of
@@ -244,16 +243,6 @@ class BenchSFTTrainer(SFTTrainer):
         return super().training_step(model, inputs, *args, **kwargs)
 
 
-class _Run:
-    def __init__(self, trainer: BenchSFTTrainer) -> None:
-        self.trainer = trainer
-
-    def train(self) -> TrainOutput:
-        output = self.trainer.train()
-        # TRL's own figures (entropy, mean_token_accuracy, num_tokens) are in the log as logged
-        return TrainOutput(dict(output.metrics), self.trainer.state.log_history)
-
-
 class SFTTrainerBackend:
     """TRL's ``SFTTrainer`` configured by ``SFTConfig``."""
 
@@ -262,16 +251,7 @@ class SFTTrainerBackend:
         return installed_fields() | training_fields() | sft_fields()
 
     def configure(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> TrainSettings:
-        args = sft_config(spec, parsed, on_gpu)
-        return TrainSettings(
-            per_device_train_batch_size=args.per_device_train_batch_size,
-            gradient_accumulation_steps=args.gradient_accumulation_steps,
-            activation_checkpointing=bool(args.activation_checkpointing),
-            fsdp=args.fsdp,
-            mixed_precision=getattr(args, "mixed_precision", None),
-            tf32=args.tf32,
-            native=args,
-        )
+        return settings_of(sft_config(spec, parsed, on_gpu))
 
     def build(
         self,
@@ -283,7 +263,7 @@ class SFTTrainerBackend:
         data: TaskData,
         parsed: ParsedArguments,
         hooks: StepHooks | None,
-    ) -> _Run:
+    ) -> TrainerRun:
         config: SFTConfig = settings.native
         prepared: PreparedData = data.examples
         try:
@@ -298,4 +278,4 @@ class SFTTrainerBackend:
         except ValueError as exc:  # TRL's checks of its arguments against the model and data
             raise SpecError(f"trainer sft: {_first_line(exc)}") from None
         describe(data.meta, trainer.train_dataset, prepared, parsed.data, config.max_length)
-        return _Run(trainer)
+        return TrainerRun(trainer)

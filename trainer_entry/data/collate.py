@@ -69,27 +69,36 @@ class Collator:
     pad_to_multiple_of: int | None = None
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        lengths = [len(f["input_ids"]) for f in features]
-        width = max(lengths)
-        if self.pad_to_multiple_of:
-            m = self.pad_to_multiple_of
-            width = (width + m - 1) // m * m
-        n = len(features)
-        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        labels = torch.full((n, width), IGNORE_INDEX, dtype=torch.long)
-        attention = torch.zeros((n, width), dtype=torch.long)
-        for row, (f, length) in enumerate(zip(features, lengths, strict=True)):
-            input_ids[row, :length] = torch.as_tensor(f["input_ids"])
+        batch = padded_batch(features, self.pad_token_id, self.pad_to_multiple_of)
+        labels = torch.full(batch["input_ids"].shape, IGNORE_INDEX, dtype=torch.long)
+        for row, (f, length) in enumerate(zip(features, batch[REAL_LENGTHS], strict=True)):
             labels[row, :length] = torch.as_tensor(f["labels"])
-            attention[row, :length] = 1
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention,
-            "labels": labels,
-            REAL_TOKENS: int(sum(lengths)),
-            PADDED_TOKENS: n * width,
-            REAL_LENGTHS: lengths,
-        }
+        return {**batch, "labels": labels}
+
+
+def padded_batch(
+    features: Sequence[Mapping[str, Any]], pad_token_id: int, pad_to_multiple_of: int | None
+) -> dict[str, Any]:
+    """``input_ids`` right-padded (to a multiple of ``pad_to_multiple_of`` when set), their
+    ``attention_mask``, and the three counts: real tokens, the rectangle, each row's length."""
+    lengths = [len(f["input_ids"]) for f in features]
+    width = max(lengths)
+    if pad_to_multiple_of:
+        m = pad_to_multiple_of
+        width = (width + m - 1) // m * m
+    n = len(features)
+    input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    for row, (f, length) in enumerate(zip(features, lengths, strict=True)):
+        input_ids[row, :length] = torch.as_tensor(f["input_ids"])
+        attention[row, :length] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        REAL_TOKENS: int(sum(lengths)),
+        PADDED_TOKENS: n * width,
+        REAL_LENGTHS: lengths,
+    }
 
 
 def count_collated(batch: Mapping[str, Any], features: Sequence[Mapping[str, Any]]) -> BatchCounts:

@@ -36,7 +36,6 @@ import functools
 import hashlib
 import io
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +46,7 @@ import torch
 
 from trainer_entry.arguments import DataConfig
 from trainer_entry.data.collate import PADDED_TOKENS, REAL_LENGTHS, REAL_TOKENS
-from trainer_entry.data.load import LOCAL_SUFFIXES, file_records
+from trainer_entry.data.load import LOCAL_SUFFIXES, file_records, load_hub_dataset
 from trainer_entry.errors import SpecError
 
 #: the generated dataset's name (``dataset: synthetic-shapes``)
@@ -302,22 +301,9 @@ class HubImages:
     """A Hugging Face dataset, read (and its images decoded) one record at a time."""
 
     def __init__(self, name: str, cfg: DataConfig) -> None:
-        try:
-            import datasets
-        except ImportError:
-            raise SpecError(
-                f"dataset '{name}' is not a local file, and the datasets package is not installed"
-            ) from None
-        try:
-            ds = datasets.load_dataset(name, split=cfg.split, **cfg.dataset_kwargs)
-        except Exception as exc:  # the library raises many types; all mean "cannot load"
-            offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-            hint = " and the hub is offline (HF_HUB_OFFLINE=1)" if offline else ""
-            first = (str(exc).strip().splitlines() or [""])[0]
-            raise SpecError(
-                f"dataset '{name}' is not a local file or {SYNTHETIC_NAME}{hint}; loading it "
-                f"failed: {type(exc).__name__}: {first}"
-            ) from None
+        ds = load_hub_dataset(name, cfg, besides=f" or {SYNTHETIC_NAME}")
+        import datasets  # loaded by now
+
         where = f"dataset '{name}' (split {cfg.split})"
         for field, what in ((cfg.image_field, "image_field"), (cfg.label_field, "label_field")):
             if field not in ds.column_names:

@@ -59,6 +59,29 @@ def file_records(path: Path) -> list[dict[str, Any]]:
     raise SpecError(f"dataset {path}: unsupported file type '{suffix}'; use .jsonl, .json or .csv")
 
 
+def load_hub_dataset(name: str, cfg: DataConfig, *, besides: str = "") -> Any:
+    """Hub dataset ``name`` (``cfg``'s split and keyword arguments); one line if it cannot load.
+
+    ``besides`` names what else the name is not (``or synthetic-shapes``).
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise SpecError(
+            f"dataset '{name}' is not a local file, and the datasets package is not installed"
+        ) from None
+    try:
+        return datasets.load_dataset(name, split=cfg.split, **cfg.dataset_kwargs)
+    except Exception as exc:  # the library raises many types; all mean "cannot load"
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        hint = " and the hub is offline (HF_HUB_OFFLINE=1)" if offline else ""
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise SpecError(
+            f"dataset '{name}' is not a local file{besides}{hint}; loading it failed: "
+            f"{type(exc).__name__}: {first}"
+        ) from None
+
+
 def load_records(cfg: DataConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The records of the dataset and an identity for the cache key."""
     name = cfg.dataset
@@ -73,21 +96,7 @@ def load_records(cfg: DataConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]
             "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         }
     else:
-        try:
-            import datasets
-        except ImportError:
-            raise SpecError(
-                f"dataset '{name}' is not a local file, and the datasets package is not installed"
-            ) from None
-        try:
-            ds = datasets.load_dataset(name, split=cfg.split, **cfg.dataset_kwargs)
-        except Exception as exc:  # the library raises many types; all mean "cannot load"
-            offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-            hint = " and the hub is offline (HF_HUB_OFFLINE=1)" if offline else ""
-            raise SpecError(
-                f"dataset '{name}' is not a local file{hint}; loading it failed: "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
+        ds = load_hub_dataset(name, cfg)
         records = [dict(r) for r in ds]
         identity = {
             "name": name,

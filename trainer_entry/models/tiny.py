@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,27 +82,45 @@ COMPLETE = ".complete"
 BUILT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
-def is_complete(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
+def marked_complete(folder: Path, key: str) -> bool:
+    """Whether ``folder`` holds a finished build whose marker names ``key``."""
     try:
-        return (folder / COMPLETE).read_text(encoding="utf-8").strip() == _key()
+        return (folder / COMPLETE).read_text(encoding="utf-8").strip() == key
     except OSError:
         return False
 
 
-def ensure_tiny() -> Path:
-    """The folder of the tiny model and tokenizer, building it on first use."""
-    target = tiny_path()
-    build_once(target, _build_and_mark, is_complete, what=TINY_NAME)
+def ensure_built(
+    name: str, key: str, build: Callable[[Path], None], files: tuple[str, ...]
+) -> Path:
+    """``<cache>/<name>-<key>``, built by ``build`` once however many processes ask.
+
+    The build must write ``files``; the ``COMPLETE`` marker, naming ``key``, is
+    written last, and a reader takes the folder only with it (see
+    ``trainer_entry.publish``). Every embedded tiny model is built this way.
+    """
+
+    def build_and_mark(folder: Path) -> None:
+        build(folder)
+        missing = [f for f in files if not (folder / f).is_file()]
+        if missing:
+            raise RuntimeError(f"the {name} build wrote no {', '.join(missing)}")
+        (folder / COMPLETE).write_text(key + "\n", encoding="utf-8")
+
+    target = cache_root() / f"{name}-{key}"
+    build_once(target, build_and_mark, lambda folder: marked_complete(folder, key), what=name)
     return target
 
 
-def _build_and_mark(folder: Path) -> None:
-    build(folder)
-    missing = [name for name in BUILT_FILES if not (folder / name).is_file()]
-    if missing:
-        raise RuntimeError(f"the {TINY_NAME} build wrote no {', '.join(missing)}")
-    (folder / COMPLETE).write_text(_key() + "\n", encoding="utf-8")
+def is_complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
+    return marked_complete(folder, _key())
+
+
+def ensure_tiny() -> Path:
+    """The folder of the tiny model and tokenizer, building it on first use."""
+    # ``build`` looked up at call time: tests replace it
+    return ensure_built(TINY_NAME, _key(), lambda folder: build(folder), BUILT_FILES)
 
 
 def _training_texts() -> Iterator[str]:

@@ -28,8 +28,7 @@ from typing import Any
 
 from trainer_entry import ASSETS
 from trainer_entry.data.load import SHIPPED_DATASET
-from trainer_entry.models.tiny import cache_root
-from trainer_entry.publish import build_once
+from trainer_entry.models.tiny import cache_root, ensure_built, marked_complete
 
 TINY_BERT_NAME = "tiny-bert"
 #: the labelled review set the seq-classification task trains on by default
@@ -55,8 +54,6 @@ _RECIPE: dict[str, Any] = {
     },
 }
 
-#: Written last into a finished build; a folder without it is not the model.
-COMPLETE = ".complete"
 #: What a build must have written before it is marked finished.
 BUILT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
@@ -75,25 +72,12 @@ def tiny_bert_path() -> Path:
 
 def is_complete(folder: Path) -> bool:
     """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
-    try:
-        return (folder / COMPLETE).read_text(encoding="utf-8").strip() == _key()
-    except OSError:
-        return False
+    return marked_complete(folder, _key())
 
 
 def ensure_tiny_bert() -> Path:
     """The folder of the tiny encoder and its tokenizer, building it on first use."""
-    target = tiny_bert_path()
-    build_once(target, _build_and_mark, is_complete, what=TINY_BERT_NAME)
-    return target
-
-
-def _build_and_mark(folder: Path) -> None:
-    build(folder)
-    missing = [name for name in BUILT_FILES if not (folder / name).is_file()]
-    if missing:
-        raise RuntimeError(f"the {TINY_BERT_NAME} build wrote no {', '.join(missing)}")
-    (folder / COMPLETE).write_text(_key() + "\n", encoding="utf-8")
+    return ensure_built(TINY_BERT_NAME, _key(), build, BUILT_FILES)
 
 
 def _training_texts() -> Iterator[str]:

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_entry.data.images import SYNTHETIC_CLASSES, SYNTHETIC_VERSION
-from trainer_entry.models.tiny import cache_root
-from trainer_entry.publish import build_once
+from trainer_entry.models.tiny import cache_root, ensure_built, marked_complete
 
 TINY_VIT_NAME = "tiny-vit"
 
@@ -46,8 +45,6 @@ _RECIPE: dict[str, Any] = {
     },
 }
 
-#: Written last into a finished build; a folder without it is not the model.
-COMPLETE = ".complete"
 #: What a build must have written before it is marked finished.
 BUILT_FILES = ("config.json", "model.safetensors")
 
@@ -63,25 +60,12 @@ def tiny_vit_path() -> Path:
 
 def is_complete(folder: Path) -> bool:
     """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
-    try:
-        return (folder / COMPLETE).read_text(encoding="utf-8").strip() == _key()
-    except OSError:
-        return False
+    return marked_complete(folder, _key())
 
 
 def ensure_tiny_vit() -> Path:
     """The folder of the tiny ViT, building it on first use."""
-    target = tiny_vit_path()
-    build_once(target, _build_and_mark, is_complete, what=TINY_VIT_NAME)
-    return target
-
-
-def _build_and_mark(folder: Path) -> None:
-    build(folder)
-    missing = [name for name in BUILT_FILES if not (folder / name).is_file()]
-    if missing:
-        raise RuntimeError(f"the {TINY_VIT_NAME} build wrote no {', '.join(missing)}")
-    (folder / COMPLETE).write_text(_key() + "\n", encoding="utf-8")
+    return ensure_built(TINY_VIT_NAME, _key(), build, BUILT_FILES)
 
 
 def build(folder: Path) -> None:

@@ -48,7 +48,7 @@ import torch
 
 from trainer_entry.arguments import DataConfig, ParsedArguments
 from trainer_entry.data.cache import cache_key, is_cached
-from trainer_entry.data.collate import PADDED_TOKENS, REAL_LENGTHS, REAL_TOKENS
+from trainer_entry.data.collate import padded_batch
 from trainer_entry.data.formats import field
 from trainer_entry.data.load import load_records
 from trainer_entry.data.tokenize import tokenizer_identity
@@ -275,25 +275,9 @@ class ClassificationCollator:
     pad_to_multiple_of: int | None = None
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        lengths = [len(f["input_ids"]) for f in features]
-        width = max(lengths)
-        if self.pad_to_multiple_of:
-            m = self.pad_to_multiple_of
-            width = (width + m - 1) // m * m
-        n = len(features)
-        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((n, width), dtype=torch.long)
-        for row, (f, length) in enumerate(zip(features, lengths, strict=True)):
-            input_ids[row, :length] = torch.as_tensor(f["input_ids"])
-            attention[row, :length] = 1
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention,
-            "labels": torch.as_tensor([int(f["labels"]) for f in features], dtype=torch.long),
-            REAL_TOKENS: int(sum(lengths)),
-            PADDED_TOKENS: n * width,
-            REAL_LENGTHS: lengths,
-        }
+        batch = padded_batch(features, self.pad_token_id, self.pad_to_multiple_of)
+        labels = torch.as_tensor([int(f["labels"]) for f in features], dtype=torch.long)
+        return {**batch, "labels": labels}
 
 
 def _transformers_model(model: Any) -> Any:
