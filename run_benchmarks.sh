@@ -21,6 +21,8 @@
 #   DRY_RUN=true              print the matrix and the exact commands; write nothing
 #   NO_OVERWRITE=true         resume: skip experiments whose result is already ok
 #   NO_DATA_PROCESSING=true   train on the dataset file as it is
+#   PROFILE=true              profile every cell (as --profile): a trace per rank in
+#                             runs/<id>/profile/ and the communication columns
 #   MEMORY_LOGGING=all|nvidia|huggingface|hf-tracker   what measures memory (default: all)
 #   EFFECTIVE_BS_MATRIX="4 8" effective batch sizes (default: the scenarios file's)
 #   DEVICE=auto|gpu|cpu       plan for GPUs or the CPU (default: auto)
@@ -119,6 +121,7 @@ args=(--scenarios "$SCENARIOS_CONFIG" --results "$RESULT_DIR" --device "${DEVICE
 [ -z "$BS_MATRIX" ] || args+=(--effective-batch-size "$BS_MATRIX")
 [ -z "$SCENARIOS_FILTER" ] || args+=(--filter "$SCENARIOS_FILTER")
 for file in "${FRAMEWORK_FILES[@]}"; do args+=(--frameworks "$file"); done
+if flag PROFILE; then args+=(--profile); fi
 [ $# -eq 0 ] || args+=(--note "run_benchmarks.sh read $form")
 
 # Use the orchestrator next to this script, whatever is installed.

@@ -142,8 +142,13 @@ def plan(
     preview: bool = True,
     gpus: int | Callable[[], int] | None = None,
     notes: Sequence[str] = (),
+    profile: bool = False,
+    profile_steps: int | None = None,
 ) -> Plan:
     """Expand the scenarios into the experiments to run; nothing is written.
+
+    ``profile`` (or ``profile_steps``, how many steps) profiles every cell, as a
+    scenario's ``profile: true`` does its own.
 
     ``num_gpus`` and ``effective_batch_size`` override the file's matrix;
     ``filters`` picks scenarios by name or pattern (slow ones only when named);
@@ -160,6 +165,8 @@ def plan(
         raise UserError(f"device must be auto, gpu or cpu, got {device!r}")
     if repeats is not None and (isinstance(repeats, bool) or repeats <= 0):
         raise UserError(f"repeats must be a positive integer, got {repeats!r}")
+    if profile_steps is not None and (isinstance(profile_steps, bool) or profile_steps <= 0):
+        raise UserError(f"profile_steps must be a positive integer, got {profile_steps!r}")
     config = load(
         scenarios, defaults=defaults, frameworks=frameworks, accelerate_config=accelerate_config
     )
@@ -170,12 +177,19 @@ def plan(
         device=device,
         repeats=repeats,
         preview=preview,
+        profile=profile,
+        profile_steps=profile_steps,
     )
     if gpus is None:
         from orchestrator.running.hardware import gpu_count
 
         gpus = gpu_count
-    built = build_plan(config, selection, gpus)
+    environments = None
+    if config.environments:
+        from orchestrator.config.environments import resolve_all
+
+        environments = resolve_all(config.environments)
+    built = build_plan(config, selection, gpus, environments)
     if notes:
         import dataclasses
 
@@ -491,7 +505,7 @@ def load_rows(value: PathLike | pd.DataFrame, history_db: Path | None = None) ->
 
 def compare(
     new: PathLike | pd.DataFrame,
-    ref: PathLike | pd.DataFrame,
+    ref: PathLike | pd.DataFrame | None = None,
     *,
     metrics: Sequence[str] | None = None,
     threshold: float = 0.1,
@@ -499,6 +513,8 @@ def compare(
     plots: bool = True,
     history: PathLike | None = None,
     flags: bool = False,
+    across: str | None = None,
+    baseline: str | None = None,
 ) -> Comparison:
     """Compare ``new`` against the reference ``ref``, cell by cell.
 
@@ -509,10 +525,22 @@ def compare(
     more than the noise of the repeats. With ``out``, ``compare.csv``,
     ``compare.md`` and plots are written there (``.written`` lists them).
     ``flags``: name the options in errors as the command line spells them.
+
+    ``across`` (``environment``, or another key column) compares within ``new``
+    alone: its rows of ``baseline`` (default: the first value) are the reference,
+    the rows of each other value the new runs, matched on every other key.
     """
     from orchestrator.results import compare as comparing
 
     dash = "--" if flags else ""
+    if ref is not None and across is not None:
+        raise UserError(f"give a reference to compare against or {dash}across, not both")
+    if ref is None and across is None:
+        raise UserError(
+            f"give a reference to compare against (or {dash}across COLUMN to compare within one)"
+        )
+    if baseline is not None and across is None:
+        raise UserError(f"{dash}baseline needs {dash}across")
     if not 0 < threshold < 10:
         raise UserError(f"{dash}threshold must be a fraction such as 0.1, got {threshold:g}")
     for metric in metrics or ():
@@ -524,6 +552,31 @@ def compare(
                 f"{dash}metric {metric!r} is not a metric compare knows; known: {', '.join(known)}"
             ) from None
     db = Path(history) if history else _history_of(new)
+    if across is not None:
+        from orchestrator.results.environments import compare_across
+
+        try:
+            result, base, others = compare_across(
+                load_rows(new, db),
+                across=across,
+                baseline=baseline,
+                metrics=list(metrics or []) or None,
+                threshold=threshold,
+            )
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        if out is not None:
+            where = _label(new, db)
+            result.written = comparing.write(
+                result,
+                Path(out),
+                f"{where}, {across} {', '.join(others)}",
+                f"{where}, {across} {base}",
+                threshold,
+                with_plots=plots,
+            )
+        return result
+    assert ref is not None
     try:
         result = comparing.compare(
             load_rows(new, db),

@@ -20,7 +20,9 @@ from orchestrator.contract.argnames import (
     CONTROLLED,
     DATA_ALIASES,
     DROPPED,
+    EVAL_KEY,
     FORMATTER_TEMPLATE_KEY,
+    HOLDOUT_KEY,
     OWN_KEYS,
     REFUSED,
     RENAMED,
@@ -101,6 +103,17 @@ class MeasureConfig:
     instrumentation: bool = True
 
 
+@dataclass(frozen=True)
+class EvalConfig:
+    """Eval after training (``trainer_entry.evaluate``), on a held-out split of the data."""
+
+    #: ``eval: true``: hold out part of the prepared data and evaluate on it after training
+    enabled: bool = False
+    #: how many examples are held out: a count (≥ 1) or a fraction in (0, 1); None: 10%,
+    #: at most 256 (``trainer_entry.data.holdout``)
+    holdout: int | float | None = None
+
+
 @dataclass
 class ParsedArguments:
     model: ModelConfig
@@ -115,6 +128,23 @@ class ParsedArguments:
     backend: str = DEFAULT_BACKEND
     #: what the run trains (``trainer_entry.tasks``)
     task: str = DEFAULT_TASK
+    #: eval after training (``eval``, ``holdout``)
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
+
+
+def _eval_config(args: dict[str, Any]) -> EvalConfig:
+    enabled = args.get(EVAL_KEY)
+    if enabled is None:
+        enabled = False
+    _check_type(EVAL_KEY, enabled, bool, "true or false")
+    holdout = args.get(HOLDOUT_KEY)
+    if holdout is not None:
+        _check_type(HOLDOUT_KEY, holdout, (int, float), "a count ≥ 1 or a fraction in (0, 1)")
+        if isinstance(holdout, float) and not 0 < holdout < 1:
+            raise SpecError(f"{HOLDOUT_KEY} as a fraction must be in (0, 1), got {holdout}")
+        if isinstance(holdout, int) and holdout < 1:
+            raise SpecError(f"{HOLDOUT_KEY} as a count must be ≥ 1, got {holdout}")
+    return EvalConfig(enabled=enabled, holdout=holdout)
 
 
 def _check_type(key: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
@@ -225,6 +255,7 @@ def parse_arguments(
         notes=notes,
         backend=backend,
         task=task,
+        evaluation=_eval_config(args),
     )
 
 

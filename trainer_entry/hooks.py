@@ -9,12 +9,15 @@ every backend is measured by the same code.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer_entry.data.collate import BatchCounts
 from trainer_entry.flops import FlopsUnavailable, sliding_windows
 from trainer_entry.measure import MemoryCounters, StepRecorder
 from trainer_entry.progress import ProgressFile
+
+if TYPE_CHECKING:
+    from trainer_entry.profile import StepProfiler
 
 
 class StepHooks:
@@ -27,11 +30,14 @@ class StepHooks:
         *,
         reset_peak_at_begin: bool = True,
         progress: ProgressFile | None = None,
+        profiler: StepProfiler | None = None,
     ) -> None:
         self.recorder = recorder
         self.memory = memory
         self.reset_peak_at_begin = reset_peak_at_begin
         self.progress = progress
+        #: records a few steps after the warm-up (``profile_steps``); None: no profile
+        self.profiler = profiler
 
     def train_begin(self, max_steps: int) -> None:
         """Training is about to take its first step."""
@@ -43,6 +49,9 @@ class StepHooks:
             # before the first step's clock starts
             self.progress.begin(max_steps)
         self.recorder.train_begin()
+        if self.profiler is not None:
+            # after the clock started: a profile from step 0 is in the profiled steps' time
+            self.profiler.train_begin(max_steps)
 
     def batch(self, model: Any, counts: BatchCounts) -> None:
         """One micro-batch is about to be fed to ``model`` (the model as the trainer holds it)."""
@@ -56,7 +65,13 @@ class StepHooks:
 
     def step_end(self, global_step: int) -> None:
         """An optimizer step ended."""
+        index = len(self.recorder.stats.step_times_s)
+        if self.profiler is not None:
+            # the profiler's stop and export before the clock: inside the profiled step
+            self.profiler.step_ending(index)
         self.recorder.step_end()
+        if self.profiler is not None:
+            self.profiler.step_ended(index)
         if self.progress is not None:
             # inside the next step's time, like everything between step ends; a write
             # (about once a second) is a small file replaced, see trainer_entry.progress
@@ -65,6 +80,8 @@ class StepHooks:
 
     def train_end(self, global_step: int) -> None:
         """Training ended after ``global_step`` steps."""
+        if self.profiler is not None:
+            self.profiler.train_end()
         if self.memory is not None:
             # no reset: the run reads the training peak after training returns
             self.memory.mark("train_end", reset=False)

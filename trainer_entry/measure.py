@@ -29,6 +29,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.contract.window import default_warmup as default_warmup
+from orchestrator.contract.window import warmup_of
+
 
 @dataclass
 class RankStats:
@@ -181,22 +184,47 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def default_warmup(steps: int) -> int:
-    """max(3, 10% of the steps), always leaving at least one step measured."""
-    return max(0, min(max(3, math.ceil(0.1 * steps)), steps - 1))
+def measured_window(
+    steps: int, warmup: int | None, profiled: tuple[int, int] | None = None
+) -> tuple[int, int]:
+    """(warm-up steps excluded, first measured step) of a run of ``steps`` steps.
+
+    The window is every step from the first measured one to the end. It starts
+    after the warm-up (``orchestrator.contract.window``) and after the steps the
+    profiler recorded (``profiled``: first step and count), whose time the
+    profiler's start, stop and trace export distort; it may be empty when a run
+    ended before its planned length.
+    """
+    k = warmup_of(steps, warmup)
+    if profiled is None or profiled[1] <= 0:
+        return k, k
+    return k, max(k, profiled[0] + profiled[1])
 
 
-def summarize(ranks: Sequence[RankStats], warmup: int | None = None) -> dict[str, Any]:
-    """Throughput and step-time figures from every rank's records."""
+def summarize(
+    ranks: Sequence[RankStats],
+    warmup: int | None = None,
+    devices: int | None = None,
+    profiled: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """Throughput and step-time figures from every rank's records.
+
+    ``devices``: what the per-device figures divide by (default: one per rank;
+    under ``DataParallel`` one rank drives several GPUs).
+    """
     steps = min(len(r.step_times_s) for r in ranks) if ranks else 0
     if steps == 0:
         return {"steps": 0}
-    k = default_warmup(steps) if warmup is None else max(0, min(warmup, steps - 1))
+    warm, k = measured_window(steps, warmup, profiled)
+    profile = {"profiled_steps": profiled[1]} if profiled is not None and profiled[1] > 0 else {}
+    if k >= steps:
+        # the profiled steps reached the end: nothing left to measure, no figure
+        return {"steps": steps, "warmup_steps_excluded": warm, "steps_measured": 0, **profile}
     times = [sum(r.step_times_s[k:steps]) for r in ranks]
     tokens = [sum(r.step_tokens[k:steps]) for r in ranks]
     padded = [sum(r.step_padded_tokens[k:steps]) for r in ranks]
     window = max(times)
-    world = len(ranks)
+    world = devices or len(ranks)
     # the slowest rank sets each step's pace
     per_step = [max(r.step_times_s[i] for r in ranks) for i in range(k, steps)]
     mean = statistics.fmean(per_step)
@@ -209,7 +237,8 @@ def summarize(ranks: Sequence[RankStats], warmup: int | None = None) -> dict[str
     total_padded = sum(sum(r.step_padded_tokens[:steps]) for r in ranks)
     return {
         "steps": steps,
-        "warmup_steps_excluded": k,
+        "warmup_steps_excluded": warm,
+        **profile,
         "steps_measured": steps - k,
         "measured_time_s": window,
         "tokens_measured": sum(tokens),

@@ -22,6 +22,8 @@ from orchestrator.contract.result import (
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.arguments import ParsedArguments
 from trainer_entry.backends.base import TrainSettings
+from trainer_entry.engine import EngineRecord, partitioned_flops_problem, zero3_build_note
+from trainer_entry.evaluate import EVAL_FIGURES, EvalResult, loss_trend
 from trainer_entry.flops import (
     FlopsUnavailable,
     compute_mode,
@@ -38,6 +40,7 @@ from trainer_entry.measure import (
     stage_memory_figures,
     summarize,
 )
+from trainer_entry.profile import ProfileOutcome
 from trainer_entry.tasks.base import Task
 
 
@@ -83,9 +86,12 @@ def flops_figures(
     (the rows each rank actually fed, a short last micro-batch included); a
     figure that cannot be trusted is None, with a note saying why.
     """
-    warmup, steps = metrics.get("warmup_steps_excluded", 0), metrics.get("steps", 0)
+    steps = metrics.get("steps", 0)
+    # the measured window's first step: after the warm-up and any profiled steps
+    measured = metrics.get("steps_measured")
+    start = steps - measured if measured is not None else metrics.get("warmup_steps_excluded", 0)
     fed, notes = sequences_or_uniform(
-        fed_sequences(ranks, warmup, steps),
+        fed_sequences(ranks, start, steps),
         packing=parsed.data.packing,
         max_seq_len=parsed.data.max_seq_len,
     )
@@ -164,13 +170,34 @@ def build_result(
     timings: dict[str, float],
     started_at: str,
     stage_memory: Sequence[Mapping[str, Any]] = (),
+    engine: EngineRecord | None = None,
+    zero_init: bool = False,
+    evaluation: EvalResult | None = None,
+    profile: ProfileOutcome | None = None,
 ) -> ChildResult:
-    """The result of a finished run, from every rank's records (``ranks``, ``stage_memory``)."""
+    """The result of a finished run, from every rank's records (``ranks``, ``stage_memory``).
+
+    ``engine``: what trained (``trainer_entry.engine``); its devices per process
+    make the device count (``DataParallel``: one process, several GPUs), which the
+    batch and the per-device figures count, not the processes.
+    """
     world = len(ranks)
+    devices = world * (engine.devices_per_process if engine else 1)
     pd = settings.per_device_train_batch_size
     ga = settings.gradient_accumulation_steps
-    metrics = summarize(ranks, parsed.measure.warmup_steps_excluded)
+    profile = profile or ProfileOutcome()
+    # the profiled steps (profile_steps) are left out of the window, like the warm-up
+    metrics = summarize(
+        ranks, parsed.measure.warmup_steps_excluded, devices=devices, profiled=profile.profiled
+    )
+    metrics.update(profile.columns())
+    metrics.setdefault("profiled_steps", None)
     loss = loss_summary(log_history)
+    # the loss trend over the measured steps, and eval's figures (eval: true)
+    metrics.update(loss_trend(log_history, metrics))
+    metrics.update(dict.fromkeys(EVAL_FIGURES))
+    if evaluation is not None:
+        metrics.update(evaluation.figures)
 
     device_name = torch.cuda.get_device_name() if on_gpu else None
     dtype = loaded_info.get("dtype")
@@ -184,6 +211,14 @@ def build_result(
         device_name=device_name,
         per_sample=task.per_sample_modules(model),
     )
+    shape_problem = (
+        partitioned_flops_problem(model) if engine and engine.params_partitioned else None
+    )
+    if shape_problem:
+        # ZeRO-3 left these weights empty on this rank: their FLOPs would read as 0
+        flop_figures.update(flops_per_token=None, hardware_flops_per_token=None, mfu=None)
+        flop_figures.update(achieved_tflops_per_device=None)
+        flops_notes.append(f"no FLOPs figure: {shape_problem}")
     # stage_memory: every rank's memory_stages(); the stage figures are rank 0's, as HF's were
     mem = stage_memory_figures(
         spec.memory_stages, hf_metrics, stage_memory[0] if stage_memory else {}
@@ -210,7 +245,12 @@ def build_result(
         torch_max_memory_reserved_bytes=_max(r.cuda_max_reserved_bytes for r in ranks),
         mem_peak_rss_bytes=_max(r.peak_rss_bytes for r in ranks),
     )
-    notes = [*parsed.notes, *flops_notes]
+    notes = [*parsed.notes, *flops_notes, *(evaluation.notes if evaluation else [])]
+    notes.extend(profile.notes)
+    if engine is not None:
+        notes.extend(engine.notes)
+        if engine.zero_stage == 3:
+            notes.append(zero3_build_note(zero_init))
     if spec.memory_stages == "hf-tracker" and not on_gpu:
         notes.append(
             "HF's memory tracker is not run on the CPU: its polling thread would compete "
@@ -236,11 +276,16 @@ def build_result(
         sample_unit=task.sample_unit,
         model_name_or_path=parsed.model.name,
         device="gpu" if on_gpu else "cpu",
-        num_gpus=world,
+        num_gpus=devices,
         world_size=world,
+        processes=world,
+        distributed_type=engine.distributed_type if engine else None,
+        zero_stage=engine.zero_stage if engine else None,
+        params_partitioned=engine.params_partitioned if engine else None,
         per_device_train_batch_size=pd,
         gradient_accumulation_steps=ga,
-        effective_batch_size=pd * ga * world,
+        # under DataParallel each micro-batch is per_device × the GPUs of the process
+        effective_batch_size=pd * ga * devices,
         # the text settings mean nothing where the task has no text (or no packing)
         max_seq_len=parsed.data.max_seq_len if task.modality == "text" else None,
         packing=parsed.data.packing if task.name == "causal-lm" else None,

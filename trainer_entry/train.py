@@ -19,7 +19,18 @@ from orchestrator.contract.spec import RunSpec
 from trainer_entry.arguments import check_launch_env, parse_arguments
 from trainer_entry.backends import backend_name, get_backend
 from trainer_entry.backends.base import TrainerBackend
+from trainer_entry.engine import (
+    built_by_zero_init,
+    check_devices,
+    check_engine,
+    configured_type,
+    devices_per_process,
+    engine_record,
+    running_type,
+    seed_before_load,
+)
 from trainer_entry.errors import SpecError
+from trainer_entry.evaluate import evaluate
 from trainer_entry.hooks import StepHooks
 from trainer_entry.measure import (
     MemoryCounters,
@@ -29,6 +40,7 @@ from trainer_entry.measure import (
     peak_rss_bytes,
 )
 from trainer_entry.models.load import config_placement, fsdp_loading, load_model
+from trainer_entry.profile import profile_outcome, step_profiler
 from trainer_entry.progress import ProgressFile
 from trainer_entry.record import build_result
 from trainer_entry.tasks import get_task, task_name
@@ -105,6 +117,10 @@ def run(
     fsdp, broadcast = fsdp_loading(os.environ, settings.fsdp)
     placement = config_placement(on_gpu=on_gpu, fsdp=fsdp, broadcast=broadcast, rank=rank)
 
+    # the run's seed before the model is built, not only at the trainer's start: what
+    # the framework's setup drew from the generator (DeepSpeed's does) must not change
+    # a LoRA adapter's or a config: model's initial weights
+    seed_before_load(settings.native)
     t = time.perf_counter()
     if memory is not None:
         memory.mark("load_begin")
@@ -119,6 +135,8 @@ def run(
         placement=placement,
     )
     timings["model_load_s"] = time.perf_counter() - t
+    # ZeRO-3 with zero3_init_flag builds the model already in shards (deepspeed.zero.Init)
+    zero_init = built_by_zero_init(loaded.model)
 
     t = time.perf_counter()
     data = task.prepare(
@@ -136,6 +154,7 @@ def run(
         model.enable_input_require_grads()
 
     recorder = StepRecorder(rank, sync=torch.cuda.synchronize if on_gpu else None)
+    profiler = step_profiler(spec, parsed, rank=rank, world=world, on_gpu=on_gpu)
     hooks = (
         StepHooks(
             recorder,
@@ -150,6 +169,7 @@ def run(
             )
             if rank == 0 and spec.progress_path
             else None,
+            profiler=profiler,
         )
         if parsed.measure.instrumentation
         else None
@@ -169,21 +189,52 @@ def run(
     if memory is not None:
         memory.mark("init_end")
     timings["trainer_init_s"] = time.perf_counter() - t
+    # a config naming DeepSpeed or FSDP that the launch overrode would train as something else
+    engine_note = check_engine(
+        configured_type(spec.accelerate_config), running_type(), on_gpu=on_gpu
+    )
+    per_process = devices_per_process(settings.native, on_gpu=on_gpu)
+    check_devices(spec.num_gpus, world, per_process, on_gpu=on_gpu)
 
     output = trainer.train()
+    engine = engine_record(
+        model,
+        devices_per_process=per_process,
+        notes=(engine_note,) if engine_note else (),
+    )
 
     stats = recorder.stats
     stats.peak_rss_bytes = peak_rss_bytes()
     if memory is not None:
         # since the reset at the start of training: training's peak, not loading's
-        stats.cuda_max_allocated_bytes = int(torch.cuda.max_memory_allocated())
-        stats.cuda_max_reserved_bytes = int(torch.cuda.max_memory_reserved())
+        # (under DataParallel, the fullest of the GPUs this process drove: GPU 0 holds
+        # the master copy and gathers the outputs; the others hold replicas)
+        # (one device per process: this rank's own, set from LOCAL_RANK above)
+        devices = (
+            range(engine.devices_per_process)
+            if engine.devices_per_process > 1
+            else [torch.cuda.current_device()]
+        )
+        stats.cuda_max_allocated_bytes = max(
+            int(torch.cuda.max_memory_allocated(d)) for d in devices
+        )
+        stats.cuda_max_reserved_bytes = max(int(torch.cuda.max_memory_reserved(d)) for d in devices)
+    # eval: true, on every rank, once training's figures are read (none of it is training's)
+    evaluation = (
+        evaluate(trainer, task=task, data=data, parsed=parsed)
+        if parsed.evaluation.enabled
+        else None
+    )
     # one collective for both: each rank's step records and its memory stages
     gathered = _gather_object(
         (stats.as_dict(), memory_stages(memory.readings) if memory else {}), world
     )
     ranks = [RankStats(**record) for record, _ in gathered]
     stage_memory = [stages for _, stages in gathered]
+    # profiled runs only: each rank's figures from its own trace, read back after training
+    profile = profile_outcome(
+        spec, profiler, _gather_object(profiler.figures(), world) if profiler else []
+    )
     if rank != 0:
         return None
 
@@ -205,6 +256,10 @@ def run(
         timings=timings,
         started_at=started_at,
         stage_memory=stage_memory,
+        engine=engine,
+        zero_init=zero_init,
+        evaluation=evaluation,
+        profile=profile,
     )
     write_result(Path(spec.result_path), result)
     return result

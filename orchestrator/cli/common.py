@@ -106,6 +106,20 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
         help="run each cell N times, each in a fresh process (default: the file's, else 1)",
     )
     g.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile every cell: a few steps after the warm-up recorded with torch.profiler "
+        "(a trace per rank in runs/<id>/profile/, communication columns), left out of the "
+        "measured window; a scenario's profile: true does it for its own cells",
+    )
+    g.add_argument(
+        "--profile-steps",
+        type=positive_int,
+        metavar="N",
+        help="steps a profile records (default: the scenario's profile_steps, else 3); "
+        "implies --profile",
+    )
+    g.add_argument(
         "--results",
         metavar="DIR",
         default="results",
@@ -159,6 +173,8 @@ def plan_from_args(
         device=args.device,
         repeats=args.repeats,
         preview=args.command == "plan",
+        profile=args.profile,
+        profile_steps=args.profile_steps,
         gpus=gpu_counter(config) if gpu_counter is not None else None,
     )
     return Planned(config=config, plan=plan, layout=ResultsLayout(Path(args.results)))

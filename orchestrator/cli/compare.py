@@ -12,6 +12,7 @@ Examples:
   tunematrix compare results results.20261120-101500
   tunematrix compare results refs/a100_80gb.csv --metric train_tokens_per_second
   tunematrix compare results run:3 --threshold 0.05
+  tunematrix compare results --across environment --baseline old
   tunematrix history results              (the run ids)
 """
 
@@ -29,6 +30,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         plots=not args.no_plots,
         history=args.history,
         flags=True,
+        across=args.across,
+        baseline=args.baseline,
     )
     written = result.written
     regressions = result.regressions
@@ -39,6 +42,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     for note in result.notes:
         print(f"  note: {note}")
+    if args.across:
+        from orchestrator.results.environments import across_lines
+
+        print(*across_lines(result, args.across), sep="\n")
     for _, row in regressions.iterrows():
         cell = comparing.cell_label(row, result.keys)
         change = row["change"]
@@ -60,7 +67,18 @@ def add_parser(sub: Any) -> None:
         formatter_class=Formatter,
     )
     cmp_.add_argument("new", metavar="NEW")
-    cmp_.add_argument("ref", metavar="REF")
+    cmp_.add_argument("ref", metavar="REF", nargs="?", help="the reference (not with --across)")
+    cmp_.add_argument(
+        "--across",
+        metavar="COLUMN",
+        help="compare within NEW alone: each value of COLUMN (environment, or another key "
+        "column) against the --baseline one, matched on every other key",
+    )
+    cmp_.add_argument(
+        "--baseline",
+        metavar="VALUE",
+        help="with --across: the value taken as the reference (default: the first)",
+    )
     cmp_.add_argument(
         "--metric",
         action="append",

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from orchestrator.config.environments import EnvironmentEntry, load_environments
 from orchestrator.config.schema import (
     ContentsFileModel,
     FrameworkModel,
@@ -103,6 +104,10 @@ class Scenario:
     sweep: Mapping[str, tuple[Any, ...]]
     line: int | None
     timeout_s: float | None = None
+    #: record ``profile_steps`` steps after the warm-up with torch.profiler
+    profile: bool = False
+    #: None: the default (``orchestrator.contract.window.DEFAULT_PROFILE_STEPS``)
+    profile_steps: int | None = None
     #: the line of each argument and sweep key (``arguments.<key>``, ``sweep.<key>``)
     lines: Mapping[str, int | None] = field(default_factory=dict)
 
@@ -123,6 +128,8 @@ class BenchConfig:
     usd_per_gpu_hour: float | None = None
     #: the executors' sections of the file that it has, by executor name (``<executor>:``)
     executors: Mapping[str, BaseModel] = field(default_factory=dict)
+    #: ``environments:`` as written (probed at plan time); empty: the running interpreter
+    environments: tuple[EnvironmentEntry, ...] = ()
 
     def section(self, executor: str) -> BaseModel | None:
         """The file's section for ``executor``, where it has one."""
@@ -401,6 +408,8 @@ def _resolve_scenario(
         sweep=sweep,
         line=doc.line_of(loc),
         timeout_s=sc.timeout_s,
+        profile=sc.profile,
+        profile_steps=sc.profile_steps,
         lines={
             **{f"arguments.{k}": doc.line_of((*args_loc, k)) for k in sc.arguments},
             **{f"sweep.{k}": doc.line_of((*loc, "sweep", k)) for k in sc.sweep},
@@ -541,4 +550,7 @@ def load_config(
             for name in executor_sections
             if getattr(model, name) is not None
         },
+        environments=(
+            load_environments(doc, model.environments) if model.environments is not None else ()
+        ),
     )

@@ -56,6 +56,17 @@ class MatrixModel(_Strict):
     repeats: PositiveInt | None = None
 
 
+class EnvironmentModel(_Strict):
+    """One entry of ``environments:``: a Python interpreter every cell also runs under."""
+
+    #: part of the experiment ids and a key column of the tables
+    name: str
+    #: the interpreter (a venv's ``bin/python``), relative to the scenarios file's folder
+    python: str | None = None
+    #: or a tox env of the project: ``<project>/.tox/<tox>/bin/python``
+    tox: str | None = None
+
+
 class DataProcessingModel(_Strict):
     """The predecessor's ``data_processing`` stanza: how the training data is prepared."""
 
@@ -90,6 +101,10 @@ class ScenarioModel(_Strict):
     sweep: dict[str, list[Any]] = {}
     #: time limit of each experiment of this scenario, in seconds
     timeout_s: PositiveFloat | None = None
+    #: record a few steps after the warm-up with torch.profiler (left out of the window)
+    profile: bool = False
+    #: how many steps a profile records (default 3)
+    profile_steps: PositiveInt | None = None
 
 
 class ScenariosFileModel(_Strict):
@@ -101,6 +116,8 @@ class ScenariosFileModel(_Strict):
     cost: CostModel | None = None
     frameworks: dict[str, FrameworkModel] = {}
     matrix: MatrixModel = MatrixModel()
+    #: the interpreters every cell runs under (an axis); none: the running one
+    environments: list[EnvironmentModel] | None = None
     data_processing: DataProcessingModel | None = None
     scenarios: list[ScenarioModel]
 

@@ -54,6 +54,11 @@ PEFT_KEYS = frozenset(
     }
 )
 MEASURE_KEYS = frozenset({"warmup_steps_excluded", "peak_tflops_per_device", "instrumentation"})
+#: eval after training: ``eval: true`` evaluates on a held-out split of the prepared
+#: data (``holdout``: how many examples, a count or a fraction); see ``trainer_entry.evaluate``
+EVAL_KEY = "eval"
+HOLDOUT_KEY = "holdout"
+EVAL_KEYS = frozenset({EVAL_KEY, HOLDOUT_KEY})
 #: names the child's trainer backend (``sft``: TRL's SFTTrainer; ``hf``: the Hugging Face Trainer)
 BACKEND_KEY = "trainer"
 #: names what the run trains: its model class, data, collator, FLOPs and throughput unit
@@ -117,7 +122,7 @@ DROPPED = {
 #: set by the child from the spec; a scenario's value is ignored with a note
 CONTROLLED = frozenset({"output_dir", "skip_memory_metrics", "use_cpu"})
 
-OWN_KEYS = MODEL_KEYS | PEFT_KEYS | MEASURE_KEYS | DATA_KEYS | {BACKEND_KEY, TASK_KEY}
+OWN_KEYS = MODEL_KEYS | PEFT_KEYS | MEASURE_KEYS | EVAL_KEYS | DATA_KEYS | {BACKEND_KEY, TASK_KEY}
 
 #: TrainingArguments that would make a row describe a run other than the one measured:
 #: name -> (why, what to do). Refused while planning and again by the child.
@@ -324,6 +329,8 @@ def inapplicable_argument(
         return f"'{key}' means nothing for task {task} (it is for {', '.join(tasks)}); remove it"
     if name in LORA_KEYS and peft_method_of(arguments) not in LORA_METHODS:
         return f"'{key}' needs peft_method: lora; set peft_method or remove {key}"
+    if name == HOLDOUT_KEY and arguments.get(EVAL_KEY) is not True:
+        return f"'{key}' is the eval set's size and needs eval: true; set eval or remove {key}"
     if backend != "sft" and key in (sft_only_fields() if sft_only is None else sft_only):
         return sft_only_problem(key, backend)
     return None

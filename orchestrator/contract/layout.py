@@ -77,6 +77,14 @@ class RunPaths:
         return self.dir / "trainer_output"
 
     @property
+    def profile(self) -> Path:
+        """Where a profiled run writes its traces, one per rank (``profile_trace``)."""
+        return self.dir / "profile"
+
+    def profile_trace(self, rank: int) -> Path:
+        return profile_trace(self.profile, rank)
+
+    @property
     def outcome(self) -> Path:
         """The parent's record of the run (``orchestrator.contract.outcome``)."""
         return self.dir / "outcome.json"
@@ -216,6 +224,11 @@ class ResultsLayout:
             return str(path.relative_to(self.root))
         except ValueError:
             return str(path)
+
+
+def profile_trace(folder: Path, rank: int) -> Path:
+    """Rank ``rank``'s Chrome/Perfetto trace in a run's profile folder."""
+    return folder / f"rank{int(rank)}.json"
 
 
 def _component(name: str) -> str:

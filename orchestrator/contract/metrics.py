@@ -163,6 +163,9 @@ _DECLARED: tuple[Column, ...] = (
     _key("framework_config"),
     _key("model_name_or_path"),
     _key("num_gpus", unit="count", short="{v} {unit}"),
+    # training processes: num_gpus, but 1 under dp (one DataParallel process drives
+    # all the cell's GPUs); empty in tables written before it existed
+    _key("processes", unit="count"),
     _key("per_device_train_batch_size", unit="count", short="bs {v}/{per}"),
     _key("gradient_accumulation_steps", unit="count", short="accum {v}"),
     _key("effective_batch_size", unit="count", short="eb {v}"),
@@ -173,6 +176,8 @@ _DECLARED: tuple[Column, ...] = (
     _key("peft_method", path=("arguments", "peft_method")),
     _key("torch_dtype", path=("arguments", "torch_dtype")),
     _key("device"),
+    # the environments: entry a cell ran under (empty without one)
+    _key("environment"),
     _key("repeat", aggregate="none"),
     _key("cell_id", aggregate="none"),
     Column(name="status", source="outcome", key=True, aggregate="mix"),
@@ -214,6 +219,16 @@ _DECLARED: tuple[Column, ...] = (
     _child("step_time_median_s", "s", aggregate="spread", better="lower"),
     _child("step_time_cv", "fraction", aggregate="median"),
     _child("train_loss", "", aggregate="median", better="lower", label="loss"),
+    # quality beside speed (trainer_entry/evaluate.py; summary.md's quality column,
+    # orchestrator/results/quality.py): eval: true's figures on the held-out split, the
+    # Trainer's eval loss (each eval batch's mean loss, causal-lm per label token, averaged
+    # with the batches weighted by their rows: the exact per-token mean for trainer hf's
+    # packed rows) and its exp; the slope of the training loss (loss per optimizer step
+    # over the measured steps: negative, it falls; positive, it rises)
+    _child("eval_loss", "", aggregate="median", better="lower", label="eval loss"),
+    _child("perplexity", "", aggregate="median", better="lower"),
+    _child("eval_accuracy", "fraction", aggregate="median", better="higher", label="eval acc %"),
+    _child("loss_slope_per_step", "loss/step", aggregate="median", label="loss slope/step"),
     _sidecar(
         "mem_nvidia_mem_reserved",
         "MiB",
@@ -247,6 +262,12 @@ _DECLARED: tuple[Column, ...] = (
         raw=True,
     ),
     _child("gpu_device_name", "", aggregate="first", path=("gpu_device_name",), fallback="outcome"),
+    # what trained, as accelerate set it up (trainer_entry/engine.py): NO, MULTI_CPU,
+    # MULTI_GPU, FSDP, DEEPSPEED; a run whose config names DeepSpeed but that did not run
+    # under it fails instead. ZeRO stage and partitioned parameters: DeepSpeed runs only
+    _child("distributed_type", "", aggregate="first", path=("distributed_type",)),
+    _child("zero_stage", "", aggregate="first", path=("zero_stage",)),
+    _child("params_partitioned", "", aggregate="first", path=("params_partitioned",)),
     # -- the child's other figures ---------------------------------------------------------
     _child("step_time_mean_s", "s"),
     _child("step_time_min_s", "s"),
@@ -260,9 +281,15 @@ _DECLARED: tuple[Column, ...] = (
     _child("padded_tokens_total", "tokens"),
     _child("padding_fraction", "fraction", aggregate="median"),
     _child("measured_time_s", "s"),
-    _child("loss_first", ""),
+    # loss_first, loss_last and loss_nonfinite_steps in the cells: the quality column's
+    # divergence flag reads them
+    _child("loss_first", "", aggregate="median"),
     _child("loss_last", "", aggregate="median"),
     _child("loss_mean_last10pct", ""),
+    _child("loss_nonfinite_steps", "count", aggregate="median"),
+    # the wall time eval: true added after training, and the examples it evaluated
+    _child("eval_runtime", "s", aggregate="median"),
+    _child("eval_samples", "count", aggregate="median"),
     _child("hardware_flops_per_token", "FLOPs"),
     _child("achieved_tflops_per_device", "TFLOP/s", aggregate="median", better="higher"),
     _child("peak_tflops_per_device", "TFLOP/s"),
@@ -271,6 +298,18 @@ _DECLARED: tuple[Column, ...] = (
     _child("mem_load_peak_bytes", "bytes"),
     _child("mem_stage_source", ""),
     _child("mfu_precision", ""),
+    # a profile (profile: true, --profile; trainer_entry/profile.py), from each rank's
+    # trace over its profiled steps, the mean over the ranks; empty when not profiled.
+    # Communication and compute are unions of intervals over the profiled steps' time:
+    # they overlap, so they may sum above 100; exposed is communication without compute
+    _child("profiled_steps", "count", aggregate="first_ok"),
+    _child("comm_time_pct", "%", aggregate="median", better="lower", label="comm %"),
+    _child("compute_time_pct", "%", aggregate="median", label="compute %"),
+    _child("comm_exposed_time_pct", "%", aggregate="median", label="exposed comm %"),
+    _child("comm_time_per_step_ms", "ms", aggregate="median", label="comm ms/step"),
+    _child("profiled_step_time_ms", "ms", aggregate="median", label="profiled step ms"),
+    _child("profile_export_s", "s", aggregate="median"),
+    _child("top_ops", "", aggregate="first_ok", label="top operators (self time)"),
     # -- the run: the parent's bookkeeping, the child's record, the sidecar ----------------
     _outcome("wall_s", "s"),
     _outcome("job_s", "s", aggregate="median"),
@@ -296,6 +335,17 @@ _DECLARED: tuple[Column, ...] = (
     _sidecar("mem_tree_peak_rss_bytes", "bytes", aggregate="median"),
     _sidecar("mem_nvidia_peak_bytes_mean", "bytes"),
     _sidecar("mem_nvidia_peak_bytes_max", "bytes"),
+    # utilisation (orchestrator/job/utilisation.py), over the window util_window names:
+    # "measured" (the measured steps), "training" (first step to last) or "job" (its whole
+    # life, where the child's files do not say when training ran). Empty where not sampled:
+    # the GPU columns on the CPU, gpu_mem_bw_util_mean_pct where NVML does not tell it
+    _sidecar("gpu_util_mean_pct", "%", aggregate="median", better="higher", label="GPU util %"),
+    _sidecar("gpu_util_p10_pct", "%", aggregate="median", better="higher"),
+    _sidecar("gpu_mem_bw_util_mean_pct", "%", aggregate="median"),
+    # the job tree's CPU time / (wall time × the CPUs its affinity allows): 100 = all busy
+    _sidecar("cpu_util_mean_pct", "% of allowed CPUs", aggregate="median", label="CPU util %"),
+    _sidecar("cpu_allowed", "count"),
+    _sidecar("util_window", "", aggregate="first_ok"),
     _outcome("memory_backend"),
     _outcome("devices"),
     _outcome("attempt", "count"),
@@ -303,6 +353,12 @@ _DECLARED: tuple[Column, ...] = (
     _outcome("packed_with"),
     _outcome("executor"),
     _outcome("job_id", aliases=("slurm_job_id",)),
+    # an environment's versions as the plan found them (python and the training stack),
+    # and, where the child's result reports other versions (the interpreter changed
+    # between plan and run), which: the plan's against the child's, set where the row is
+    # built (orchestrator/results/environments.py)
+    Column(name="environment_versions", source="plan", aggregate="first"),
+    Column(name="environment_note", source="plan", aggregate="first"),
     # -- derived by the report (after the scenario arguments in raw_summary.csv) -----------
     _derived(
         "peak_memory_bytes",

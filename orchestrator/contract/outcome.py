@@ -63,7 +63,10 @@ class Outcome(BaseModel):
     job_s: float | None = None
     started_at: str | None = None
     finished_at: str | None = None
-    #: the sidecar's summary (``orchestrator.job.sidecar.summarize``)
+    #: the sidecar's summary (``orchestrator.job.sidecar.summarize``), with its utilisation
+    #: figures (``orchestrator.job.utilisation.summarize``: ``gpu_util_mean_pct``,
+    #: ``gpu_util_p10_pct``, ``gpu_mem_bw_util_mean_pct``, ``cpu_util_mean_pct``,
+    #: ``cpu_allowed``, ``util_window``); the ``sidecar`` columns of the registry read it
     memory: dict[str, Any] = Field(default_factory=dict)
     memory_backend: str | None = None
     gpu_device_name: str | None = None

@@ -100,6 +100,24 @@ class ChildMetrics(_Record):
     loss_first: float | None
     loss_last: float | None
     loss_mean_last10pct: float | None
+    #: least-squares slope of the logged training loss over the measured steps, in loss
+    #: per optimizer step: negative, the loss falls (``trainer_entry.evaluate``)
+    loss_slope_per_step: float | None = None
+    #: logged steps whose loss or gradient norm is NaN or infinite
+    loss_nonfinite_steps: int | None = None
+    #: ``eval: true``: the Trainer's eval loss on the held-out split (each batch's mean
+    #: loss, per label token for causal-lm, averaged with batches weighted by their rows;
+    #: see ``trainer_entry.evaluate``)
+    eval_loss: float | None = None
+    #: exp(eval_loss), causal-lm only
+    perplexity: float | None = None
+    #: classification: the share of held-out samples classified right, 0 to 1
+    eval_accuracy: float | None = None
+    #: the wall time of the eval after training, in seconds (dataset preparation included)
+    eval_runtime: float | None = None
+    #: held-out examples given to the trainer's evaluate(): rows (packed rows under trainer
+    #: hf with packing; under trainer sft the sequences before TRL packs them)
+    eval_samples: int | None = None
     #: model FLOPs per real token of a training step
     flops_per_token: Number | None
     #: the same with the forward recomputed by activation checkpointing
@@ -119,6 +137,23 @@ class ChildMetrics(_Record):
     torch_max_memory_allocated_bytes: int | None
     torch_max_memory_reserved_bytes: int | None
     mem_peak_rss_bytes: int | None
+    # -- a profile (profile: true; trainer_entry.profile), empty otherwise ------------------
+    #: steps recorded with torch.profiler after the warm-up, left out of the window
+    profiled_steps: int | None = None
+    #: communication (collective kernels; on the CPU gloo's collectives) over the
+    #: profiled steps' time, in percent, the mean over the ranks
+    comm_time_pct: float | None = None
+    #: compute (other kernels; on the CPU other operators) over that time, in percent
+    compute_time_pct: float | None = None
+    #: communication while no compute ran, in percent of that time
+    comm_exposed_time_pct: float | None = None
+    comm_time_per_step_ms: float | None = None
+    #: a profiled step's time (the profiler's overhead included)
+    profiled_step_time_ms: float | None = None
+    #: the slowest rank's stop and trace export, inside the last profiled step
+    profile_export_s: float | None = None
+    #: the top operators by self time: ``aten::mm 31%, ...``
+    top_ops: str | None = None
 
 
 class FlopsRecord(_Record):
@@ -182,6 +217,9 @@ class DataRecord(_Record):
     #: True: read from the cache; None: no cache used
     cache_hit: bool | None = None
     cache_path: str | None = None
+    #: ``eval: true``: documents (sequences before packing, texts, images) held out for
+    #: eval and not trained on; the counts above are then the part trained on
+    heldout_sequences: int | None = None
 
 
 class RankRecord(_Record):
@@ -243,8 +281,18 @@ class ChildResult(_Record):
     #: what one sample is (``sequences``, ``images``)
     sample_unit: str | None = None
     device: Literal["gpu", "cpu"] | None = None
-    #: processes (one per GPU; on the CPU, one per process)
+    #: devices trained on: GPUs (DataParallel: all the one process drove); on the CPU,
+    #: processes
     num_gpus: int | None = None
+    #: training processes (``world_size``; 1 under DataParallel)
+    processes: int | None = None
+    #: accelerate's distributed type as it ran (``NO``, ``MULTI_CPU``, ``MULTI_GPU``,
+    #: ``FSDP``, ``DEEPSPEED``)
+    distributed_type: str | None = None
+    #: the ZeRO stage DeepSpeed ran with; None without DeepSpeed
+    zero_stage: int | None = None
+    #: DeepSpeed held the parameters as per-rank shards (ZeRO-3); None without DeepSpeed
+    params_partitioned: bool | None = None
     per_device_train_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
     effective_batch_size: int | None = None

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import write_atomic
@@ -48,6 +48,8 @@ class RunSpec(BaseModel):
     #: ``gpu`` or ``cpu``; None: a GPU when one is visible
     device: Literal["gpu", "cpu"] | None = None
     num_gpus: int | None = None
+    #: training processes: num_gpus, or 1 where one process drives all the GPUs (dp)
+    processes: int | None = None
     effective_batch_size: int | None = None
     per_device_train_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
@@ -61,6 +63,11 @@ class RunSpec(BaseModel):
     env: dict[str, str] = {}
     #: the scenarios file's data stanza (arguments override it)
     data_processing: dict[str, Any] | None = None
+    #: the ``environments:`` entry it runs under, its interpreter, and the versions the
+    #: plan found there (the child checks nothing of them; the report does)
+    environment: str | None = None
+    environment_python: str | None = None
+    environment_versions: dict[str, str | None] = {}
 
     #: where rank 0 writes the result
     result_path: str = "result.json"
@@ -81,6 +88,11 @@ class RunSpec(BaseModel):
     memory_stages: MemoryStages | None = "torch"
     #: train on the dataset file as it is: no formatting, no cache
     no_data_processing: bool = False
+    #: steps recorded with torch.profiler after the warm-up and left out of the measured
+    #: window (0: no profile, and no profiler imported)
+    profile_steps: int = Field(default=0, ge=0)
+    #: where each rank writes its trace (``rank<k>.json``) when profiled
+    profile_dir: str | None = "profile"
 
     @model_validator(mode="before")
     @classmethod
@@ -97,7 +109,7 @@ class RunSpec(BaseModel):
 
     def resolve(self, base: Path) -> RunSpec:
         """The same spec with its paths made absolute against ``base``."""
-        names = ("result_path", "output_dir", "data_dir", "progress_path")
+        names = ("result_path", "output_dir", "data_dir", "progress_path", "profile_dir")
         update: dict[str, Any] = {
             name: str((base / getattr(self, name)).resolve())
             for name in names

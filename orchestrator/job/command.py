@@ -13,22 +13,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.matrix.experiment import Experiment
+from orchestrator.matrix.frameworks import cpu_launch_flag
 
 #: Shown in a plan, where the real port is picked free at launch.
 PLAN_PORT = 29500
 
 
-def accelerate_command() -> list[str]:
-    """``accelerate launch`` of the interpreter running tunematrix.
+def accelerate_command(python: str | None = None) -> list[str]:
+    """``accelerate launch`` of ``python`` (an experiment's environment; default: the
+    interpreter running tunematrix).
 
-    The ``accelerate`` script beside this Python when there is one (a venv);
+    The ``accelerate`` script beside that Python when there is one (a venv);
     otherwise the same launcher as a module, so a job never picks up another
     environment's accelerate from the PATH.
     """
-    script = Path(sys.executable).with_name("accelerate")
+    interpreter = python or sys.executable
+    script = Path(interpreter).with_name("accelerate")
     if script.is_file():
         return [str(script), "launch"]
-    return [sys.executable, "-m", "accelerate.commands.launch"]
+    return [interpreter, "-m", "accelerate.commands.launch"]
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,14 @@ def launch_argv(
     """``accelerate launch [flags] -m trainer_entry --spec SPEC`` as an argument list.
 
     On GPUs the accelerate config decides the distributed type (FSDP, DDP,
-    DeepSpeed). On the CPU one process runs with ``--cpu``; several run as
-    gloo DDP through ``--multi_gpu``, which is accelerate's multi-process
-    launcher whatever the device. Across machines, ``--num_processes`` is the
-    total, and each machine passes its rank and the first machine's address.
+    DeepSpeed, or one DataParallel process: ``--num_processes`` is the cell's
+    processes, not always its GPUs). On the CPU one process runs with
+    ``--cpu``; several run as gloo DDP through ``--multi_gpu``, which is
+    accelerate's multi-process launcher whatever the device; a DeepSpeed
+    config gets neither, as either flag would override it
+    (``orchestrator.matrix.frameworks``). Across machines, ``--num_processes``
+    is the total, and each machine passes its rank and the first machine's
+    address.
     """
     site = site or LaunchSite()
     argv = list(accelerate)
@@ -63,7 +70,7 @@ def launch_argv(
         argv += ["--config_file", str(experiment.accelerate.path)]
     argv += [
         "--num_processes",
-        str(experiment.num_gpus),
+        str(experiment.processes),
         "--num_machines",
         str(site.num_machines),
         "--main_process_port",
@@ -74,8 +81,9 @@ def launch_argv(
         if site.main_process_ip:
             argv += ["--main_process_ip", site.main_process_ip]
     if experiment.device == "cpu":
-        single = experiment.num_gpus == 1 and site.num_machines == 1
-        argv.append("--cpu" if single else "--multi_gpu")
+        single = experiment.processes == 1 and site.num_machines == 1
+        flag = cpu_launch_flag(experiment.accelerate, single=single)
+        argv += [flag] if flag else []
     argv += ["-m", "trainer_entry", "--spec", str(spec)]
     return argv
 

@@ -31,7 +31,7 @@ from orchestrator.contract.modelnames import TINY_MODEL_NAMES
 from orchestrator.contract.outcome import Outcome, write_outcome
 from orchestrator.contract.result import LAUNCH_ID_ENV, read_result
 from orchestrator.contract.spec import MemoryStages, RunSpec, write_spec
-from orchestrator.job import oomkill
+from orchestrator.job import oomkill, utilisation
 from orchestrator.job.classify import Verdict, classify, root_cause, sigkilled_pids
 from orchestrator.job.command import LaunchSite, accelerate_command, job_env, launch_argv
 from orchestrator.job.sidecar import parse_ready, read_samples, summarize
@@ -58,6 +58,7 @@ def spec_for(
         progress_path=str(run.progress.resolve()),
         output_dir=str(run.output_dir.resolve()),
         data_dir=str(data_dir.resolve()),
+        profile_dir=str(run.profile.resolve()),
         memory_stages=memory_stages,
         no_data_processing=no_data_processing,
     )
@@ -272,7 +273,7 @@ def child_environment(
     overlay["PYTHONPATH"] = _pythonpath()
     if experiment.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         cores = (os.cpu_count() or 1) // max(1, cpu_share)
-        overlay["OMP_NUM_THREADS"] = str(max(1, cores // experiment.num_gpus))
+        overlay["OMP_NUM_THREADS"] = str(max(1, cores // experiment.processes))
     if _hub_free(experiment.model_name_or_path):
         # the built-in models never need the hub: fail in seconds if anything asks
         overlay["HF_HUB_OFFLINE"] = "1"
@@ -332,7 +333,7 @@ def prepare_launch(
         experiment,
         run.spec.resolve(),
         port=placement.port or free_port(),
-        accelerate=accelerate_command(),
+        accelerate=accelerate_command(experiment.python),
         site=site,
     )
     overlay, env = child_environment(
@@ -492,7 +493,10 @@ def build_outcome(
     if ran.sidecar is not None:
         outcome.memory_backend = ran.sidecar.backend
         outcome.gpu_device_name = ran.sidecar.devices
-        outcome.memory = summarize(read_samples(launch.files.memory))
+        samples = read_samples(launch.files.memory)
+        # utilisation over the measured steps where the child's files say when they were
+        windows = utilisation.run_windows(run.progress, run.result) if launch.primary else []
+        outcome.memory = {**summarize(samples), **utilisation.summarize(samples, windows)}
     elif _wants_sidecar(options):
         outcome.memory_backend = "unavailable (the sidecar did not start; see stderr.log)"
     if placement.packed_with:

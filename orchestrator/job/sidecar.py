@@ -11,6 +11,11 @@ samples every ``--interval`` seconds until stdin closes or it gets SIGTERM:
   sample; and the proportional set size (PSS, from ``/proc/<pid>/smaps_rollup``)
   of every process and their sum, at least every ``--pss-every`` seconds.
 
+And utilisation (``orchestrator.job.utilisation``), unless ``--no-utilisation``
+(or ``TUNEMATRIX_SIDECAR_UTILISATION=0``, for measuring its cost): NVML's
+``utilization.gpu`` and memory-bandwidth figures of each GPU, and the CPU time
+of the job's tree, read in the same pass over the tree as its RSS.
+
 Summed RSS counts a page shared by several processes (the libraries and
 model files every rank maps) once per process; summed PSS splits each shared
 page between the processes that map it, so the tree's PSS is the memory the
@@ -41,6 +46,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
+
+from orchestrator.job import utilisation
 
 CSV_HEADER = ("timestamp", "kind", "source", "bytes")
 MIB = 1024 * 1024
@@ -199,9 +206,14 @@ class _Nvml:
             )
         self.devices = map_visible_to_nvml(entries, found)
         self.handles = {d.index: pynvml.nvmlDeviceGetHandleByIndex(d.index) for d in self.devices}
+        #: devices whose driver gives no utilisation figures (asked once)
+        self.no_utilisation: set[int] = set()
 
     def used(self) -> dict[int, int]:
         return {i: int(self.nv.nvmlDeviceGetMemoryInfo(h).used) for i, h in self.handles.items()}
+
+    def utilisation(self) -> dict[int, tuple[int, int]]:
+        return utilisation.read_gpu_utilisation(self.nv, self.handles, self.no_utilisation)
 
     def processes(self) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -249,16 +261,21 @@ class PssSchedule:
 
 
 class _Tree:
-    """The job's processes: membership refreshed each second, RSS read each sample,
-    PSS when asked."""
+    """The job's processes: membership refreshed each second, RSS (and, with ``cpu``,
+    CPU time) read each sample, PSS when asked."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, *, cpu: bool = False) -> None:
         import psutil
 
         self.psutil = psutil
         self.root = psutil.Process(pid)
         self.members: list[Any] = [self.root]
         self.refreshed = 0.0
+        self.cpu = cpu
+        #: the tree's CPU time at the last ``rss`` (``utilisation.tree_cpu_seconds``)
+        self.cpu_s: float | None = None
+        #: how many CPUs the tree's processes may use (the union of their affinities)
+        self.cpus_allowed = 0
 
     def rss(self) -> dict[int, int]:
         now = time.monotonic()
@@ -268,13 +285,29 @@ class _Tree:
             except self.psutil.Error:
                 self.members = [m for m in self.members if m.is_running()]
             self.refreshed = now
+            if self.cpu:
+                self.cpus_allowed = self._allowed()
         out: dict[int, int] = {}
+        times = []
         for proc in self.members:
             try:
                 out[proc.pid] = int(proc.memory_info().rss)
+                if self.cpu:
+                    times.append(proc.cpu_times())
             except self.psutil.Error:
                 continue
+        if self.cpu:
+            self.cpu_s = utilisation.tree_cpu_seconds(times) if times else None
         return out
+
+    def _allowed(self) -> int:
+        cpus: set[int] = set()
+        for proc in self.members:
+            try:
+                cpus.update(proc.cpu_affinity())
+            except (self.psutil.Error, AttributeError, OSError):
+                continue  # gone, or no affinity on this system
+        return len(cpus) or (os.cpu_count() or 0)
 
     def pss(self, pids: Iterable[int]) -> tuple[dict[int, int], list[int]]:
         """PSS of each of ``pids`` where it can be read, and the pids where it cannot
@@ -306,19 +339,28 @@ def _sample_loop(
     stop: threading.Event,
     interval: float,
     pss_every: float = 1.0,
-) -> None:
+    utilisation_on: bool = True,
+) -> int:
+    """Samples until ``stop``; returns how many samples it took."""
     writer = csv.writer(out, lineterminator="\n")
     tree: _Tree | None = None
     schedule = PssSchedule(every_s=pss_every)
     last_flush = time.monotonic()
+    cpus_written = 0
+    samples = 0
     while not stop.is_set():
         now = time.time()
+        samples += 1
         if nvml is not None:
             for index, used in nvml.used().items():
                 writer.writerow((f"{now:.3f}", "device_used", index, used))
+            if utilisation_on:
+                for index, (gpu, mem) in nvml.utilisation().items():
+                    writer.writerow((f"{now:.3f}", utilisation.GPU_UTIL, index, gpu))
+                    writer.writerow((f"{now:.3f}", utilisation.GPU_MEM_UTIL, index, mem))
         if pid_holder and tree is None:
             try:
-                tree = _Tree(pid_holder[0])
+                tree = _Tree(pid_holder[0], cpu=utilisation_on)
             except Exception:
                 tree = None
         if tree is not None:
@@ -328,6 +370,12 @@ def _sample_loop(
             tree_rss = sum(rss.values())
             if rss:
                 writer.writerow((f"{now:.3f}", "tree_rss", "tree", tree_rss))
+            if tree.cpu_s is not None:
+                if tree.cpus_allowed != cpus_written:
+                    cpus_written = tree.cpus_allowed
+                    writer.writerow((f"{now:.3f}", utilisation.CPU_ALLOWED, "tree", cpus_written))
+                cpu_us = round(tree.cpu_s * utilisation.US)
+                writer.writerow((f"{now:.3f}", utilisation.TREE_CPU, "tree", cpu_us))
             if rss and schedule.due(time.monotonic(), tree_rss):
                 began = time.monotonic()
                 pss, unreadable = tree.pss(rss)
@@ -346,6 +394,7 @@ def _sample_loop(
             out.flush()
             last_flush = time.monotonic()
         stop.wait(interval)
+    return samples
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -362,6 +411,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         default=1.0,
         help="read the process tree's PSS at least this often, in seconds (RSS: every sample)",
+    )
+    parser.add_argument(
+        "--no-utilisation",
+        action="store_true",
+        default=os.environ.get(utilisation.OFF_ENV, "1") == "0",
+        help="sample memory only, not GPU utilisation and CPU time (to measure their cost; "
+        f"also {utilisation.OFF_ENV}=0)",
     )
     args = parser.parse_args(argv)
 
@@ -399,13 +455,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop.set()  # stdin closed: the parent is done (or gone)
 
         threading.Thread(target=read_stdin, daemon=True).start()
+        cpu_before, samples = time.process_time(), 0
         try:
-            _sample_loop(out, nvml, pid_holder, stop, args.interval, args.pss_every)
+            samples = _sample_loop(
+                out,
+                nvml,
+                pid_holder,
+                stop,
+                args.interval,
+                args.pss_every,
+                utilisation_on=not args.no_utilisation,
+            )
         finally:
             out.flush()
             os.fsync(out.fileno())
             if nvml is not None:
                 nvml.close()
+    # the sidecar's own cost, for sidecar.log (benchmarks/bench_utilisation.py reads it)
+    cpu_s = time.process_time() - cpu_before
+    per = f", {1e3 * cpu_s / samples:.3f} ms per sample" if samples else ""
+    mode = "memory only" if args.no_utilisation else "memory+utilisation"
+    print(
+        f"sidecar: {samples} samples ({mode}), {cpu_s:.3f} s CPU{per}", file=sys.stderr, flush=True
+    )
     return 0
 
 

@@ -2,7 +2,7 @@
 
 Order (outermost first): scenario (file order) × framework_config × model ×
 sweep values (keys in file order, the last key varying fastest) × num_gpus ×
-effective_batch_size × max_seq_len × packing × repeat.
+effective_batch_size × max_seq_len × packing × environment (``environments:``) × repeat.
 
 Trainer arguments merge as defaults < scenario arguments < sweep value <
 framework overlay; ``key: null`` at a layer removes the key set below it. Each
@@ -27,12 +27,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.config.environments import Environment
 from orchestrator.config.scenarios import AccelerateConfig, BenchConfig, Scenario
 from orchestrator.config.values import NO_FRAMEWORK
 from orchestrator.contract.argnames import (
     ARGUMENT_TASKS,
     BACKEND_KEY,
     DEFAULT_TASK,
+    EVAL_KEY,
+    HOLDOUT_KEY,
     LORA_KEYS,
     RENAMED,
     TASK_KEY,
@@ -42,12 +45,14 @@ from orchestrator.contract.argnames import (
 )
 from orchestrator.contract.errors import ConfigError, UserError
 from orchestrator.contract.modelnames import is_python_model
+from orchestrator.matrix import frameworks
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.ids import experiment_id, spec_digest, spec_hash
 
 # The plan types live in matrix.plan; importers of matrix.expand may still name them here.
 from orchestrator.matrix.plan import Axis as Axis
 from orchestrator.matrix.plan import Plan as Plan
+from orchestrator.matrix.profiling import profile_note, profile_steps, profiled
 
 DEFAULT_EFFECTIVE_BATCH_SIZE = (4, 8)
 DEFAULT_MAX_SEQ_LEN = (4096,)
@@ -78,6 +83,10 @@ class Selection:
     #: a preview (``plan``, DRY_RUN): with ``auto``, a file with no scenario for this
     #: machine is planned for its scenarios' own device rather than refused
     preview: bool = False
+    #: ``--profile``: profile every cell; ``--profile-steps``: how many steps (both: the
+    #: scenario's ``profile``/``profile_steps`` otherwise)
+    profile: bool = False
+    profile_steps: int | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -310,8 +319,20 @@ def _axis_override(
 GpuCount = int | Callable[[], int]
 
 
-def build_plan(config: BenchConfig, selection: Selection, gpu_count: GpuCount) -> Plan:
-    """Select scenarios and expand them into experiments (with stable ids)."""
+def build_plan(
+    config: BenchConfig,
+    selection: Selection,
+    gpu_count: GpuCount,
+    environments: Sequence[Environment] | None = None,
+) -> Plan:
+    """Select scenarios and expand them into experiments (with stable ids).
+
+    ``environments``: the file's ``environments:`` already probed
+    (``orchestrator.config.environments.resolve_all``), each cell running under each.
+    """
+    if config.environments and environments is None:
+        raise ValueError("the scenarios file lists environments: probe them first (resolve_all)")
+    envs: tuple[Environment | None, ...] = tuple(environments or ()) or (None,)
     count = _once(gpu_count)
     device, device_source = resolve_device(
         selection.device, count() if selection.device == "auto" else 0
@@ -342,7 +363,11 @@ def build_plan(config: BenchConfig, selection: Selection, gpu_count: GpuCount) -
         if scenario.device == "gpu" and device == "cpu":
             notes.append(f"scenario '{scenario.name}' needs GPUs; planned on the CPU as processes")
         swept_keys.update(dict.fromkeys(scenario.sweep))
-        for cell in _expand_scenario(config, scenario, counts, axes, n_repeats, checks):
+        profile = profile_steps(scenario, selection.profile, selection.profile_steps)
+        if profile:
+            notes.append(profile_note(scenario, profile))
+        for cell in _expand_scenario(config, scenario, counts, axes, n_repeats, checks, envs):
+            cell = profiled(config, scenario, cell, profile)
             other = seen.get(cell.experiment_id)
             if other is not None:
                 # Every axis value, model, framework and sweep value is distinct by
@@ -371,6 +396,7 @@ def build_plan(config: BenchConfig, selection: Selection, gpu_count: GpuCount) -
         scenarios=tuple(s.name for s in scenarios),
         swept_keys=tuple(swept_keys),
         notes=tuple(notes),
+        environments=tuple(e for e in envs if e is not None),
     )
 
 
@@ -492,6 +518,9 @@ class _Applicability:
     deferred: dict[tuple[str, str], ConfigError] = field(default_factory=dict)
     #: (scenario, key) of the settings the scenario wrote that applied to some cell
     applied: set[tuple[str, str]] = field(default_factory=set)
+    #: one line per framework whose cells a scenario's device cannot run, left out
+    #: whole (``orchestrator.matrix.frameworks.cpu_refusal``)
+    refused: dict[str, None] = field(default_factory=dict)
 
     def leave_out(self, where: str, key: str, why: str, scenario: str) -> None:
         self.left_out.setdefault((where, why, scenario), {})[key] = None
@@ -511,7 +540,7 @@ class _Applicability:
             f"{where}'s {' and '.join(keys)} {'is' if len(keys) == 1 else 'are'} left out of "
             f"{', '.join(scenarios)}: {why}"
             for (where, why, keys), scenarios in grouped.items()
-        ]
+        ] + list(self.refused)
 
 
 def _place(
@@ -540,12 +569,15 @@ def _why(problem: str) -> str:
 
 def _decider(key: str, sft_only: frozenset[str]) -> str | None:
     """The argument that decides whether ``key`` applies: the task (for a task's setting,
-    and the trainer), the PEFT method (LoRA's) or the trainer (``SFTConfig``'s own)."""
+    and the trainer), the PEFT method (LoRA's), ``eval`` (``holdout``) or the trainer
+    (``SFTConfig``'s own)."""
     name = RENAMED.get(key, key)
     if key == BACKEND_KEY or name in ARGUMENT_TASKS:
         return TASK_KEY
     if name in LORA_KEYS:
         return "peft_method"
+    if name == HOLDOUT_KEY:
+        return EVAL_KEY
     if key in sft_only:
         return BACKEND_KEY
     return None
@@ -740,6 +772,7 @@ def _cell_experiments(
     max_seq_len: int | None,
     packing: bool | None,
     repeats: int,
+    environment: Environment | None = None,
 ) -> Iterator[Experiment]:
     """The repeats of one cell; the cell's id is its first repeat's."""
     per_device, grad_accum = _batch_split(config, variant, num_gpus, effective_batch_size)
@@ -759,6 +792,8 @@ def _cell_experiments(
             "num_gpus": num_gpus,
             "effective_batch_size": effective_batch_size,
             **batch,
+            # hashed only with an environment, so other ids stay as they were
+            **({"environment": environment.digest} if environment is not None else {}),
         }
     )
     ids = functools.partial(
@@ -769,6 +804,7 @@ def _cell_experiments(
         num_gpus=num_gpus,
         effective_batch_size=effective_batch_size,
         digest=digest,
+        environment=environment.name if environment is not None else None,
     )
     cell_id = ids(repeat=0)
     arguments = {**variant.arguments, **batch}
@@ -796,6 +832,7 @@ def _cell_experiments(
             python_path=(str(config.scenarios_file.parent.resolve()),)
             if is_python_model(variant.model)
             else (),
+            environment=environment,
         )
 
 
@@ -806,13 +843,28 @@ def _expand_scenario(
     axes: Mapping[str, Axis],
     repeats: int,
     checks: _Applicability,
+    environments: tuple[Environment | None, ...] = (None,),
 ) -> Iterator[Experiment]:
     for name in scenario.frameworks:
         overlay = _overlay(config, name)
+        refusal = frameworks.cpu_refusal(overlay.accelerate) if scenario.device == "cpu" else None
+        if refusal:
+            where = config.where(scenario)
+            at = where["file"] + (f":{where['line']}" if where["line"] else "")
+            checks.refused[
+                f"framework {overlay.label} is left out of scenario '{scenario.name}' ({at}) "
+                f"on the CPU: {refusal}"
+            ] = None
+            continue
         for model in scenario.models:
             for swept in _sweep_combos(scenario.sweep):
                 variant = _variant(config, scenario, overlay, model, swept, axes, checks)
-                for n, eb, seq, pack in itertools.product(
-                    gpu_counts, variant.effective_batch_size, variant.max_seq_len, variant.packing
+                # the environments of a cell next to each other (then its repeats)
+                for n, eb, seq, pack, env in itertools.product(
+                    gpu_counts,
+                    variant.effective_batch_size,
+                    variant.max_seq_len,
+                    variant.packing,
+                    environments,
                 ):
-                    yield from _cell_experiments(config, variant, n, eb, seq, pack, repeats)
+                    yield from _cell_experiments(config, variant, n, eb, seq, pack, repeats, env)

@@ -6,8 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.config.environments import Environment
 from orchestrator.config.scenarios import AccelerateConfig
 from orchestrator.contract.argnames import BACKEND_KEY, DEFAULT_TASK, TASK_KEY, default_backend
+from orchestrator.matrix import frameworks
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,24 @@ class Experiment:
     #: folders the child puts first on ``sys.path`` for a ``python:`` model (the
     #: scenarios file's folder; not part of the id: moving the folder changes nothing)
     python_path: tuple[str, ...] = ()
+    #: steps recorded with torch.profiler after the warm-up (0: no profile; not part
+    #: of the id: it measures the setup rather than changing it, and the profiled
+    #: steps are left out of the measured window)
+    profile_steps: int = 0
+    #: the interpreter it runs under and that one's versions (``environments:``); None:
+    #: the one running tunematrix
+    environment: Environment | None = None
+
+    @property
+    def python(self) -> str | None:
+        """The interpreter of its ``accelerate launch``; None: the one running tunematrix."""
+        return self.environment.python if self.environment is not None else None
+
+    @property
+    def processes(self) -> int:
+        """Training processes: one per GPU, or one for all of them (``distributed_type: NO``,
+        the ``dp`` framework's DataParallel)."""
+        return frameworks.processes(self.accelerate, self.num_gpus)
 
     @property
     def peft_method(self) -> str | None:
@@ -68,7 +88,18 @@ class Experiment:
 
     def spec(self) -> dict[str, Any]:
         """The JSON-ready description of the experiment (``spec.json`` without paths)."""
+        # an environment's fields only where one is named: other specs stay as they were
+        environment = (
+            {
+                "environment": self.environment.name,
+                "environment_python": self.environment.python,
+                "environment_versions": dict(self.environment.versions),
+            }
+            if self.environment is not None
+            else {}
+        )
         return {
+            **environment,
             "experiment_id": self.experiment_id,
             "cell_id": self.cell_id,
             "scenario": self.scenario,
@@ -76,6 +107,7 @@ class Experiment:
             "model_name_or_path": self.model_name_or_path,
             "device": self.device,
             "num_gpus": self.num_gpus,
+            "processes": self.processes,
             "effective_batch_size": self.effective_batch_size,
             "per_device_train_batch_size": self.per_device_train_batch_size,
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
@@ -88,4 +120,6 @@ class Experiment:
             "env": dict(self.env),
             "data_processing": dict(self.data_processing) if self.data_processing else None,
             "python_path": list(self.python_path),
+            # only where profiled: other specs stay as they were
+            **({"profile_steps": self.profile_steps} if self.profile_steps else {}),
         }

@@ -1,6 +1,10 @@
 """Experiment ids: readable, stable, and safe as folder names.
 
-``<scenario>.<model-short>.<framework or none>.g<N>.eb<B>[.r<k>]-<hash8>``
+``<scenario>.<model-short>.<framework or none>[.<environment>].g<N>.eb<B>[.r<k>]-<hash8>``
+
+The environment's name is there only when the scenarios file lists
+``environments:``; its resolved versions are then hashed too, so an
+environment whose packages changed gives new ids.
 
 The hash covers the fully resolved spec of the cell (every trainer argument,
 the data stanza, the accelerate config's parsed content, the environment
@@ -60,10 +64,13 @@ def experiment_id(
     effective_batch_size: int,
     repeat: int,
     digest: str,
+    environment: str | None = None,
 ) -> str:
+    # an environment's name follows the framework (its versions are in the hash)
     readable = (
         f"{scenario}.{model_short_name(model_name_or_path)}.{framework}"
-        f".g{num_gpus}.eb{effective_batch_size}"
+        + (f".{environment}" if environment is not None else "")
+        + f".g{num_gpus}.eb{effective_batch_size}"
     )
     if repeat:
         readable += f".r{repeat}"

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.config.environments import Environment
 from orchestrator.matrix.experiment import Experiment
 
 
@@ -42,3 +43,5 @@ class Plan:
     swept_keys: tuple[str, ...]
     #: lines for the plan header: scenarios left out, GPU scenarios planned on the CPU…
     notes: tuple[str, ...] = field(default=())
+    #: the interpreters every cell runs under, probed (``environments:``); empty: this one
+    environments: tuple[Environment, ...] = field(default=())

@@ -30,6 +30,7 @@ def plan_rows(plan: Plan) -> list[dict[str, Any]]:
             "task": e.task,
             "trainer": e.trainer,
             "num_gpus": e.num_gpus,
+            "processes": e.processes,
             "per_device_train_batch_size": e.per_device_train_batch_size,
             "gradient_accumulation_steps": e.gradient_accumulation_steps,
             "effective_batch_size": e.effective_batch_size,
@@ -42,6 +43,8 @@ def plan_rows(plan: Plan) -> list[dict[str, Any]]:
             "cell_id": e.cell_id,
             "status": "planned",
         }
+        if plan.environments:  # a column only where the file lists environments
+            row["environment"] = e.environment.name if e.environment is not None else None
         for key in extra:
             row[key] = e.swept.get(key)
         rows.append(row)
@@ -88,6 +91,9 @@ def format_header(
         values = ", ".join(_cell(v) for v in axis.values)
         lines.append(f"  {label + ':':<24} {values}  [{axis.source}]")
     lines.append(f"  {'repeats:':<24} {plan.repeats.values[0]}  [{plan.repeats.source}]")
+    for env in plan.environments:
+        lines.append(f"  {'environment ' + env.name + ':':<24} {env.python}  [scenarios file]")
+        lines.append(f"  {'':<24} {env.label()}")
     lines.extend(f"note: {note}" for note in (*plan.notes, *notes))
     return "\n".join(lines)
 
@@ -110,7 +116,12 @@ def format_table(plan: Plan) -> str:
         ("max_seq_len", "seq_len"),
         ("packing", "packing"),
     ]
+    if any(e.processes != e.num_gpus for e in plan.experiments):
+        # dp: one process for all the GPUs of its cell
+        columns.insert(columns.index(("num_gpus", unit)) + 1, ("processes", "procs"))
     columns += [(k, k) for k in plan.swept_keys if k not in dict(columns)]
+    if plan.environments:
+        columns.append(("environment", "environment"))
     if plan.repeats.values[0] > 1:
         columns.append(("repeat", "repeat"))
     rows = plan_rows(plan)
@@ -138,7 +149,7 @@ def command_for(experiment: Experiment, layout: ResultsLayout) -> tuple[dict[str
         experiment,
         layout.run(experiment.experiment_id).spec,
         port=PLAN_PORT,
-        accelerate=accelerate_command(),
+        accelerate=accelerate_command(experiment.python),
     )
     return env, argv
 

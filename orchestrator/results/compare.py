@@ -40,6 +40,7 @@ from orchestrator.contract.argnames import DEFAULT_TASK
 from orchestrator.contract.layout import ResultsLayout, write_atomic
 from orchestrator.contract.outcome import LOST, MEASURED
 from orchestrator.results.columns import argument_columns, is_output
+from orchestrator.results.environments import match_on_environment
 from orchestrator.results.stats import mann_whitney_u
 
 #: what makes two rows the same experiment; each is used where both sides have it
@@ -56,6 +57,8 @@ KEYS = (
     "packing",
     "torch_dtype",
     "device",
+    # only where a side holds several (``results.environments.match_on_environment``)
+    "environment",
 )
 #: conditions of a run that are not part of the experiment but change its figures:
 #: a matched cell whose sides differ in one of them is marked
@@ -255,6 +258,10 @@ def _match_keys(new: pd.DataFrame, ref: pd.DataFrame) -> tuple[list[str], list[s
     arguments), and notes on what was left out."""
     notes: list[str] = []
     keys = [k for k in KEYS if _present(new, k) and _present(ref, k)]
+    if "environment" in keys:
+        on_env, env_note = match_on_environment(new, ref)
+        keys = keys if on_env else [k for k in keys if k != "environment"]
+        notes += [env_note] if env_note else []
     # a key neither side has (the trainer, before there was a choice) changes nothing
     dropped = [k for k in KEYS if k not in keys and (_present(new, k) or _present(ref, k))]
     if dropped:

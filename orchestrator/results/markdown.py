@@ -21,6 +21,7 @@ import pandas as pd
 
 from orchestrator.contract import metrics
 from orchestrator.contract.argnames import CLASSIFICATION_TASKS
+from orchestrator.results import quality
 from orchestrator.results.aggregate import (
     PEAK_MEMORY_SOURCES,
     CostSettings,
@@ -31,6 +32,8 @@ from orchestrator.results.aggregate import (
 )
 from orchestrator.results.capacity import GIB, LIKELY_OOM_FRACTION, Capacity, gib
 from orchestrator.results.columns import CELL_ORDER, config_columns
+from orchestrator.results.communication import communication_markdown
+from orchestrator.results.environments import side_by_side_markdown
 
 #: the header of HF Trainer's throughput estimate, and what it is
 HF_ESTIMATE_HEADER = metrics.get("train_tokens_per_second").header
@@ -49,6 +52,9 @@ SUMMARY_FIGURES = (
     "mfu",
     "cost_per_1m_tokens_usd",
     "train_loss",
+    # how busy the devices were (orchestrator/job/utilisation.py): last, after speed and loss
+    "gpu_util_mean_pct",
+    "cpu_util_mean_pct",
 )
 #: how a figure of each unit is shown (``_fmt``'s kinds); other units as they are
 _UNIT_FORMATS = {"tokens/s": "int", "bytes": "gib", "fraction": "pct", "USD": "usd"}
@@ -145,7 +151,15 @@ def figure_text(cell: Mapping[Any, Any], name: str) -> str:
 
 #: key columns a scenario's table shows when they vary within it (the trainer first:
 #: sft and hf cells of one scenario side by side)
-_VARYING_KEYS = ("task", "trainer", "peft_method", "max_seq_len", "torch_dtype", "packing")
+_VARYING_KEYS = (
+    "task",
+    "trainer",
+    "peft_method",
+    "max_seq_len",
+    "torch_dtype",
+    "packing",
+    "environment",
+)
 #: the figure shown next to tokens/s for the tasks whose unit is a sample, not a token
 SAMPLES_FIGURE = "samples_per_second_global"
 #: its header where every cell of a table is an image task
@@ -221,6 +235,8 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
         )
     if hf:
         lines += ["", HF_ESTIMATE_NOTE]
+    if quality.shows_quality(cells):
+        lines += ["", quality.NOTE]
     if missing:
         lines += ["", f"Columns with no figure in any cell are left out: {', '.join(missing)}."]
     lines += _capacity_lines(report)
@@ -234,6 +250,8 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
             if a in group.columns and group[a].astype(str).nunique() > 1
         ]
         shown = _figures_of(group, figures)
+        # whether the cells learnt, beside how fast they ran (orchestrator/results/quality.py)
+        learnt = quality.shows_quality(group)
         headers = [
             "model",
             "framework",
@@ -241,6 +259,7 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
             "batch/dev × accum",
             *varying,
             *[header for _, header in shown],
+            *([quality.HEADER] if learnt else []),
             "status",
         ]
         body = []
@@ -254,6 +273,7 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
                     f"{_fmt(c.get('per_device_train_batch_size'), 'int')} × {_fmt(c.get('gradient_accumulation_steps'), 'int')}",
                     *[_fmt(c.get(a)) for a in varying],
                     *[figure_text(c, name) for name, _ in shown],
+                    *([quality.quality_text(c)] if learnt else []),
                     status_text(c, report.capacity),
                 ]
             )
@@ -266,8 +286,13 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
                 lines.append(
                     f"- {c['status']}: {c.get('model_name_or_path')}, {c.get('framework_config')}, {_fmt(c.get('num_gpus'), 'int')} GPU(s): {c.get('error') or 'no error recorded'}{where}"
                 )
+    lines += side_by_side_markdown(
+        cells, args, lambda name: metrics.get(name).header, figure_text
+    )
     lines += scaling_markdown(report.scaling)
     lines += cost_markdown(cells, cost)
+    # profiled cells only (profile: true): communication time per step, from the traces
+    lines += communication_markdown(cells)
     if report.plot_notes:
         lines += ["", "## Plots", "", *[f"- {n}" for n in report.plot_notes]]
     if report.notes:

@@ -22,6 +22,7 @@ from typing import Any
 from orchestrator.contract import metrics
 from orchestrator.contract.layout import write_atomic
 from orchestrator.contract.metrics import Column, Source
+from orchestrator.results.environments import environment_columns
 
 
 class UndeclaredMetricWarning(UserWarning):
@@ -77,7 +78,7 @@ class _RowPlan:
 
     @classmethod
     def of(cls, declared: tuple[Column, ...]) -> _RowPlan:
-        head = [c for c in declared if c.key or c.aggregate == "evidence"]
+        head = [c for c in declared if c.key or c.aggregate == "evidence" or c.source == "plan"]
         return cls(
             declared=declared,
             head=tuple(map(_Reader.of, head)),
@@ -159,6 +160,7 @@ def build_row(
     # every scenario argument, by its own name (those already shown above are not repeated)
     for key, value in (spec.get("arguments") or {}).items():
         row.setdefault(key, value)
+    environment_columns(row, spec, result)
     return row
 
 

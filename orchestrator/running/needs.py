@@ -3,7 +3,8 @@
 Without this, a missing training stack shows up one experiment at a time, each
 launched and failed with "No module named 'accelerate'". The children run with
 this same interpreter (``orchestrator.job.command.accelerate_command``), so what
-this interpreter can import is what they can. Nothing is imported here: a
+this interpreter can import is what they can; those of an ``environments:``
+entry run its interpreter, probed at plan time (``orchestrator.config.environments``). Nothing is imported here: a
 package is looked up, not loaded.
 """
 
@@ -16,11 +17,12 @@ from typing import Any
 
 from orchestrator.contract.errors import UserError
 from orchestrator.matrix.experiment import Experiment
+from orchestrator.matrix.frameworks import distributed_type
 
 TRAIN_STACK = ("torch", "transformers", "peft", "accelerate")
 TRAIN_INSTALL = "pip install 'tunematrix[train]' (with your CUDA build of torch first)"
 QLORA_INSTALL = "pip install bitsandbytes"
-DEEPSPEED_INSTALL = "pip install deepspeed"
+DEEPSPEED_INSTALL = "pip install 'tunematrix[deepspeed]'"
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,9 @@ def needs(experiments: Iterable[Experiment], executor: str = "local") -> list[Ne
     from orchestrator.executors.registry import get
 
     found: dict[str, Need] = {}
-    experiments = list(experiments)
+    # an experiment under an environments: entry runs another interpreter, whose
+    # training stack the plan probed; only the others run with this one
+    experiments = [e for e in experiments if e.environment is None]
     if experiments:
         for module in TRAIN_STACK:
             found[module] = Need(module, "the training stack", TRAIN_INSTALL)
@@ -52,7 +56,7 @@ def needs(experiments: Iterable[Experiment], executor: str = "local") -> list[Ne
                 f"scenario '{e.scenario}' (peft_method: qlora)",
                 QLORA_INSTALL,
             )
-        uses_deepspeed = e.accelerate is not None and e.accelerate.distributed_type == "DEEPSPEED"
+        uses_deepspeed = distributed_type(e.accelerate) == "DEEPSPEED"
         if uses_deepspeed and "deepspeed" not in found:
             found["deepspeed"] = Need(
                 "deepspeed",

@@ -150,6 +150,8 @@ def run_plan(
             env["cost"] = {"usd_per_gpu_hour": options.usd_per_gpu_hour}
             env["mode"] = executor.mode
             env["executor"] = executor.name
+            if plan.environments:  # the interpreters the jobs ran under, as the plan found them
+                env["environments"] = [e.record() for e in plan.environments]
             envinfo.write(layout.env, env)
             write_plan_csv(plan, layout.plan_csv)
 

@@ -122,6 +122,12 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
         assert r["error"] == "" and r["memory_backend"] == "psutil"
         assert int(r["mem_tree_peak_rss_bytes"]) > int(r["mem_peak_rss_bytes"]) > 50 * 2**20
         assert r["learning_rate"] == "0.001" and r["max_steps"] == "4"
+        # utilisation, always on: the CPU figure filled (a share of the allowed CPUs; 1 over
+        # 100 for the kernel's 10 ms ticks), the GPU figures empty, never 0
+        assert 0 < float(r["cpu_util_mean_pct"]) <= 101 and int(r["cpu_allowed"]) >= 1
+        assert r["util_window"] in ("measured", "training", "job")
+        assert r["gpu_util_mean_pct"] == r["gpu_util_p10_pct"] == ""
+        assert r["gpu_mem_bw_util_mean_pct"] == ""
     lora = [r for r in table if r["scenario"] == "lora"]
     assert all(r["peft_method"] == "lora" and r["r"] == "4" for r in lora)
 
@@ -130,6 +136,7 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
     assert len(bench) == 4 and {b["status"] for b in bench} == {"ok"}
     summary = (results / "summary.md").read_text()
     assert "4 experiment(s) in 4 cell(s); ok 4" in summary and "## Scaling" in summary
+    assert all(float(b["cpu_util_mean_pct"]) > 0 for b in bench) and "CPU util %" in summary
     for plot in ("throughput", "memory", "scaling", "loss"):
         assert (results / "plots" / f"{plot}.png").stat().st_size > 10_000, plot
     from orchestrator.results import history

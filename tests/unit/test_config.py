@@ -115,7 +115,8 @@ def test_unknown_key_names_path_and_allowed_keys(load) -> None:
     )
     assert re.search(
         r"scenarios\.yaml:3: scenarios\[0\]: unknown key 'argumnts'; allowed: name, "
-        r"description, framework_config, slow, device, num_gpus, arguments, sweep, timeout_s$",
+        r"description, framework_config, slow, device, num_gpus, arguments, sweep, timeout_s, "
+        r"profile, profile_steps$",
         message,
     ), message
 
@@ -124,7 +125,7 @@ def test_unknown_top_level_key(load) -> None:
     message = _error(load, "scenario:\n  - name: a\n")
     assert message.endswith(
         "scenarios.yaml:1: unknown key 'scenario'; allowed: accelerate_config, timeout_s, cost, slurm, frameworks, "
-        "matrix, data_processing, scenarios (and 1 more problem)"
+        "matrix, environments, data_processing, scenarios (and 1 more problem)"
     )
 
 

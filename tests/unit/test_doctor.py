@@ -340,8 +340,8 @@ def test_optional_packages_are_information_not_failure(tmp_path) -> None:
         in lines
     )
     assert (
-        "info  deepspeed not installed (needed for DeepSpeed scenarios) — pip install deepspeed"
-        in lines
+        "info  deepspeed not installed (needed for DeepSpeed scenarios)"
+        " — pip install 'tunematrix[deepspeed]'" in lines
     )
     assert (
         "info  datasets not installed (needed for datasets named on the hub) — "

@@ -721,8 +721,8 @@ def test_the_commented_gpu_scenarios_plan_when_uncommented(tmp_path: Path) -> No
     assert any("- name: bert-imdb" in line for line in block)
     uncommented = text[:start] + "\n".join(line.rstrip("#") for line in block) + "\n"
     (tmp_path / "scenarios.yaml").write_text(uncommented)
-    (tmp_path / "accelerate-ddp.yaml").write_text((REPO / "accelerate-ddp.yaml").read_text())
-    (tmp_path / "accelerate.yaml").write_text((REPO / "accelerate.yaml").read_text())
+    for config in REPO.glob("accelerate*.yaml"):
+        (tmp_path / config.name).write_text(config.read_text())
     config = load_config(
         tmp_path / "scenarios.yaml",
         defaults_file=REPO / "defaults.yaml",

@@ -464,6 +464,9 @@ class ImageExamples:
     channels: int
     #: False: as stored (``no_data_processing``): not resized, not normalised
     processed: bool = True
+    #: the source's images these examples are (``eval: true`` splits them,
+    #: ``trainer_entry.data.holdout``); None: every one
+    indices: tuple[int, ...] | None = None
 
 
 class ImageDataset(torch.utils.data.Dataset[dict[str, Any]]):
@@ -471,10 +474,13 @@ class ImageDataset(torch.utils.data.Dataset[dict[str, Any]]):
         self.examples = examples
 
     def __len__(self) -> int:
-        return len(self.examples.source)
+        ex = self.examples
+        return len(ex.source) if ex.indices is None else len(ex.indices)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         ex = self.examples
+        if ex.indices is not None:
+            i = ex.indices[i]
         image, label = ex.source.item(i, ex.size, ex.channels)
         pixels = to_pixels(
             image, ex.size if ex.processed else None, ex.channels, normalise=ex.processed

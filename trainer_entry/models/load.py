@@ -259,10 +259,17 @@ def load_model(
         "weights_drawn": place.init_weights if kind == "config" else None,
     }
     model = apply_peft(model, peft, quantized=quant is not None, task=task)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    # ZeRO-3 (deepspeed.zero.Init) builds each parameter as an empty tensor and
+    # keeps its full size as ds_numel
+    trainable = sum(_numel(p) for p in model.parameters() if p.requires_grad)
+    total = sum(_numel(p) for p in model.parameters())
     info.update(trainable_params=trainable, total_params=total, peft_method=peft.method)
     return LoadedModel(model=model, tokenizer=tokenizer, info=info)
+
+
+def _numel(p: Any) -> int:
+    """A parameter's size, a ZeRO-3 shard's full size included."""
+    return int(getattr(p, "ds_numel", p.numel()))
 
 
 def _python_model(

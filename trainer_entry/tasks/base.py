@@ -39,6 +39,9 @@ class TaskData:
 
     examples: Any
     meta: dict[str, Any]
+    #: the held-out examples of ``eval: true`` (of ``examples``' type), never trained on;
+    #: None without eval (``trainer_entry.data.holdout``)
+    eval_examples: Any = None
 
 
 class Task(Protocol):
@@ -81,6 +84,9 @@ class Task(Protocol):
         model_config: Any,
     ) -> TaskData:
         """The training examples; ``as_given``: the file as it is (``no_data_processing``).
+
+        With ``eval: true`` (``parsed.evaluation``) also the held-out examples
+        (``TaskData.eval_examples``), split off with ``trainer_entry.data.holdout``.
 
         ``processor`` is the tokenizer (None for images); ``model_config`` the
         model's config (an image task reads the image size it expects).

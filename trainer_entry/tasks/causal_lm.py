@@ -7,6 +7,7 @@ runs once per token (the LM head included).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import torch
 
 from trainer_entry.arguments import ParsedArguments
 from trainer_entry.data.collate import Collator, SequenceDataset
+from trainer_entry.data.holdout import pack_part, split_sequences
 from trainer_entry.data.prepare import load_unprocessed, prepare
 from trainer_entry.tasks.base import TaskData
 
@@ -53,8 +55,23 @@ class CausalLMTask:
             from trainer_entry.backends.sft import data_config
 
             cfg = data_config(parsed)
-        data = load_unprocessed(cfg, processor) if as_given else prepare(cfg, processor, data_dir)
-        return TaskData(examples=data, meta=data.meta)
+        if not parsed.evaluation.enabled:
+            data = (
+                load_unprocessed(cfg, processor) if as_given else prepare(cfg, processor, data_dir)
+            )
+            return TaskData(examples=data, meta=data.meta)
+        # eval: split documents, then pack each part, so no document is in both
+        docs_cfg = dataclasses.replace(cfg, packing=False, truncate=False) if cfg.packing else cfg
+        docs = (
+            load_unprocessed(docs_cfg, processor)
+            if as_given
+            else prepare(docs_cfg, processor, data_dir)
+        )
+        train, held = split_sequences(docs, parsed.evaluation.holdout)
+        if cfg.packing:
+            train = pack_part(train, cfg, "the part trained on")
+            held = pack_part(held, cfg, "the held-out part")
+        return TaskData(examples=train, meta=train.meta, eval_examples=held)
 
     def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:
         return SequenceDataset(data.examples)

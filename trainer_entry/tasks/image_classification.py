@@ -27,12 +27,14 @@ class token carries the loss).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainer_entry.arguments import DataConfig, ParsedArguments
+from trainer_entry.data.holdout import holdout_count, holdout_indices
 from trainer_entry.data.images import (
     ImageCollator,
     ImageDataset,
@@ -146,7 +148,23 @@ class ImageClassificationTask:
             "cache_hit": None,
             "cache_path": None,
         }
-        return TaskData(examples=examples, meta=meta)
+        if not parsed.evaluation.enabled:
+            return TaskData(examples=examples, meta=meta)
+        # eval: an image is a document; the two parts index the one source
+        count = holdout_count(n, parsed.evaluation.holdout)
+        train, held = holdout_indices(n, count)
+        trained = len(train)
+        meta.update(
+            sequences=trained,
+            tokens=trained * positions,
+            label_tokens=trained,
+            heldout_sequences=count,
+        )
+        return TaskData(
+            examples=dataclasses.replace(examples, indices=tuple(train)),
+            meta=meta,
+            eval_examples=dataclasses.replace(examples, indices=tuple(held)),
+        )
 
     def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:
         return ImageDataset(data.examples)

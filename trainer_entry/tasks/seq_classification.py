@@ -50,6 +50,7 @@ from trainer_entry.arguments import DataConfig, ParsedArguments
 from trainer_entry.data.cache import cache_key, is_cached
 from trainer_entry.data.collate import padded_batch
 from trainer_entry.data.formats import field
+from trainer_entry.data.holdout import split_sequences
 from trainer_entry.data.load import load_records
 from trainer_entry.data.tokenize import tokenizer_identity
 from trainer_entry.errors import SpecError
@@ -378,6 +379,9 @@ class SeqClassificationTask:
                 f"a sequence is {longest} tokens long but the model has {limit} positions "
                 f"(max_position_embeddings); set max_seq_len to {limit} or less"
             )
+        if parsed.evaluation.enabled:  # one text is one document: split the sequences
+            train, held = split_sequences(data, parsed.evaluation.holdout)
+            return TaskData(examples=train, meta=train.meta, eval_examples=held)
         return TaskData(examples=data, meta=data.meta)
 
     def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:

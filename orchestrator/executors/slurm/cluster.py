@@ -71,10 +71,13 @@ def shape(
     if experiment.device == "gpu":
         per_node = settings.gpus_per_node or gpus_per_node or experiment.num_gpus
         per_node = min(per_node, experiment.num_gpus)
+        if experiment.processes == 1:
+            # one process (dp's DataParallel) drives all its GPUs: they share one node
+            per_node = experiment.num_gpus
         count = math.ceil(experiment.num_gpus / per_node)
         cpus = settings.cpus_per_task or max(1, 4 * per_node)
         return count, per_node, cpus
-    return 1, None, settings.cpus_per_task or experiment.num_gpus
+    return 1, None, settings.cpus_per_task or experiment.processes
 
 
 def require_slurm() -> None:

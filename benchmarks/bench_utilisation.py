@@ -1,0 +1,204 @@
+"""What utilisation sampling costs. Target (issue: frameworks and insight): the
+sidecar's utilisation sampling (NVML utilisation rates, the job tree's CPU time)
+costs under 1% of training throughput, instrumented / bare.
+
+Usage: python benchmarks/bench_utilisation.py [--pairs N] [--steps S] [--processes P]
+       [--samples K]
+
+Runs the same tiny CPU cell (a small Llama, random weights, packed blocks) again
+and again through ``run_experiment``, each run a fresh ``accelerate launch``
+and a fresh sidecar, alternating the sidecar with utilisation sampling
+("instrumented", the default) and without it ("bare": memory sampling only,
+``TUNEMATRIX_SIDECAR_UTILISATION=0`` in the sidecar's environment, a switch for
+this measurement only), A B B A ... so drift hits both alike. Prints each
+variant's tokens/s (``tokens_per_second_global``, the measured steps) and
+median, the ratio of the medians and the spread of the pairs' ratios.
+
+It also prints what one sample costs the sidecar: from each run's
+``sidecar.log`` (the sidecar's CPU time over its samples, both variants), and
+from a microbenchmark of the tree pass alone (``--samples`` passes over a
+tree of three idle processes, with and without the CPU-time reading), so the
+figure does not rest on the end-to-end ratio alone, which on a small machine
+is noisier than 1%. Exit code 1 if the ratio misses the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from orchestrator.config.scenarios import load_config  # noqa: E402
+from orchestrator.job import utilisation  # noqa: E402
+from orchestrator.matrix.expand import Selection, build_plan  # noqa: E402
+from orchestrator.running.runner import RunOptions  # noqa: E402
+
+TARGET = 0.99
+ARCH = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 1024,
+    "max_position_embeddings": 1024,
+}
+_SIDECAR_LINE = re.compile(r"sidecar: (\d+) samples \(([^)]*)\), ([0-9.]+) s CPU")
+
+
+def scenarios_text(arch: Path, steps: int, processes: int) -> str:
+    return f"""\
+frameworks:
+  ddp: {{accelerate_config: {REPO / "accelerate-ddp.yaml"}}}
+matrix:
+  effective_batch_size: [{4 * processes}]
+  num_gpus: [{processes}]
+scenarios:
+  - name: bench
+    device: cpu
+    framework_config: [ddp]
+    arguments:
+      model_name_or_path: "config:{arch}"
+      max_seq_len: 256
+      max_steps: {steps}
+      logging_steps: 1
+"""
+
+
+def ab_runs(folder: Path, pairs: int, processes: int) -> dict[str, list[dict[str, float]]]:
+    """Each variant's runs: tokens/s, cpu_util_mean_pct, the sidecar's samples and CPU."""
+    from orchestrator.job.execute import run_experiment
+    from orchestrator.running.resultsdir import open_results
+
+    config = load_config(folder / "scenarios.yaml", defaults_file=None)
+    (experiment, *_) = build_plan(
+        config, Selection(device="cpu", num_gpus=(processes,)), gpu_count=0
+    ).experiments
+    runs: dict[str, list[dict[str, float]]] = {"instrumented": [], "bare": []}
+    with open_results(folder / "ab", resume=False) as opened:
+        for i in range(pairs):
+            for variant in ("instrumented", "bare") if i % 2 == 0 else ("bare", "instrumented"):
+                if variant == "bare":
+                    os.environ[utilisation.OFF_ENV] = "0"
+                else:
+                    os.environ.pop(utilisation.OFF_ENV, None)
+                run = opened.layout.run(f"ab-{i}-{variant}")
+                outcome = run_experiment(experiment, run, opened.layout, RunOptions())
+                assert outcome.status == "ok", outcome
+                metrics = json.loads(run.result.read_text())["metrics"]
+                figures = {"tps": float(metrics["tokens_per_second_global"])}
+                if "cpu_util_mean_pct" in outcome.memory:
+                    figures["cpu_util"] = float(outcome.memory["cpu_util_mean_pct"])
+                match = _SIDECAR_LINE.search(run.sidecar_log.read_text())
+                if match:
+                    figures["samples"] = float(match.group(1))
+                    figures["sidecar_cpu_s"] = float(match.group(3))
+                runs[variant].append(figures)
+    os.environ.pop(utilisation.OFF_ENV, None)
+    return runs
+
+
+def tree_pass_cost(samples: int) -> dict[str, float]:
+    """CPU seconds per pass over a tree of three idle processes, RSS alone and RSS + CPU time."""
+    from orchestrator.job.sidecar import _Tree
+
+    code = (
+        "import subprocess, sys, time; "
+        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']) "
+        "for _ in range(2)]; time.sleep(600)"
+    )
+    import psutil
+
+    root = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while len(psutil.Process(root.pid).children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        out = {}
+        for name, cpu in (("rss", False), ("rss+cpu", True)):
+            tree = _Tree(root.pid, cpu=cpu)
+            tree.rss()
+            assert len(tree.members) == 3, tree.members
+            began = time.process_time()
+            for _ in range(samples):
+                tree.rss()
+            out[name] = (time.process_time() - began) / samples
+        return out
+    finally:
+        # the sleepers this started, by pid, then their parent
+        for child in psutil.Process(root.pid).children():
+            child.kill()
+        root.kill()
+        root.wait()
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.3f} ms"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=6, help="instrumented/bare pairs of runs")
+    parser.add_argument("--steps", type=int, default=40, help="training steps per run")
+    parser.add_argument("--processes", type=int, default=1, help="training processes per run")
+    parser.add_argument("--samples", type=int, default=2000, help="tree passes to time")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        arch = folder / "arch.json"
+        arch.write_text(json.dumps(ARCH))
+        (folder / "scenarios.yaml").write_text(scenarios_text(arch, args.steps, args.processes))
+        runs = ab_runs(folder, args.pairs, args.processes)
+    passes = tree_pass_cost(args.samples)
+
+    on = [r["tps"] for r in runs["instrumented"]]
+    off = [r["tps"] for r in runs["bare"]]
+    ratios = [a / b for a, b in zip(on, off, strict=True)]
+    ratio = statistics.median(on) / statistics.median(off)
+    print(
+        f"cell: llama 256×4, {args.steps} steps, {args.processes} process(es), CPU, "
+        f"{args.pairs} pairs (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'default')})"
+    )
+    for name, values in (("instrumented", on), ("bare", off)):
+        cv = statistics.pstdev(values) / statistics.fmean(values)
+        print(
+            f"{name:<13} tokens/s {[round(t) for t in values]}  median "
+            f"{statistics.median(values):,.0f}  (CV {100 * cv:.1f}%)"
+        )
+    print(
+        f"instrumented / bare (medians): {ratio:.4f}; per pair: median "
+        f"{statistics.median(ratios):.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}"
+    )
+    utils = [r["cpu_util"] for r in runs["instrumented"] if "cpu_util" in r]
+    if utils:
+        print(f"cpu_util_mean_pct of the instrumented runs: {[round(x, 1) for x in utils]}")
+    for name, rs in runs.items():
+        per = [r["sidecar_cpu_s"] / r["samples"] for r in rs if r.get("samples")]
+        if per:
+            print(f"sidecar CPU per sample, {name:<13}: median {_ms(statistics.median(per))}")
+    print(
+        f"one pass over a 3-process tree: RSS {_ms(passes['rss'])}, RSS + CPU time "
+        f"{_ms(passes['rss+cpu'])} (utilisation adds {_ms(passes['rss+cpu'] - passes['rss'])}"
+        " per sample; at the default 0.1 s interval that is "
+        f"{100 * (passes['rss+cpu'] - passes['rss']) / 0.1:.3f}% of one core)"
+    )
+    good = ratio >= TARGET
+    print(f"tokens/s instrumented / bare >= {TARGET}: {'met' if good else 'MISSED'}")
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

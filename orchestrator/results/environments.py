@@ -1,0 +1,297 @@
+"""Environments in the tables: their versions in each row, side by side in summary.md,
+and compared against one another (``tunematrix compare RESULTS --across environment``).
+
+An environment (``environments:`` in the scenarios file) is a key column: the
+same cell under two interpreters is two cells. Two results folders that ran one
+environment each are still compared cell by cell: the environment is a match key
+only where a side holds more than one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from orchestrator.config.environments import drift, short_labels
+from orchestrator.contract.errors import UserError
+
+if TYPE_CHECKING:
+    from orchestrator.results.compare import Comparison
+
+COLUMN = "environment"
+VERSIONS = "environment_versions"
+NOTE = "environment_note"
+#: the figures summary.md puts side by side, per environment
+SIDE_BY_SIDE = ("tokens_per_second_global", "peak_memory_bytes")
+
+
+def versions_of(value: Any) -> dict[str, Any]:
+    """An ``environment_versions`` cell as a mapping: a row's own, or its JSON from a CSV."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
+    return {}
+
+
+def environment_columns(
+    row: dict[str, Any], spec: Mapping[str, Any], result: Mapping[str, Any] | None
+) -> None:
+    """Fill a row's environment columns: empty without an environment; a note where the
+    run reported other versions than the plan found (the interpreter changed between)."""
+    planned = versions_of(spec.get(VERSIONS))
+    row[VERSIONS] = planned or None
+    ran = (result or {}).get("versions")
+    changed = drift(planned, ran) if planned and isinstance(ran, Mapping) else []
+    row[NOTE] = (
+        "the run's versions differ from the plan's probe: " + "; ".join(changed)
+        if changed
+        else None
+    )
+
+
+def _named(frame: pd.DataFrame) -> list[str]:
+    """The environments of a table, in the order its rows have them (empty names left out)."""
+    if COLUMN not in frame.columns:
+        return []
+    values = frame[COLUMN].dropna().astype(str)
+    return list(dict.fromkeys(v for v in values if v.strip() and v.lower() != "nan"))
+
+
+def match_on_environment(new: pd.DataFrame, ref: pd.DataFrame) -> tuple[bool, str | None]:
+    """Whether compare matches rows on the environment, and a note when it does not.
+
+    Where each side ran one environment (two folders, one interpreter each, or
+    ``--across``), the environment is the thing compared, not a key; where a side
+    holds several, a cell of one environment meets only its own.
+    """
+    mine, theirs = _named(new), _named(ref)
+    if not mine or not theirs:
+        return False, None
+    if len(mine) > 1 or len(theirs) > 1:
+        return True, None
+    if mine == theirs:
+        return True, None
+    both = pd.concat(
+        [f[[c for c in (COLUMN, VERSIONS) if c in f.columns]] for f in (ref, new)],
+        ignore_index=True,
+    )
+    by_env = labels(both)
+    return False, (
+        f"environment {theirs[0]} ({by_env[theirs[0]]}) in the reference against "
+        f"{mine[0]} ({by_env[mine[0]]}) in the new run: matched without it"
+    )
+
+
+def labels(frame: pd.DataFrame) -> dict[str, str]:
+    """Per environment of ``frame``: its versions of the packages that differ between them."""
+    versions: dict[str, dict[str, Any]] = {}
+    for name in _named(frame):
+        if VERSIONS not in frame.columns:
+            versions[name] = {}
+            continue
+        found = frame.loc[frame[COLUMN].astype(str) == name, VERSIONS].map(versions_of)
+        versions[name] = next((v for v in found if v), {})
+    return short_labels(versions)
+
+
+def _cell_keys(cells: pd.DataFrame, args: Sequence[str]) -> list[str]:
+    from orchestrator.results.aggregate import cell_keys
+
+    keys = [k for k in (*cell_keys(), *args) if k in cells.columns and k != COLUMN]
+    return [k for k in keys if cells[k].map(str).nunique() > 1 or k in _ALWAYS]
+
+
+#: what a side-by-side row always names
+_ALWAYS = ("scenario", "model_name_or_path", "framework_config", "num_gpus")
+
+
+def _ordered(keys: Sequence[str]) -> list[str]:
+    return [*[k for k in _ALWAYS if k in keys], *[k for k in keys if k not in _ALWAYS]]
+
+
+def _label(row: Mapping[str, Any], keys: Sequence[str]) -> str:
+    parts = []
+    for k in keys:
+        value = row.get(k)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        if k == "num_gpus":
+            unit = "process" if str(row.get("device")) == "cpu" else "GPU"
+            parts.append(f"{value} {unit}")
+        elif k in _ALWAYS:
+            parts.append(str(value))
+        else:
+            parts.append(f"{k}={value}")
+    return " · ".join(parts)
+
+
+def side_by_side_markdown(
+    cells: pd.DataFrame,
+    args: Sequence[str],
+    header: Callable[[str], str],
+    figure: Callable[[Mapping[Any, Any], str], str],
+) -> list[str]:
+    """summary.md's environments section: per cell, each environment's figures side by
+    side, headed by the versions that differ. Nothing where the folder has one or none."""
+    names = _named(cells)
+    if len(names) < 2:
+        return []
+    shown = [name for name in SIDE_BY_SIDE if name in cells.columns and cells[name].notna().any()]
+    keys = _ordered(_cell_keys(cells, args))
+    by_env = labels(cells)
+    lines = [
+        "",
+        "## Environments side by side",
+        "",
+        "Each cell under each environment; a header names the versions that differ "
+        "between the environments.",
+        "",
+    ]
+    versions = {
+        name: next(
+            (
+                versions_of(v)
+                for v in cells.loc[cells[COLUMN].astype(str) == name, VERSIONS]
+                if versions_of(v)
+            ),
+            {},
+        )
+        if VERSIONS in cells.columns
+        else {}
+        for name in names
+    }
+    from orchestrator.config.environments import versions_text
+
+    lines += [
+        f"- **{name}**: {versions_text(versions[name]) or 'versions unknown'}" for name in names
+    ]
+    headers = ["cell"]
+    for figure_name in shown:
+        headers += [f"{header(figure_name)}: {name} ({by_env[name]})" for name in names]
+    headers.append("status")
+    body: list[list[str]] = []
+    rows = [{str(k): v for k, v in r.items()} for r in cells.to_dict("records")]
+    groups: dict[tuple[str, ...], dict[str, Mapping[str, Any]]] = {}
+    firsts: dict[tuple[str, ...], Mapping[str, Any]] = {}
+    for row in rows:
+        key = tuple(str(row.get(k)) for k in keys)
+        groups.setdefault(key, {})[str(row.get(COLUMN))] = row
+        firsts.setdefault(key, row)
+    for key, by_name in groups.items():
+        line = [_label(firsts[key], keys)]
+        for figure_name in shown:
+            line += [
+                figure(by_name[name], figure_name) if name in by_name else "–" for name in names
+            ]
+        line.append(
+            " / ".join(str(by_name[n].get("status")) if n in by_name else "–" for n in names)
+        )
+        body.append(line)
+    lines += ["", "| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
+    if NOTE in cells.columns and cells[NOTE].notna().any():
+        lines += ["", *[f"- {note}" for note in cells[NOTE].dropna().astype(str).unique()]]
+    return lines
+
+
+def compare_across(
+    rows: pd.DataFrame,
+    *,
+    across: str = COLUMN,
+    baseline: str | None = None,
+    metrics: list[str] | None = None,
+    threshold: float = 0.1,
+) -> tuple[Comparison, str, list[str]]:
+    """One results folder's ``across`` values (environments, by default) compared with
+    one another: ``baseline`` (default: the first) as the reference, each other value as
+    a new run, matched on every other key. Returns one comparison of them all (its first
+    key is ``across``, the candidate's value), the baseline and the candidates."""
+    from orchestrator.results.compare import Comparison, compare
+
+    if across not in rows.columns:
+        raise UserError(f"the results have no column '{across}' to compare across")
+    values = [
+        v
+        for v in dict.fromkeys(rows[across].dropna().astype(str))
+        if v.strip() and v.lower() != "nan"
+    ]
+    if len(values) < 2:
+        found = ", ".join(values) or "none"
+        raise UserError(
+            f"--across {across}: the results hold {len(values)} value(s) of it ({found}); "
+            "it takes at least two"
+        )
+    baseline = values[0] if baseline is None else baseline
+    if baseline not in values:
+        raise UserError(
+            f"--baseline {baseline}: not a value of {across} here; values: {', '.join(values)}"
+        )
+    candidates = [v for v in values if v != baseline]
+    text = rows[across].astype(str)
+    ref = rows[text == baseline].drop(columns=[across])
+    parts: list[Comparison] = []
+    for value in candidates:
+        part = compare(
+            rows[text == value].drop(columns=[across]), ref, metrics=metrics, threshold=threshold
+        )
+        for frame in (part.table, part.only_new, part.only_ref):
+            frame.insert(0, across, value)
+        parts.append(part)
+    first = parts[0]
+    notes = list(dict.fromkeys(n for p in parts for n in p.notes))
+    if across == COLUMN:
+        by_env = labels(rows)
+        notes.insert(
+            0,
+            "versions that differ: "
+            + "; ".join(f"{name}: {by_env.get(name, '?')}" for name in [baseline, *candidates]),
+        )
+    return (
+        Comparison(
+            table=pd.concat([p.table for p in parts], ignore_index=True),
+            keys=[across, *first.keys],
+            only_new=pd.concat([p.only_new for p in parts], ignore_index=True),
+            only_ref=pd.concat([p.only_ref for p in parts], ignore_index=True),
+            metrics=first.metrics,
+            notes=notes,
+        ),
+        baseline,
+        candidates,
+    )
+
+
+def across_lines(result: Comparison, across: str = COLUMN) -> list[str]:
+    """What ``compare --across`` prints per matched cell and metric: each candidate's
+    median against the baseline's, side by side."""
+    from orchestrator.results.compare import cell_label
+
+    table = result.table
+    if table.empty:
+        return []
+    keys = [k for k in result.keys if k != across]
+    out = []
+    for row in table[table["metric"] != "status"].to_dict("records"):
+        change = row.get("change")
+        shown = "" if change is None or change != change else f" ({100 * change:+.1f}%)"
+        out.append(
+            f"  {row[across]} vs baseline: {cell_label(row, keys)}: {row['metric']} "
+            f"{_number(row['new'])} vs {_number(row['ref'])}{shown}"
+        )
+    return out
+
+
+def _number(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, (int, float)):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4g}"
+    return str(value)

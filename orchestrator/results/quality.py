@@ -1,0 +1,105 @@
+"""summary.md's quality column: whether a cell learnt, next to how fast it ran.
+
+Per cell (medians over its ok repeats): the perplexity (causal-lm) or eval
+loss and accuracy (classification) on the held-out split where the cell ran
+with ``eval: true``, else the training loss first → last; then the slope of
+the training loss over the measured steps (loss per optimizer step). A cell
+whose loss diverged is flagged, so a fast cell that does not learn stands out:
+
+- a logged loss or gradient norm was NaN or infinite (``loss_nonfinite_steps``;
+  the Trainer logs a NaN step's loss as a finite stand-in, its gradient norm as
+  it is), or
+- the last logged loss is above ``DIVERGENCE_RATIO`` times the first.
+
+The figures come from the child (``trainer_entry/evaluate.py``); this module
+only reads a cell's columns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+#: the last logged loss above this many times the first is divergence
+DIVERGENCE_RATIO = 1.5
+HEADER = "quality"
+#: the columns the quality column reads; it is shown where a cell has one of the first four
+FIGURES = (
+    "eval_loss",
+    "perplexity",
+    "loss_slope_per_step",
+    "loss_first",
+    "eval_accuracy",
+    "loss_last",
+    "loss_nonfinite_steps",
+)
+NOTE = (
+    f"**{HEADER}**: with `eval: true`, the perplexity (exp of the eval loss, causal-lm) or "
+    "the eval loss and accuracy (classification) on the held-out split; otherwise the "
+    "training loss first → last. Then the slope of the training loss over the measured "
+    "steps, per optimizer step (negative: it falls). **DIVERGED**: a logged loss or "
+    f"gradient norm was NaN or infinite, or the last loss is above {DIVERGENCE_RATIO:g}× "
+    "the first."
+)
+
+
+def _number(value: Any) -> float | None:
+    """A cell's figure as a float; None where it is missing or no number."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def _text(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def diverged(cell: Mapping[Any, Any]) -> str | None:
+    """Why the cell's loss diverged (one phrase), or None when it did not or is unknown."""
+    nonfinite = _number(cell.get("loss_nonfinite_steps"))
+    if nonfinite:
+        return f"loss or grad norm NaN/inf at {nonfinite:g} logged step(s)"
+    first, last = _number(cell.get("loss_first")), _number(cell.get("loss_last"))
+    if first is not None and last is not None and first > 0 and last > DIVERGENCE_RATIO * first:
+        return f"loss {_text(first)} → {_text(last)}, over {DIVERGENCE_RATIO:g}× the first"
+    return None
+
+
+def quality_text(cell: Mapping[Any, Any]) -> str:
+    """The cell's quality column: eval figures or the loss first → last, the slope, a flag."""
+    parts: list[str] = []
+    perplexity = _number(cell.get("perplexity"))
+    eval_loss = _number(cell.get("eval_loss"))
+    accuracy = _number(cell.get("eval_accuracy"))
+    first, last = _number(cell.get("loss_first")), _number(cell.get("loss_last"))
+    if perplexity is not None:
+        parts.append(f"ppl {_text(perplexity)}")
+    elif eval_loss is not None:
+        text = f"eval loss {_text(eval_loss)}"
+        if accuracy is not None:
+            text += f", acc {100 * accuracy:.1f}%"
+        parts.append(text)
+    elif first is not None and last is not None:
+        parts.append(f"loss {_text(first)} → {_text(last)}")
+    slope = _number(cell.get("loss_slope_per_step"))
+    if slope is not None:
+        parts.append(f"{slope:+.3g}/step")
+    reason = diverged(cell)
+    if reason:
+        parts.insert(0, f"**DIVERGED** ({reason})")
+    return "; ".join(parts) or "–"
+
+
+def shows_quality(cells: pd.DataFrame) -> bool:
+    """Whether any cell has a figure for the quality column."""
+    return any(
+        name in cells.columns and pd.to_numeric(cells[name], errors="coerce").notna().any()
+        for name in FIGURES[:4]
+    )
