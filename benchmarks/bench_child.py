@@ -45,21 +45,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from abcell import ARCH  # noqa: E402
+
 from orchestrator.config.values import MEMORY_LOGGING  # noqa: E402
 
 TARGET = 0.99
 BATCH, LENGTH = 4, 256
-
-ARCH = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "vocab_size": 1024,
-    "max_position_embeddings": 1024,
-}
 
 
 def write_spec(folder: Path, steps: int, instrumented: bool) -> Path:

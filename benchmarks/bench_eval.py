@@ -19,82 +19,41 @@ documents. Exit code 1 if a target is missed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from abcell import CELL, plan_cell, run_alternated
 
-from orchestrator.config.scenarios import load_config  # noqa: E402
-from orchestrator.matrix.expand import Selection, build_plan  # noqa: E402
-from orchestrator.running.runner import RunOptions  # noqa: E402
-
-ARCH = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "vocab_size": 1024,
-    "max_position_embeddings": 1024,
-}
 #: the least tokens/s with eval over tokens/s without it (medians)
 TARGET_RATIO = 0.98
 
 
-def scenarios_text(arch: Path, steps: int, holdout: int) -> str:
-    return f"""\
-frameworks:
-  ddp: {{accelerate_config: {REPO / "accelerate-ddp.yaml"}}}
-matrix:
-  effective_batch_size: [4]
-  max_seq_len: [256]
-  packing: [true]
-scenarios:
-  - name: bench
-    device: cpu
-    framework_config: [ddp]
-    arguments:
-      model_name_or_path: "config:{arch}"
-      trainer: hf
-      max_steps: {steps}
-      logging_steps: 1
-      holdout: {holdout}
-    sweep:
-      eval: [false, true]
-"""
+def interleaved(
+    folder: Path, pairs: int, steps: int, holdout: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Per eval setting ("off", "on"), each run's tokens/s, job time and eval time, A B B A ..."""
+    experiments = plan_cell(
+        folder,
+        steps=steps,
+        arguments={"trainer": "hf", "holdout": holdout},
+        sweep={"eval": [False, True]},
+    )
+    by_eval = {"on" if e.arguments.get("eval") else "off": e for e in experiments}
 
+    def figures(variant: str, outcome: Any, run: Any, result: dict[str, Any]) -> dict[str, Any]:
+        metrics = result["metrics"]
+        return {
+            "tps": metrics["tokens_per_second_global"],
+            "job_s": outcome.job_s or 0.0,
+            "eval_s": metrics.get("eval_runtime") or 0.0,
+            "tokens": metrics["tokens_measured"],
+        }
 
-def interleaved(folder: Path, pairs: int) -> dict[bool, list[dict[str, float]]]:
-    """Per eval setting, each run's tokens/s, job time and eval time, run A B B A ..."""
-    from orchestrator.job.execute import run_experiment
-    from orchestrator.running.resultsdir import open_results
-
-    config = load_config(folder / "scenarios.yaml", defaults_file=None)
-    plan = build_plan(config, Selection(device="cpu", num_gpus=(1,)), gpu_count=0)
-    by_eval = {bool(e.arguments.get("eval")): e for e in plan.experiments}
-    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
-    with open_results(folder / "runs", resume=False) as opened:
-        for i in range(pairs):
-            for setting in (False, True) if i % 2 == 0 else (True, False):
-                run = opened.layout.run(f"ab-{i}-{int(setting)}")
-                outcome = run_experiment(by_eval[setting], run, opened.layout, RunOptions())
-                assert outcome.status == "ok", outcome
-                metrics = json.loads(run.result.read_text())["metrics"]
-                runs[setting].append(
-                    {
-                        "tps": metrics["tokens_per_second_global"],
-                        "job_s": outcome.job_s or 0.0,
-                        "eval_s": metrics.get("eval_runtime") or 0.0,
-                        "tokens": metrics["tokens_measured"],
-                    }
-                )
-    return runs
+    return run_alternated(folder, {"off": by_eval["off"], "on": by_eval["on"]}, pairs, figures)
 
 
 def main() -> int:
@@ -106,13 +65,9 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        arch = folder / "arch.json"
-        arch.write_text(json.dumps(ARCH))
-        (folder / "scenarios.yaml").write_text(scenarios_text(arch, args.steps, args.holdout))
-        runs = interleaved(folder, args.pairs)
+        runs = interleaved(Path(tmp), args.pairs, args.steps, args.holdout)
 
-    off, on = runs[False], runs[True]
+    off, on = runs["off"], runs["on"]
     tps_off, tps_on = [r["tps"] for r in off], [r["tps"] for r in on]
     ratio = statistics.median(tps_on) / statistics.median(tps_off)
     noise = statistics.pstdev(tps_off) / statistics.fmean(tps_off)
@@ -120,7 +75,7 @@ def main() -> int:
     job_on = statistics.median(r["job_s"] for r in on)
     job_off = statistics.median(r["job_s"] for r in off)
     print(
-        f"one cell (llama 256×4, {args.steps} steps, packed rows of 256, CPU, 1 process), "
+        f"one cell ({CELL}, {args.steps} steps, CPU, 1 process, trainer hf), "
         f"eval on {args.holdout} held-out documents:"
     )
     print(f"eval off: tokens/s {[round(t) for t in tps_off]}  (run-to-run CV {100 * noise:.1f}%)")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -33,43 +32,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from orchestrator.config.scenarios import load_config  # noqa: E402
-from orchestrator.matrix.expand import Selection, build_plan  # noqa: E402
-from orchestrator.running.runner import RunOptions  # noqa: E402
+from abcell import CELL, plan_cell, ratio_line, run_alternated, spread_line
 
 TARGET = 0.99
-ARCH = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "vocab_size": 1024,
-    "max_position_embeddings": 1024,
-}
-
-
-def scenarios_text(arch: Path, steps: int, processes: int) -> str:
-    return f"""\
-frameworks:
-  ddp: {{accelerate_config: {REPO / "accelerate-ddp.yaml"}}}
-matrix:
-  effective_batch_size: [{4 * processes}]
-  num_gpus: [{processes}]
-scenarios:
-  - name: bench
-    device: cpu
-    framework_config: [ddp]
-    arguments:
-      model_name_or_path: "config:{arch}"
-      max_seq_len: 256
-      max_steps: {steps}
-      logging_steps: 1
-"""
 
 
 def _figures(result: dict[str, Any], job_s: float | None, profiled: bool) -> dict[str, Any]:
@@ -97,16 +62,10 @@ def _figures(result: dict[str, Any], job_s: float | None, profiled: bool) -> dic
 
 
 def ab_runs(
-    folder: Path, pairs: int, processes: int, profile_steps: int, warmup: int
+    folder: Path, pairs: int, steps: int, processes: int, profile_steps: int, warmup: int
 ) -> dict[str, list[dict[str, Any]]]:
     """Each variant's runs: tokens/s, median step time, job time, the profile's cost."""
-    from orchestrator.job.execute import run_experiment
-    from orchestrator.running.resultsdir import open_results
-
-    config = load_config(folder / "scenarios.yaml", defaults_file=None)
-    (experiment, *_) = build_plan(
-        config, Selection(device="cpu", num_gpus=(processes,)), gpu_count=0
-    ).experiments
+    (experiment,) = plan_cell(folder, steps=steps, processes=processes)
     variants = {
         # the same measured steps: the plain run's warm-up covers the profiled steps too
         "profiled": dataclasses.replace(
@@ -119,20 +78,16 @@ def ab_runs(
             arguments={**experiment.arguments, "warmup_steps_excluded": warmup + profile_steps},
         ),
     }
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
-    with open_results(folder / "ab", resume=False) as opened:
-        for i in range(pairs):
-            for name in ("profiled", "plain") if i % 2 == 0 else ("plain", "profiled"):
-                run = opened.layout.run(f"ab-{i}-{name}")
-                outcome = run_experiment(variants[name], run, opened.layout, RunOptions())
-                assert outcome.status == "ok", outcome
-                result = json.loads(run.result.read_text())
-                runs[name].append(_figures(result, outcome.job_s, name == "profiled"))
-                steps = " ".join(f"{1000 * t:.0f}" for t in runs[name][-1]["paced"])
-                print(f"  {name:<9} step times (ms, slowest rank): {steps}", flush=True)
-                if name == "profiled":
-                    assert run.profile_trace(0).is_file(), "the profiled run left no trace"
-    return runs
+
+    def figures(variant: str, outcome: Any, run: Any, result: dict[str, Any]) -> dict[str, Any]:
+        found = _figures(result, outcome.job_s, variant == "profiled")
+        steps = " ".join(f"{1000 * t:.0f}" for t in found["paced"])
+        print(f"  {variant:<9} step times (ms, slowest rank): {steps}", flush=True)
+        if variant == "profiled":
+            assert run.profile_trace(0).is_file(), "the profiled run left no trace"
+        return found
+
+    return run_alternated(folder, variants, pairs, figures)
 
 
 def _ms(seconds: float) -> str:
@@ -152,36 +107,27 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        arch = folder / "arch.json"
-        arch.write_text(json.dumps(ARCH))
-        (folder / "scenarios.yaml").write_text(scenarios_text(arch, args.steps, args.processes))
-        runs = ab_runs(folder, args.pairs, args.processes, args.profile_steps, args.warmup)
+        runs = ab_runs(
+            Path(tmp), args.pairs, args.steps, args.processes, args.profile_steps, args.warmup
+        )
 
     on = [r["tps"] for r in runs["profiled"]]
     off = [r["tps"] for r in runs["plain"]]
-    ratios = [a / b for a, b in zip(on, off, strict=True)]
-    ratio = statistics.median(on) / statistics.median(off)
+    ratio, line = ratio_line(on, off, "profiled / plain tokens/s")
     measured = args.steps - args.warmup - args.profile_steps
     print(
-        f"cell: llama 256×4, {args.steps} steps, {args.processes} process(es), CPU gloo DDP, "
+        f"cell: {CELL}, {args.steps} steps, {args.processes} process(es), CPU gloo DDP, "
         f"{args.pairs} pairs; both measure steps {args.warmup + args.profile_steps}.."
         f"{args.steps - 1} ({measured}); the profiled runs record {args.profile_steps} steps "
         f"after {args.warmup} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'default')})"
     )
     for name, rs in runs.items():
-        values = [r["tps"] for r in rs]
-        cv = statistics.pstdev(values) / statistics.fmean(values)
         print(
-            f"{name:<9} tokens/s {[round(t) for t in values]}  median "
-            f"{statistics.median(values):,.0f}  (CV {100 * cv:.1f}%); step time median "
+            f"{spread_line(name, [r['tps'] for r in rs], width=9)}; step time median "
             f"{_ms(statistics.median(r['step_median_s'] for r in rs))}; job "
             f"{statistics.median(r['job_s'] for r in rs):.1f} s"
         )
-    print(
-        f"profiled / plain tokens/s (medians): {ratio:.4f}; per pair: median "
-        f"{statistics.median(ratios):.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}"
-    )
+    print(line)
     prof = runs["profiled"]
     print(
         f"the profile's wall time: its {args.profile_steps} steps "

@@ -33,21 +33,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from abcell import ARCH  # noqa: E402
+
 from orchestrator.config.scenarios import load_config  # noqa: E402
 from orchestrator.matrix.expand import Selection, build_plan  # noqa: E402
 from orchestrator.running.progress import Progress  # noqa: E402
 from orchestrator.running.runner import RunOptions, run_plan  # noqa: E402
-
-ARCH = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "vocab_size": 1024,
-    "max_position_embeddings": 1024,
-}
 
 
 def scenarios_text(arch: Path, steps: int, cells: int) -> str:

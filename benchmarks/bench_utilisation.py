@@ -25,7 +25,6 @@ is noisier than 1%. Exit code 1 if the ratio misses the target.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -34,79 +33,43 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from abcell import CELL, plan_cell, ratio_line, run_alternated, spread_line
 
-from orchestrator.config.scenarios import load_config  # noqa: E402
-from orchestrator.job import utilisation  # noqa: E402
-from orchestrator.matrix.expand import Selection, build_plan  # noqa: E402
-from orchestrator.running.runner import RunOptions  # noqa: E402
+from orchestrator.job import utilisation
 
 TARGET = 0.99
-ARCH = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "vocab_size": 1024,
-    "max_position_embeddings": 1024,
-}
 _SIDECAR_LINE = re.compile(r"sidecar: (\d+) samples \(([^)]*)\), ([0-9.]+) s CPU")
 
 
-def scenarios_text(arch: Path, steps: int, processes: int) -> str:
-    return f"""\
-frameworks:
-  ddp: {{accelerate_config: {REPO / "accelerate-ddp.yaml"}}}
-matrix:
-  effective_batch_size: [{4 * processes}]
-  num_gpus: [{processes}]
-scenarios:
-  - name: bench
-    device: cpu
-    framework_config: [ddp]
-    arguments:
-      model_name_or_path: "config:{arch}"
-      max_seq_len: 256
-      max_steps: {steps}
-      logging_steps: 1
-"""
-
-
-def ab_runs(folder: Path, pairs: int, processes: int) -> dict[str, list[dict[str, float]]]:
+def ab_runs(
+    folder: Path, pairs: int, steps: int, processes: int
+) -> dict[str, list[dict[str, Any]]]:
     """Each variant's runs: tokens/s, cpu_util_mean_pct, the sidecar's samples and CPU."""
-    from orchestrator.job.execute import run_experiment
-    from orchestrator.running.resultsdir import open_results
+    (experiment,) = plan_cell(folder, steps=steps, processes=processes)
 
-    config = load_config(folder / "scenarios.yaml", defaults_file=None)
-    (experiment, *_) = build_plan(
-        config, Selection(device="cpu", num_gpus=(processes,)), gpu_count=0
-    ).experiments
-    runs: dict[str, list[dict[str, float]]] = {"instrumented": [], "bare": []}
-    with open_results(folder / "ab", resume=False) as opened:
-        for i in range(pairs):
-            for variant in ("instrumented", "bare") if i % 2 == 0 else ("bare", "instrumented"):
-                if variant == "bare":
-                    os.environ[utilisation.OFF_ENV] = "0"
-                else:
-                    os.environ.pop(utilisation.OFF_ENV, None)
-                run = opened.layout.run(f"ab-{i}-{variant}")
-                outcome = run_experiment(experiment, run, opened.layout, RunOptions())
-                assert outcome.status == "ok", outcome
-                metrics = json.loads(run.result.read_text())["metrics"]
-                figures = {"tps": float(metrics["tokens_per_second_global"])}
-                if "cpu_util_mean_pct" in outcome.memory:
-                    figures["cpu_util"] = float(outcome.memory["cpu_util_mean_pct"])
-                match = _SIDECAR_LINE.search(run.sidecar_log.read_text())
-                if match:
-                    figures["samples"] = float(match.group(1))
-                    figures["sidecar_cpu_s"] = float(match.group(3))
-                runs[variant].append(figures)
-    os.environ.pop(utilisation.OFF_ENV, None)
-    return runs
+    def switch(variant: str) -> None:
+        if variant == "bare":
+            os.environ[utilisation.OFF_ENV] = "0"
+        else:
+            os.environ.pop(utilisation.OFF_ENV, None)
+
+    def figures(variant: str, outcome: Any, run: Any, result: dict[str, Any]) -> dict[str, Any]:
+        found = {"tps": float(result["metrics"]["tokens_per_second_global"])}
+        if "cpu_util_mean_pct" in outcome.memory:
+            found["cpu_util"] = float(outcome.memory["cpu_util_mean_pct"])
+        match = _SIDECAR_LINE.search(run.sidecar_log.read_text())
+        if match:
+            found["samples"] = float(match.group(1))
+            found["sidecar_cpu_s"] = float(match.group(3))
+        return found
+
+    try:
+        variants = {"instrumented": experiment, "bare": experiment}
+        return run_alternated(folder, variants, pairs, figures, before=switch)
+    finally:
+        os.environ.pop(utilisation.OFF_ENV, None)
 
 
 def tree_pass_cost(samples: int) -> dict[str, float]:
@@ -157,31 +120,19 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        arch = folder / "arch.json"
-        arch.write_text(json.dumps(ARCH))
-        (folder / "scenarios.yaml").write_text(scenarios_text(arch, args.steps, args.processes))
-        runs = ab_runs(folder, args.pairs, args.processes)
+        runs = ab_runs(Path(tmp), args.pairs, args.steps, args.processes)
     passes = tree_pass_cost(args.samples)
 
     on = [r["tps"] for r in runs["instrumented"]]
     off = [r["tps"] for r in runs["bare"]]
-    ratios = [a / b for a, b in zip(on, off, strict=True)]
-    ratio = statistics.median(on) / statistics.median(off)
+    ratio, line = ratio_line(on, off, "instrumented / bare")
     print(
-        f"cell: llama 256×4, {args.steps} steps, {args.processes} process(es), CPU, "
+        f"cell: {CELL}, {args.steps} steps, {args.processes} process(es), CPU, "
         f"{args.pairs} pairs (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'default')})"
     )
-    for name, values in (("instrumented", on), ("bare", off)):
-        cv = statistics.pstdev(values) / statistics.fmean(values)
-        print(
-            f"{name:<13} tokens/s {[round(t) for t in values]}  median "
-            f"{statistics.median(values):,.0f}  (CV {100 * cv:.1f}%)"
-        )
-    print(
-        f"instrumented / bare (medians): {ratio:.4f}; per pair: median "
-        f"{statistics.median(ratios):.4f}, min {min(ratios):.4f}, max {max(ratios):.4f}"
-    )
+    print(spread_line("instrumented", on))
+    print(spread_line("bare", off))
+    print(line)
     utils = [r["cpu_util"] for r in runs["instrumented"] if "cpu_util" in r]
     if utils:
         print(f"cpu_util_mean_pct of the instrumented runs: {[round(x, 1) for x in utils]}")
