@@ -57,7 +57,14 @@ SUMMARY_FIGURES = (
     "cpu_util_mean_pct",
 )
 #: how a figure of each unit is shown (``_fmt``'s kinds); other units as they are
-_UNIT_FORMATS = {"tokens/s": "int", "bytes": "gib", "fraction": "pct", "USD": "usd"}
+_UNIT_FORMATS = {
+    "tokens/s": "int",
+    "bytes": "gib",
+    "fraction": "pct",
+    "USD": "usd",
+    "%": "percent",
+    "% of allowed CPUs": "percent",
+}
 
 
 def _sort_key(value: Any) -> Any:
@@ -78,6 +85,8 @@ def _fmt(value: Any, kind: str = "") -> str:
         return f"{value / GIB:.2f}"
     if kind == "pct":
         return f"{100 * value:.1f}"
+    if kind == "percent":
+        return f"{value:.1f}"
     if kind == "usd":
         return f"{value:,.4f}" if value < 1 else f"{value:,.2f}"
     if kind == "time":
