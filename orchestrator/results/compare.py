@@ -258,12 +258,13 @@ def _match_keys(new: pd.DataFrame, ref: pd.DataFrame) -> tuple[list[str], list[s
     arguments), and notes on what was left out."""
     notes: list[str] = []
     keys = [k for k in KEYS if _present(new, k) and _present(ref, k)]
+    # a key neither side has (the trainer, before there was a choice) changes nothing
+    dropped = [k for k in KEYS if k not in keys and (_present(new, k) or _present(ref, k))]
     if "environment" in keys:
+        # both sides have it; where each ran one environment it is what is compared
         on_env, env_note = match_on_environment(new, ref)
         keys = keys if on_env else [k for k in keys if k != "environment"]
         notes += [env_note] if env_note else []
-    # a key neither side has (the trainer, before there was a choice) changes nothing
-    dropped = [k for k in KEYS if k not in keys and (_present(new, k) or _present(ref, k))]
     if dropped:
         notes.append(f"matched without {', '.join(dropped)} (missing on one side)")
     if not keys:

@@ -332,6 +332,8 @@ def test_two_folders_of_one_environment_each_still_match() -> None:
     assert any(
         "environment old (torch 2.12.0)" in n and "new (torch 2.13.0)" in n for n in result.notes
     )
+    # both sides have the column: it was left out on purpose, not for being missing
+    assert not any("environment" in n and "missing on one side" in n for n in result.notes)
 
 
 def test_a_side_with_several_environments_matches_each_with_its_own() -> None:
