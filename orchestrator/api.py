@@ -552,43 +552,34 @@ def compare(
                 f"{dash}metric {metric!r} is not a metric compare knows; known: {', '.join(known)}"
             ) from None
     db = Path(history) if history else _history_of(new)
-    if across is not None:
-        from orchestrator.results.environments import compare_across
+    wanted = list(metrics or []) or None
+    try:
+        if across is not None:
+            from orchestrator.results.environments import compare_across
 
-        try:
             result, base, others = compare_across(
                 load_rows(new, db),
                 across=across,
                 baseline=baseline,
-                metrics=list(metrics or []) or None,
+                metrics=wanted,
                 threshold=threshold,
             )
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-        if out is not None:
             where = _label(new, db)
-            result.written = comparing.write(
-                result,
-                Path(out),
+            new_label, ref_label = (
                 f"{where}, {across} {', '.join(others)}",
                 f"{where}, {across} {base}",
-                threshold,
-                with_plots=plots,
             )
-        return result
-    assert ref is not None
-    try:
-        result = comparing.compare(
-            load_rows(new, db),
-            load_rows(ref, db),
-            metrics=list(metrics or []) or None,
-            threshold=threshold,
-        )
+        else:
+            assert ref is not None
+            result = comparing.compare(
+                load_rows(new, db), load_rows(ref, db), metrics=wanted, threshold=threshold
+            )
+            new_label, ref_label = _label(new, db), _label(ref, db)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if out is not None:
         result.written = comparing.write(
-            result, Path(out), _label(new, db), _label(ref, db), threshold, with_plots=plots
+            result, Path(out), new_label, ref_label, threshold, with_plots=plots
         )
     return result
 

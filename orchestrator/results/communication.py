@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.contract import metrics
+from orchestrator.results.mdtable import md_table
 
 #: the section's figures, in order
 COMMUNICATION_FIGURES = (
@@ -67,16 +68,11 @@ def communication_markdown(cells: pd.DataFrame) -> list[str]:
                 str(c.get("scenario")),
                 str(c.get("model_name_or_path")),
                 str(c.get("framework_config")),
-                _text(c.get("num_gpus"), 0) if not _missing(c.get("num_gpus")) else "–",
+                _text(c.get("num_gpus"), 0),
                 *[
                     _text(c.get(name), 2 if name.endswith("_ms") else 1)
                     for name in COMMUNICATION_FIGURES
                 ],
             ]
         )
-    table = [
-        "| " + " | ".join(headers) + " |",
-        "|" + "|".join("---" for _ in headers) + "|",
-        *["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in body],
-    ]
-    return ["", "## Communication", "", COMMUNICATION_NOTE, "", *table]
+    return ["", "## Communication", "", COMMUNICATION_NOTE, "", *md_table(headers, body)]

@@ -41,6 +41,7 @@ from orchestrator.contract.layout import ResultsLayout, write_atomic
 from orchestrator.contract.outcome import LOST, MEASURED
 from orchestrator.results.columns import argument_columns, is_output
 from orchestrator.results.environments import match_on_environment
+from orchestrator.results.mdtable import md_table
 from orchestrator.results.stats import mann_whitney_u
 
 #: what makes two rows the same experiment; each is used where both sides have it
@@ -502,12 +503,6 @@ def cell_label(row: Any, keys: list[str]) -> str:
     return label
 
 
-def _md(headers: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"] + [
-        "| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows
-    ]
-
-
 def _num(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
@@ -542,7 +537,7 @@ def _rows_md(table: pd.DataFrame, keys: list[str]) -> list[str]:
                 verdict,
             ]
         )
-    return _md(headers, body)
+    return md_table(headers, body)
 
 
 def markdown(result: Comparison, new_label: str, ref_label: str, threshold: float) -> str:
@@ -581,7 +576,7 @@ def markdown(result: Comparison, new_label: str, ref_label: str, threshold: floa
             "",
             "## By metric",
             "",
-            *_md(["metric", "cells", "median change", "min", "max", "regressions"], summary),
+            *md_table(["metric", "cells", "median change", "min", "max", "regressions"], summary),
         ]
         if len(t) <= FULL_TABLE_ROWS:
             lines += ["", "## Every cell", "", *_rows_md(t, result.keys)]
@@ -597,7 +592,9 @@ def markdown(result: Comparison, new_label: str, ref_label: str, threshold: floa
                 "",
                 f"## {label} ({len(frame)})",
                 "",
-                *_md(["cell"], [[cell_label(r, result.keys)] for r in shown.to_dict("records")]),
+                *md_table(
+                    ["cell"], [[cell_label(r, result.keys)] for r in shown.to_dict("records")]
+                ),
             ]
             if len(frame) > len(shown):
                 lines.append(f"... and {len(frame) - len(shown)} more")

@@ -42,12 +42,11 @@ def versions_of(value: Any) -> dict[str, Any]:
     return {}
 
 
-def environment_columns(
-    row: dict[str, Any], spec: Mapping[str, Any], result: Mapping[str, Any] | None
-) -> None:
-    """Fill a row's environment columns: empty without an environment; a note where the
-    run reported other versions than the plan found (the interpreter changed between)."""
-    planned = versions_of(spec.get(VERSIONS))
+def environment_columns(row: dict[str, Any], result: Mapping[str, Any] | None) -> None:
+    """Finish a row's environment columns (the versions read from its spec): empty without
+    an environment; a note where the run reported other versions than the plan found
+    (the interpreter changed between)."""
+    planned = versions_of(row.get(VERSIONS))
     row[VERSIONS] = planned or None
     ran = (result or {}).get("versions")
     changed = drift(planned, ran) if planned and isinstance(ran, Mapping) else []
@@ -58,12 +57,24 @@ def environment_columns(
     )
 
 
-def _named(frame: pd.DataFrame) -> list[str]:
-    """The environments of a table, in the order its rows have them (empty names left out)."""
-    if COLUMN not in frame.columns:
+def _named(frame: pd.DataFrame, column: str = COLUMN) -> list[str]:
+    """The values of a key column (the environments), in the order its rows have them
+    (empty ones left out)."""
+    if column not in frame.columns:
         return []
-    values = frame[COLUMN].dropna().astype(str)
+    values = frame[column].dropna().astype(str)
     return list(dict.fromkeys(v for v in values if v.strip() and v.lower() != "nan"))
+
+
+def _versions(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Per environment of ``frame``, the versions its first row with any has."""
+    versions: dict[str, dict[str, Any]] = {name: {} for name in _named(frame)}
+    if VERSIONS not in frame.columns:
+        return versions
+    for name, value in zip(frame[COLUMN].astype(str), frame[VERSIONS], strict=True):
+        if name in versions and not versions[name]:
+            versions[name] = versions_of(value)
+    return versions
 
 
 def match_on_environment(new: pd.DataFrame, ref: pd.DataFrame) -> tuple[bool, str | None]:
@@ -93,14 +104,7 @@ def match_on_environment(new: pd.DataFrame, ref: pd.DataFrame) -> tuple[bool, st
 
 def labels(frame: pd.DataFrame) -> dict[str, str]:
     """Per environment of ``frame``: its versions of the packages that differ between them."""
-    versions: dict[str, dict[str, Any]] = {}
-    for name in _named(frame):
-        if VERSIONS not in frame.columns:
-            versions[name] = {}
-            continue
-        found = frame.loc[frame[COLUMN].astype(str) == name, VERSIONS].map(versions_of)
-        versions[name] = next((v for v in found if v), {})
-    return short_labels(versions)
+    return short_labels(_versions(frame))
 
 
 def _cell_keys(cells: pd.DataFrame, args: Sequence[str]) -> list[str]:
@@ -147,7 +151,8 @@ def side_by_side_markdown(
         return []
     shown = [name for name in SIDE_BY_SIDE if name in cells.columns and cells[name].notna().any()]
     keys = _ordered(_cell_keys(cells, args))
-    by_env = labels(cells)
+    versions = _versions(cells)
+    by_env = short_labels(versions)
     lines = [
         "",
         "## Environments side by side",
@@ -156,19 +161,6 @@ def side_by_side_markdown(
         "between the environments.",
         "",
     ]
-    versions = {
-        name: next(
-            (
-                versions_of(v)
-                for v in cells.loc[cells[COLUMN].astype(str) == name, VERSIONS]
-                if versions_of(v)
-            ),
-            {},
-        )
-        if VERSIONS in cells.columns
-        else {}
-        for name in names
-    }
     from orchestrator.config.environments import versions_text
 
     lines += [
@@ -219,11 +211,7 @@ def compare_across(
 
     if across not in rows.columns:
         raise UserError(f"the results have no column '{across}' to compare across")
-    values = [
-        v
-        for v in dict.fromkeys(rows[across].dropna().astype(str))
-        if v.strip() and v.lower() != "nan"
-    ]
+    values = _named(rows, across)
     if len(values) < 2:
         found = ", ".join(values) or "none"
         raise UserError(
@@ -272,7 +260,7 @@ def compare_across(
 def across_lines(result: Comparison, across: str = COLUMN) -> list[str]:
     """What ``compare --across`` prints per matched cell and metric: each candidate's
     median against the baseline's, side by side."""
-    from orchestrator.results.compare import cell_label
+    from orchestrator.results.compare import _num, cell_label
 
     table = result.table
     if table.empty:
@@ -284,14 +272,6 @@ def across_lines(result: Comparison, across: str = COLUMN) -> list[str]:
         shown = "" if change is None or change != change else f" ({100 * change:+.1f}%)"
         out.append(
             f"  {row[across]} vs baseline: {cell_label(row, keys)}: {row['metric']} "
-            f"{_number(row['new'])} vs {_number(row['ref'])}{shown}"
+            f"{_num(row['new'])} vs {_num(row['ref'])}{shown}"
         )
     return out
-
-
-def _number(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    if isinstance(value, (int, float)):
-        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4g}"
-    return str(value)

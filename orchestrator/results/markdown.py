@@ -34,6 +34,7 @@ from orchestrator.results.capacity import GIB, LIKELY_OOM_FRACTION, Capacity, gi
 from orchestrator.results.columns import CELL_ORDER, config_columns
 from orchestrator.results.communication import communication_markdown
 from orchestrator.results.environments import side_by_side_markdown
+from orchestrator.results.mdtable import md_table
 
 #: the header of HF Trainer's throughput estimate, and what it is
 HF_ESTIMATE_HEADER = metrics.get("train_tokens_per_second").header
@@ -99,12 +100,6 @@ def _fmt(value: Any, kind: str = "") -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-def _md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return out
 
 
 def _spread(cell: Mapping[Any, Any], metric: str) -> str:
@@ -286,7 +281,7 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
                     status_text(c, report.capacity),
                 ]
             )
-        lines += ["", f"## {str(scenario) or '(no scenario)'}", "", *_md_table(headers, body)]
+        lines += ["", f"## {str(scenario) or '(no scenario)'}", "", *md_table(headers, body)]
         problems = group[~group["status"].isin(["ok"])]
         if len(problems):
             lines += ["", "Not ok:"]
@@ -295,9 +290,7 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
                 lines.append(
                     f"- {c['status']}: {c.get('model_name_or_path')}, {c.get('framework_config')}, {_fmt(c.get('num_gpus'), 'int')} GPU(s): {c.get('error') or 'no error recorded'}{where}"
                 )
-    lines += side_by_side_markdown(
-        cells, args, lambda name: metrics.get(name).header, figure_text
-    )
+    lines += side_by_side_markdown(cells, args, lambda name: metrics.get(name).header, figure_text)
     lines += scaling_markdown(report.scaling)
     lines += cost_markdown(cells, cost)
     # profiled cells only (profile: true): communication time per step, from the traces
@@ -382,7 +375,7 @@ def scaling_markdown(table: pd.DataFrame) -> list[str]:
     for key, by_gpus in cells.items():
         fws = frameworks[key]
         body = [[str(g), *[by_gpus[g].get(fw, "–") for fw in fws]] for g in sorted(by_gpus)]
-        lines += ["", f"### {titles[key]}", "", *_md_table(["GPUs", *fws], body)]
+        lines += ["", f"### {titles[key]}", "", *md_table(["GPUs", *fws], body)]
     return lines
 
 
@@ -447,5 +440,5 @@ def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
         f"At {price}; an epoch is one pass over the prepared dataset of the run. Estimates "
         "extrapolate the measured steady-state throughput.",
         "",
-        *_md_table(headers, body),
+        *md_table(headers, body),
     ]

@@ -23,19 +23,14 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.results.aggregate import has_figures
+
 #: the last logged loss above this many times the first is divergence
 DIVERGENCE_RATIO = 1.5
 HEADER = "quality"
-#: the columns the quality column reads; it is shown where a cell has one of the first four
-FIGURES = (
-    "eval_loss",
-    "perplexity",
-    "loss_slope_per_step",
-    "loss_first",
-    "eval_accuracy",
-    "loss_last",
-    "loss_nonfinite_steps",
-)
+#: the quality column is shown where a cell has one of these (it also reads
+#: eval_accuracy, loss_last and loss_nonfinite_steps)
+SHOWN_BY = ("eval_loss", "perplexity", "loss_slope_per_step", "loss_first")
 NOTE = (
     f"**{HEADER}**: with `eval: true`, the perplexity (exp of the eval loss, causal-lm) or "
     "the eval loss and accuracy (classification) on the held-out split; otherwise the "
@@ -99,7 +94,4 @@ def quality_text(cell: Mapping[Any, Any]) -> str:
 
 def shows_quality(cells: pd.DataFrame) -> bool:
     """Whether any cell has a figure for the quality column."""
-    return any(
-        name in cells.columns and pd.to_numeric(cells[name], errors="coerce").notna().any()
-        for name in FIGURES[:4]
-    )
+    return any(has_figures(cells, name) for name in SHOWN_BY)

@@ -160,7 +160,7 @@ def build_row(
     # every scenario argument, by its own name (those already shown above are not repeated)
     for key, value in (spec.get("arguments") or {}).items():
         row.setdefault(key, value)
-    environment_columns(row, spec, result)
+    environment_columns(row, result)
     return row
 
 
