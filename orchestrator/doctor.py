@@ -46,7 +46,6 @@ _OPTIONAL = {
     "bitsandbytes": ("qlora scenarios", needs.QLORA_INSTALL),
     "deepspeed": ("DeepSpeed scenarios", needs.DEEPSPEED_INSTALL),
 }
-_NOT_USED = "the child trains with transformers.Trainer"
 #: how a row that is not a package's starts its line
 _LABELS = {n: f"{n}:" for n in ("NVML", "GPUs", "accelerate default config", "results", "env")}
 #: environment variables worth seeing next to the rest
@@ -251,7 +250,7 @@ def gather(
     env = dict(os.environ if env is None else env)
     requires_python, requirements = declared()
     dists = {r.name for r in requirements.values() if r.extra not in _DEV_EXTRAS}
-    dists |= {*needs.TRAIN_STACK, "datasets", "trl", "nvidia-ml-py", *_OPTIONAL}
+    dists |= {*needs.TRAIN_STACK, "datasets", "nvidia-ml-py", *_OPTIONAL}
     dists |= {need.module for cls in EXECUTORS.values() for need in cls.needs}
     torch_requires = metadata.requires("torch") if envinfo.version("torch") else None
     proc_names, proc_driver = hardware.proc_gpus()
@@ -605,11 +604,6 @@ def diagnose(facts: Facts) -> Diagnosis:
         _core_row(facts),
         *(_train_row(facts, d, gpus) for d in needs.TRAIN_STACK),
         _optional_row(facts, "datasets", "datasets named on the hub", _pip(facts, "datasets")),
-        Row(
-            "info",
-            "trl",
-            f"{facts.packages['trl'].version or 'not installed'} (not used: {_NOT_USED})",
-        ),
         *(_optional_row(facts, d, what, install) for d, (what, install) in _OPTIONAL.items()),
         _nvml_row(facts, gpus_found),
         _gpu_row(facts),

@@ -20,15 +20,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config.values import canonical_json, check_name
+from orchestrator.config.values import canonical_json, check_name, check_unique
 from orchestrator.config.yamlio import Loc, YamlDoc
+from orchestrator.contract.argnames import TRAIN_STACK
 from orchestrator.contract.errors import ConfigError
-from orchestrator.contract.layout import PROJECT_ROOT
+from orchestrator.contract.layout import PROJECT_ROOT, project_pythonpath
 
-#: what the child cannot train without (the ``sft`` backend needs trl)
-REQUIRED = ("torch", "transformers", "accelerate", "trl")
-#: the training stack whose versions an environment records, in this order
-STACK = ("torch", "transformers", "accelerate", "trl", "peft", "datasets", "deepspeed")
+#: what the child cannot train without
+REQUIRED = TRAIN_STACK
+#: the training stack whose versions an environment records, in this order (deepspeed
+#: and bitsandbytes: what DeepSpeed and qlora cells need, checked before launch)
+STACK = (
+    "torch",
+    "transformers",
+    "accelerate",
+    "trl",
+    "peft",
+    "datasets",
+    "deepspeed",
+    "bitsandbytes",
+)
 #: what the child's own contract needs besides the stack
 CONTRACT = ("pydantic",)
 PROBE_TIMEOUT_S = 120.0
@@ -123,19 +134,14 @@ def load_environments(doc: YamlDoc, models: Sequence[Any]) -> tuple[EnvironmentE
             "empty list; name at least one environment or remove the key", ("environments",)
         )
     base = Path(doc.file).parent
-    out: list[EnvironmentEntry] = []
-    seen: dict[str, int] = {}
     for i, model in enumerate(models):
-        loc: Loc = ("environments", i)
         problem = check_name(model.name, "environment name")
         if problem:
-            raise doc.error(problem, (*loc, "name"))
-        if model.name in seen:
-            raise doc.error(
-                f"environment '{model.name}' is listed twice (items {seen[model.name]} and {i})",
-                (*loc, "name"),
-            )
-        seen[model.name] = i
+            raise doc.error(problem, ("environments", i, "name"))
+    check_unique(doc, [m.name for m in models], ("environments",), "environment", key="name")
+    out: list[EnvironmentEntry] = []
+    for i, model in enumerate(models):
+        loc: Loc = ("environments", i)
         if (model.python is None) == (model.tox is None):
             raise doc.error(
                 f"environment '{model.name}': give exactly one of python: (an interpreter, "
@@ -165,30 +171,13 @@ def load_environments(doc: YamlDoc, models: Sequence[Any]) -> tuple[EnvironmentE
     return tuple(out)
 
 
-_probed: dict[tuple[str, str, int], dict[str, Any]] = {}
-
-
-def _stamp(path: Path) -> int:
-    try:
-        return path.stat().st_mtime_ns
-    except OSError:
-        return 0
-
-
 def probe_output(python: Path) -> dict[str, Any]:
     """What ``python`` reports (``_PROBE``), run with the project first on PYTHONPATH as a
     job runs; a ``RuntimeError`` saying why when it cannot run or reports nothing.
 
-    Kept for the rest of the process per interpreter (and its file's stamp), so a plan
-    and the run that follows probe each environment once."""
-    key = (str(python), os.environ.get("PYTHONPATH", ""), _stamp(python))
-    if key in _probed:
-        return _probed[key]
-    current = os.environ.get("PYTHONPATH")
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(PROJECT_ROOT) + (os.pathsep + current if current else ""),
-    }
+    Not kept: a plan probes each environment once, and its run uses the plan's
+    ``environments``."""
+    env = {**os.environ, "PYTHONPATH": project_pythonpath()}
     try:
         proc = subprocess.run(
             [str(python), "-c", _PROBE, *STACK, *CONTRACT],
@@ -210,7 +199,6 @@ def probe_output(python: Path) -> dict[str, Any]:
     if proc.returncode != 0 or not isinstance(found, dict):
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"failed to report its versions (exit {proc.returncode}: {last})")
-    _probed[key] = found
     return found
 
 

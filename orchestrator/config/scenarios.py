@@ -36,6 +36,7 @@ from orchestrator.config.values import (
     canonical_json,
     check_model_name,
     check_name,
+    check_unique,
     check_value,
     type_name,
 )
@@ -67,7 +68,8 @@ class AccelerateConfig:
 
     @property
     def distributed_type(self) -> str:
-        return str(self.data.get("distributed_type", "NO"))
+        """The distributed type it names, upper case (``NO`` where it names none)."""
+        return str(self.data.get("distributed_type", "NO")).upper()
 
     @functools.cached_property
     def digest(self) -> str:
@@ -182,23 +184,12 @@ def _value_problem(key: str, value: Any) -> str | None:
     return predecessor_argument(key, value)
 
 
-def _check_unique(doc: YamlDoc, values: Sequence[Any], loc: Loc, what: str) -> None:
-    seen: dict[str, int] = {}
-    for i, value in enumerate(values):
-        key = canonical_json(value)
-        if key in seen:
-            raise doc.error(
-                f"{what} {value!r} is listed twice (items {seen[key]} and {i})", (*loc, i)
-            )
-        seen[key] = i
-
-
 def _check_axis_list(doc: YamlDoc, values: Sequence[Any] | None, loc: Loc) -> None:
     if values is None:
         return
     if not values:
         raise doc.error("empty list; give at least one value or remove the key", loc)
-    _check_unique(doc, values, loc, "value")
+    check_unique(doc, values, loc, "value")
 
 
 def load_accelerate_config(
@@ -327,7 +318,7 @@ def _resolve_scenario(
         fl: Loc = (*loc, "framework_config")
         if not sc.framework_config:
             raise doc.error("empty list; use [null] for no overlay or remove the key", fl)
-        _check_unique(doc, sc.framework_config, fl, "framework")
+        check_unique(doc, sc.framework_config, fl, "framework")
         for i, fname in enumerate(sc.framework_config):
             if fname is not None and fname not in frameworks:
                 defined = ", ".join(sorted(frameworks)) or "none are defined"
@@ -368,7 +359,7 @@ def _resolve_scenario(
         bad_value = check_value(values, sl)
         if bad_value:
             raise doc.error(*bad_value)
-        _check_unique(doc, values, sl, "sweep value")
+        check_unique(doc, values, sl, "sweep value")
         for i, value in enumerate(values):
             refused = refused_argument(key, value) or _value_problem(key, value)
             if refused:
@@ -393,7 +384,7 @@ def _resolve_scenario(
             problem = check_model_name(model)
             if problem:
                 raise doc.error(problem, (*ml, i) if isinstance(raw_models, list) else ml)
-        _check_unique(doc, items, ml, "model")
+        check_unique(doc, items, ml, "model")
         models = tuple(items)
 
     return Scenario(

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.config.yamlio import Loc
+from orchestrator.config.yamlio import Loc, YamlDoc
 from orchestrator.contract.modelnames import is_python_model, python_model_problem
 from orchestrator.contract.spec import MemoryStages
 
@@ -130,3 +131,19 @@ def check_value(value: object, loc: Loc) -> tuple[str, Loc] | None:
 def canonical_json(value: Any) -> str:
     """The one JSON text of ``value`` used for hashing: sorted keys, no spaces."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def check_unique(
+    doc: YamlDoc, values: Sequence[Any], loc: Loc, what: str, *, key: str | None = None
+) -> None:
+    """Refuse a value listed twice in the list at ``loc``, at the second one (its ``key``,
+    where given): ``<what> 'x' is listed twice (items i and j)``."""
+    seen: dict[str, int] = {}
+    for i, value in enumerate(values):
+        text = canonical_json(value)
+        if text in seen:
+            raise doc.error(
+                f"{what} {value!r} is listed twice (items {seen[text]} and {i})",
+                (*loc, i, *((key,) if key is not None else ())),
+            )
+        seen[text] = i

@@ -74,6 +74,13 @@ TASK_BACKENDS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: the packages the training child cannot run without: it imports peft whatever it trains
+#: (``trainer_entry/record.py``) and the default backend, ``sft``, is TRL's; the
+#: orchestrator checks them before anything launches (``orchestrator.running.needs``)
+#: and in each ``environments:`` entry's interpreter (``orchestrator.config.environments``)
+TRAIN_STACK = ("torch", "transformers", "peft", "accelerate", "trl")
+
+
 def default_backend(task: str) -> str:
     """The trainer backend a run of ``task`` uses when its scenario names none."""
     return TASK_BACKENDS.get(task, TASK_BACKENDS[DEFAULT_TASK])[0]

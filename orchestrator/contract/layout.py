@@ -21,6 +21,13 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 _SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+def project_pythonpath() -> str:
+    """A job's ``PYTHONPATH``: the orchestrator's own import path first, so children run
+    this same code, then whatever this process was given."""
+    current = os.environ.get("PYTHONPATH")
+    return str(PROJECT_ROOT) + (os.pathsep + current if current else "")
+
+
 def shipped(name: str) -> Path:
     """A config file shipped with tunematrix (``scenarios.yaml``, ``defaults.yaml``, ...)."""
     return PROJECT_ROOT / name

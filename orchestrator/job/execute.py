@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator.config.values import MEMORY_LOGGING
-from orchestrator.contract.layout import NodeFiles, ResultsLayout, RunPaths, write_atomic
+from orchestrator.contract.layout import (
+    NodeFiles,
+    ResultsLayout,
+    RunPaths,
+    project_pythonpath,
+    write_atomic,
+)
 from orchestrator.contract.modelnames import TINY_MODEL_NAMES
 from orchestrator.contract.outcome import Outcome, write_outcome
 from orchestrator.contract.result import LAUNCH_ID_ENV, read_result
@@ -193,7 +199,7 @@ def start_sidecar(
         "--interval",
         str(interval),
     ]
-    env = {**os.environ, "PYTHONPATH": _pythonpath()}
+    env = {**os.environ, "PYTHONPATH": project_pythonpath()}
     proc = subprocess.Popen(
         argv,
         stdin=subprocess.PIPE,
@@ -211,14 +217,6 @@ def start_sidecar(
         return None
     backend, extra = parse_ready(ready)
     return Sidecar(proc=proc, backend=backend, devices=extra.get("devices"))
-
-
-def _pythonpath() -> str:
-    """The orchestrator's own import path first, so children run this same code."""
-    from orchestrator.contract.layout import PROJECT_ROOT
-
-    current = os.environ.get("PYTHONPATH")
-    return str(PROJECT_ROOT) + (os.pathsep + current if current else "")
 
 
 def _tail(path: Path) -> str:
@@ -270,7 +268,7 @@ def child_environment(
     ``launch_id``: names this launch on every node (a new one when not given).
     """
     overlay = job_env(experiment, devices)
-    overlay["PYTHONPATH"] = _pythonpath()
+    overlay["PYTHONPATH"] = project_pythonpath()
     if experiment.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         cores = (os.cpu_count() or 1) // max(1, cpu_share)
         overlay["OMP_NUM_THREADS"] = str(max(1, cores // experiment.processes))

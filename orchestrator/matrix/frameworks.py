@@ -31,11 +31,7 @@ SINGLE_PROCESS = "NO"
 
 def distributed_type(accelerate: AccelerateConfig | None) -> str | None:
     """The config's distributed type, upper case; None without a config."""
-    if accelerate is None:
-        return None
-    value = accelerate.data.get("distributed_type", "NO")
-    # YAML 1.1 reads an unquoted NO as false
-    return "NO" if value is False else str(value).upper()
+    return accelerate.distributed_type if accelerate else None
 
 
 def processes(accelerate: AccelerateConfig | None, num_gpus: int) -> int:

@@ -4,22 +4,34 @@ Without this, a missing training stack shows up one experiment at a time, each
 launched and failed with "No module named 'accelerate'". The children run with
 this same interpreter (``orchestrator.job.command.accelerate_command``), so what
 this interpreter can import is what they can; those of an ``environments:``
-entry run its interpreter, probed at plan time (``orchestrator.config.environments``). Nothing is imported here: a
-package is looked up, not loaded.
+entry run its interpreter, probed at plan time (``orchestrator.config.environments``),
+so what a cell of one needs is looked up in the versions the probe found. Nothing is
+imported here: a package is looked up, not loaded.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.contract.argnames import TRAIN_STACK
 from orchestrator.contract.errors import UserError
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.frameworks import distributed_type
 
-TRAIN_STACK = ("torch", "transformers", "peft", "accelerate")
+__all__ = [
+    "DEEPSPEED_INSTALL",
+    "QLORA_INSTALL",
+    "TRAIN_INSTALL",
+    "TRAIN_STACK",
+    "Need",
+    "missing",
+    "needs",
+    "require",
+]
+
 TRAIN_INSTALL = "pip install 'tunematrix[train]' (with your CUDA build of torch first)"
 QLORA_INSTALL = "pip install bitsandbytes"
 DEEPSPEED_INSTALL = "pip install 'tunematrix[deepspeed]'"
@@ -33,6 +45,9 @@ class Need:
     why: str
     #: how to install it
     install: str
+    #: where an ``environments:`` entry's interpreter needs it: the versions its probe
+    #: found (None: this interpreter, looked up with ``find``)
+    versions: Mapping[str, str | None] | None = field(default=None, compare=False)
 
 
 def needs(experiments: Iterable[Experiment], executor: str = "local") -> list[Need]:
@@ -40,28 +55,35 @@ def needs(experiments: Iterable[Experiment], executor: str = "local") -> list[Ne
     in a stable order."""
     from orchestrator.executors.registry import get
 
-    found: dict[str, Need] = {}
+    experiments = list(experiments)
+    # keyed by (environment name, module); None: this interpreter
+    found: dict[tuple[str | None, str], Need] = {}
     # an experiment under an environments: entry runs another interpreter, whose
-    # training stack the plan probed; only the others run with this one
-    experiments = [e for e in experiments if e.environment is None]
-    if experiments:
+    # training stack the plan probed; only the others need it in this one
+    if any(e.environment is None for e in experiments):
         for module in TRAIN_STACK:
-            found[module] = Need(module, "the training stack", TRAIN_INSTALL)
+            found[None, module] = Need(module, "the training stack", TRAIN_INSTALL)
     for need in get(executor).needs:
-        found.setdefault(need.module, need)
+        found.setdefault((None, need.module), need)
     for e in experiments:
-        if e.peft_method == "qlora" and "bitsandbytes" not in found:
-            found["bitsandbytes"] = Need(
+        env = e.environment
+        where = f" in environment '{env.name}'" if env is not None else ""
+        versions = env.versions if env is not None else None
+        name = env.name if env is not None else None
+        if e.peft_method == "qlora" and (name, "bitsandbytes") not in found:
+            found[name, "bitsandbytes"] = Need(
                 "bitsandbytes",
-                f"scenario '{e.scenario}' (peft_method: qlora)",
+                f"scenario '{e.scenario}' (peft_method: qlora){where}",
                 QLORA_INSTALL,
+                versions,
             )
         uses_deepspeed = distributed_type(e.accelerate) == "DEEPSPEED"
-        if uses_deepspeed and "deepspeed" not in found:
-            found["deepspeed"] = Need(
+        if uses_deepspeed and (name, "deepspeed") not in found:
+            found[name, "deepspeed"] = Need(
                 "deepspeed",
-                f"framework '{e.framework}' (distributed_type: DEEPSPEED)",
+                f"framework '{e.framework}' (distributed_type: DEEPSPEED){where}",
                 DEEPSPEED_INSTALL,
+                versions,
             )
     return list(found.values())
 
@@ -69,8 +91,14 @@ def needs(experiments: Iterable[Experiment], executor: str = "local") -> list[Ne
 def missing(
     wanted: Iterable[Need], find: Callable[[str], Any] = importlib.util.find_spec
 ) -> list[Need]:
+    """The needs not met: looked up with ``find`` in this interpreter, or in the probed
+    versions of the environment a need names."""
     out = []
     for need in wanted:
+        if need.versions is not None:
+            if not need.versions.get(need.module):
+                out.append(need)
+            continue
         try:
             spec = find(need.module)
         except (ImportError, ValueError):

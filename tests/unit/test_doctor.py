@@ -215,7 +215,7 @@ VERSIONS = {
     "accelerate": "1.15.0",
     "datasets": "5.2.0",
     "submitit": "1.5.4",
-    "trl": None,
+    "trl": "1.16.0",
     "bitsandbytes": None,
     "deepspeed": None,
 }

@@ -4,7 +4,6 @@ ids, the labels of the versions that differ, and the report's and compare's view
 from __future__ import annotations
 
 import json
-import os
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from orchestrator.config import environments as envs
 from orchestrator.config.environments import Environment, EnvironmentEntry
 from orchestrator.config.scenarios import load_config
-from orchestrator.contract.errors import ConfigError
+from orchestrator.contract.errors import ConfigError, UserError
 from orchestrator.matrix.expand import Selection, build_plan
 from orchestrator.matrix.table import format_header, plan_csv
 from orchestrator.results import environments as report_envs
@@ -146,7 +145,7 @@ def test_an_interpreter_without_the_stack_names_what_it_lacks(tmp_path: Path) ->
     message = _error(tmp_path, f"environments:\n  - {{name: old, python: {python}}}\n")
     assert message.endswith(
         f"scenarios.yaml:2: environments[0]: environment 'old': {python} has no transformers, "
-        "trl (the training stack needs torch, transformers, accelerate, trl)"
+        "trl (the training stack needs torch, transformers, peft, accelerate, trl)"
     )
 
 
@@ -396,20 +395,6 @@ def test_summary_shows_environments_side_by_side_only_when_there_are_several() -
     assert report_envs.side_by_side_markdown(cells.iloc[:1], [], str, str) == []
 
 
-def test_probe_results_are_kept_per_interpreter(tmp_path: Path) -> None:
-    counter = tmp_path / "calls"
-    script = tmp_path / "py"
-    script.write_text(f"#!/bin/sh\necho x >> {counter}\necho '{json.dumps(_answer())}'\n")
-    script.chmod(0o755)
-    entry = EnvironmentEntry(name="c", python=script, tox=None, file="f", line=1, key="k")
-    first, second = envs.resolve(entry), envs.resolve(entry)
-    assert first == second and first.versions["torch"] == "2.12.0"
-    assert counter.read_text().count("x") == 1
-    os.utime(script, ns=(0, 0))  # the interpreter changed: asked again
-    envs.resolve(entry)
-    assert counter.read_text().count("x") == 2
-
-
 def test_only_cells_of_this_interpreter_need_its_training_stack(tmp_path: Path) -> None:
     from orchestrator.running.needs import needs
 
@@ -417,6 +402,50 @@ def test_only_cells_of_this_interpreter_need_its_training_stack(tmp_path: Path) 
     assert needs([under_env]) == []  # its stack was probed at plan time
     (plain,) = _plan(tmp_path, None).experiments
     assert "torch" in [n.module for n in needs([plain])]
+
+
+def test_an_interpreter_without_peft_is_refused(tmp_path: Path) -> None:
+    python = _fake_python(tmp_path, "nopeft", _answer(peft=None))
+    message = _error(tmp_path, f"environments:\n  - {{name: n, python: {python}}}\n")
+    assert message.endswith(
+        f"environment 'n': {python} has no peft (the training stack needs "
+        "torch, transformers, peft, accelerate, trl)"
+    )
+
+
+def test_cells_of_an_environment_need_deepspeed_and_bitsandbytes_in_its_interpreter(
+    tmp_path: Path,
+) -> None:
+    from orchestrator.running.needs import missing, needs, require
+
+    (tmp_path / "ds.yaml").write_text("distributed_type: DEEPSPEED\n")
+    (tmp_path / "scenarios.yaml").write_text(
+        "environments:\n  - {name: bare, python: /envs/bare/bin/python}\n"
+        "  - {name: full, python: /envs/full/bin/python}\n"
+        "frameworks:\n  zero2: {accelerate_config: ds.yaml}\n"
+        "scenarios:\n  - name: q\n    device: cpu\n    framework_config: [zero2]\n"
+        "    arguments: {model_name_or_path: tiny-llama, peft_method: qlora}\n"
+    )
+    config = load_config(tmp_path / "scenarios.yaml", defaults_file=None)
+    bare = _env("bare")  # deepspeed None, no bitsandbytes
+    full = _env("full", deepspeed="0.19.8", bitsandbytes="0.48.0")
+    experiments = build_plan(
+        config, Selection(device="cpu", effective_batch_size=(4,)), 0, [bare, full]
+    ).experiments
+    wanted = needs(experiments)
+    assert [(n.module, n.why) for n in wanted] == [
+        ("bitsandbytes", "scenario 'q' (peft_method: qlora) in environment 'bare'"),
+        ("deepspeed", "framework 'zero2' (distributed_type: DEEPSPEED) in environment 'bare'"),
+        ("bitsandbytes", "scenario 'q' (peft_method: qlora) in environment 'full'"),
+        ("deepspeed", "framework 'zero2' (distributed_type: DEEPSPEED) in environment 'full'"),
+    ]
+    # looked up in what each probe found, not in this interpreter
+    assert [(n.module, n.why) for n in missing(wanted, find=lambda m: object())] == [
+        (n.module, n.why) for n in wanted[:2]
+    ]
+    with pytest.raises(UserError, match=r"not installed: bitsandbytes \(for scenario 'q'"):
+        require(experiments, find=lambda m: object())
+    assert missing(needs([e for e in experiments if e.environment == full]), lambda m: None) == []
 
 
 def test_compare_across_takes_any_key_column() -> None:

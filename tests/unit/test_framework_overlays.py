@@ -233,7 +233,7 @@ def test_dp_on_the_cpu_is_left_out_with_a_note_naming_the_scenario(plan, write) 
 
 
 def test_frameworks_read_the_distributed_type_however_yaml_spelled_it(load, write) -> None:
-    write("bare.yaml", "distributed_type: NO\n")  # YAML 1.1: false
+    write("bare.yaml", "distributed_type: NO\n")  # YAML 1.2: the string NO, not false
     config = load(
         "frameworks:\n  b: {accelerate_config: bare.yaml}\n"
         "scenarios:\n  - name: a\n    framework_config: [b]\n"

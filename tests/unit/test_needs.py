@@ -34,6 +34,7 @@ def test_what_a_matrix_needs(plan, write) -> None:
         "transformers",
         "peft",
         "accelerate",
+        "trl",
         "submitit",
         "bitsandbytes",
         "deepspeed",
