@@ -41,12 +41,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.contract.argnames import CLASSIFICATION_TASKS
 from trainer_entry.data.collate import pop_counts
+from trainer_entry.measure import first_measured_step
 
 if TYPE_CHECKING:
     from trainer_entry.arguments import ParsedArguments
@@ -64,11 +65,20 @@ def loss_points(
     log_history: Sequence[Mapping[str, Any]], first_step: int, last_step: int
 ) -> list[tuple[int, float]]:
     """(step, loss) of the finite training losses logged at steps ``first_step`` < step ≤ ``last_step``."""
+    logged = [(e["step"], e["loss"]) for e in log_history if "loss" in e and "step" in e]
+    return window_points(logged, first_step, last_step)
+
+
+def window_points(
+    losses: Iterable[Sequence[Any]], first_step: int, last_step: int
+) -> list[tuple[int, float]]:
+    """(step, loss) of the finite losses of ``losses`` (step, loss) at steps
+    ``first_step`` < step ≤ ``last_step``."""
     return [
-        (int(e["step"]), float(e["loss"]))
-        for e in log_history
-        if "loss" in e and "step" in e and first_step < int(e["step"]) <= last_step
-        if _finite(e["loss"])
+        (int(step), float(loss))
+        for step, loss in losses
+        if first_step < int(step) <= last_step
+        if _finite(loss)
     ]
 
 
@@ -96,7 +106,10 @@ def nonfinite_steps(log_history: Sequence[Mapping[str, Any]]) -> int:
 
 
 def loss_trend(
-    log_history: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
+    log_history: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Any],
+    *,
+    losses: Iterable[Sequence[Any]] | None = None,
 ) -> dict[str, Any]:
     """``loss_slope_per_step`` and ``loss_nonfinite_steps`` of a run.
 
@@ -104,14 +117,18 @@ def loss_trend(
     fitted over the window they measured throughput in, its last
     ``steps_measured`` of ``steps`` (after the warm-up and any profiled steps);
     None without step records (``instrumentation: false``) or with fewer than
-    two logged losses in the window.
+    two logged losses in the window. ``losses``: the (step, loss) pairs of
+    ``log_history`` already read from it (``trainer_entry.measure.loss_summary``'s
+    ``loss_history``); None: read them here.
     """
     steps, measured = summary.get("steps"), summary.get("steps_measured")
-    fitted = (
-        slope(loss_points(log_history, int(steps) - int(measured), int(steps)))
-        if steps and measured
-        else None
-    )
+    first = first_measured_step(summary)
+    if not (steps and measured) or first is None:
+        fitted = None
+    elif losses is None:
+        fitted = slope(loss_points(log_history, first, int(steps)))
+    else:
+        fitted = slope(window_points(losses, first, int(steps)))
     return {"loss_slope_per_step": fitted, "loss_nonfinite_steps": nonfinite_steps(log_history)}
 
 

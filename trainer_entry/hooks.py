@@ -68,7 +68,7 @@ class StepHooks:
         index = len(self.recorder.stats.step_times_s)
         if self.profiler is not None:
             # the profiler's stop and export before the clock: inside the profiled step
-            self.profiler.step_ending(index)
+            self.profiler.step_ending()
         self.recorder.step_end()
         if self.profiler is not None:
             self.profiler.step_ended(index)

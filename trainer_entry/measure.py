@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.contract.window import default_warmup as default_warmup
 from orchestrator.contract.window import warmup_of
 
 
@@ -214,9 +213,10 @@ def summarize(
     """
     steps = min(len(r.step_times_s) for r in ranks) if ranks else 0
     if steps == 0:
-        return {"steps": 0}
+        return {"steps": 0, "profiled_steps": None}
     warm, k = measured_window(steps, warmup, profiled)
-    profile = {"profiled_steps": profiled[1]} if profiled is not None and profiled[1] > 0 else {}
+    # the result's one source of profiled_steps: None when the run recorded no profile
+    profile = {"profiled_steps": profiled[1] if profiled is not None and profiled[1] > 0 else None}
     if k >= steps:
         # the profiled steps reached the end: nothing left to measure, no figure
         return {"steps": steps, "warmup_steps_excluded": warm, "steps_measured": 0, **profile}
@@ -256,6 +256,14 @@ def summarize(
         "step_time_min_s": min(per_step),
         "step_time_max_s": max(per_step),
     }
+
+
+def first_measured_step(summary: Mapping[str, Any]) -> int | None:
+    """The first measured step of ``summarize``'s figures: its window is the steps after
+    it, up to ``steps`` (after the warm-up and any profiled steps); None when the figures
+    have no window (no step recorded)."""
+    steps, measured = summary.get("steps"), summary.get("steps_measured")
+    return int(steps) - int(measured) if steps is not None and measured is not None else None
 
 
 def loss_summary(log_history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -40,12 +40,12 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.contract.layout import profile_trace
-from orchestrator.contract.window import warmup_of
+from orchestrator.contract.window import profile_problem, warmup_of
 
 if TYPE_CHECKING:
     from orchestrator.contract.spec import RunSpec
@@ -123,19 +123,17 @@ class StepProfiler:
         if max_steps <= 0:
             self.notes.append("no profile: the run's number of steps is not known in advance")
             return
-        first = warmup_of(max_steps, self.warmup)
-        if first + self.steps >= max_steps:
-            self.notes.append(
-                f"no profile: {max_steps} steps leave no measured step after the warm-up "
-                f"({first}) and {self.steps} profiled steps"
-            )
+        problem = profile_problem(max_steps, self.warmup, self.steps)
+        if problem is not None:
+            self.notes.append(f"no profile: {problem}")
             return
+        first = warmup_of(max_steps, self.warmup)
         self.first = first
         if first == 0:
             self._start()
 
-    def step_ending(self, index: int) -> None:
-        """Step ``index`` (0-based) is ending; its clock has not stopped yet."""
+    def step_ending(self) -> None:
+        """A step is ending; its clock has not stopped yet."""
         if self._profiler is None:
             return
         if self._sync is not None:
@@ -267,7 +265,7 @@ def profile_outcome(
     figures = profile_figures(ranks)
     if profiler.profiled is not None and not figures:
         notes.append("no profile figures: the traces have no profiled step")
-    notes += profile_notes(ranks, len(ranks)) if figures else []
+    notes += profile_notes(ranks) if figures else []
     return ProfileOutcome(profiler.profiled, figures, notes)
 
 
@@ -292,9 +290,6 @@ class RankProfile:
     #: what the figures were read from: ``kernels`` (GPU) or ``cpu ops``
     source: str = "cpu ops"
     export_s: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:
@@ -525,8 +520,11 @@ def profile_figures(ranks: Sequence[RankProfile | None]) -> dict[str, Any]:
     }
 
 
-def profile_notes(ranks: Sequence[RankProfile | None], world: int) -> list[str]:
-    """What a reader of the profile columns needs to know: missing ranks, the source."""
+def profile_notes(ranks: Sequence[RankProfile | None]) -> list[str]:
+    """What a reader of the profile columns needs to know: missing ranks, the source.
+
+    ``ranks``: every rank's figures (None for a rank that left no trace)."""
+    world = len(ranks)
     present = [r for r in ranks if r is not None]
     notes = []
     if present and len(present) < world:

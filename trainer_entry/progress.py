@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.contract.progress import StepProgress
-from trainer_entry.measure import default_warmup
+from orchestrator.contract.window import warmup_of
 
 #: at most one write per this much training time (besides the first step and the end)
 INTERVAL_S = 1.0
@@ -70,13 +70,8 @@ class ProgressFile:
     def begin(self, max_steps: int) -> None:
         """Training starts (before the first step's clock): step 0."""
         self._max_steps = max(1, max_steps)
-        warmup = self.warmup_steps
         # as the measurement counts it: at least one step measured
-        self._warmup = (
-            default_warmup(self._max_steps)
-            if warmup is None
-            else max(0, min(warmup, self._max_steps - 1))
-        )
+        self._warmup = warmup_of(self._max_steps, self.warmup_steps)
         self._started = self._wall()
         self._write("warmup" if self._warmup > 0 else "measuring")
 

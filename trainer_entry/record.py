@@ -36,6 +36,7 @@ from trainer_entry.flops import (
 from trainer_entry.measure import (
     RankStats,
     fed_sequences,
+    first_measured_step,
     loss_summary,
     stage_memory_figures,
     summarize,
@@ -88,8 +89,9 @@ def flops_figures(
     """
     steps = metrics.get("steps", 0)
     # the measured window's first step: after the warm-up and any profiled steps
-    measured = metrics.get("steps_measured")
-    start = steps - measured if measured is not None else metrics.get("warmup_steps_excluded", 0)
+    start = first_measured_step(metrics)
+    if start is None:
+        start = metrics.get("warmup_steps_excluded", 0)
     fed, notes = sequences_or_uniform(
         fed_sequences(ranks, start, steps),
         packing=parsed.data.packing,
@@ -191,10 +193,9 @@ def build_result(
         ranks, parsed.measure.warmup_steps_excluded, devices=devices, profiled=profile.profiled
     )
     metrics.update(profile.columns())
-    metrics.setdefault("profiled_steps", None)
     loss = loss_summary(log_history)
     # the loss trend over the measured steps, and eval's figures (eval: true)
-    metrics.update(loss_trend(log_history, metrics))
+    metrics.update(loss_trend(log_history, metrics, losses=loss["loss_history"]))
     metrics.update(dict.fromkeys(EVAL_FIGURES))
     if evaluation is not None:
         metrics.update(evaluation.figures)

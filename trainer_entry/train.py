@@ -102,6 +102,9 @@ def run(
     if on_gpu:
         torch.cuda.set_device(local_rank)
     settings = backend.configure(spec, parsed, on_gpu=on_gpu)
+    # before loading anything: a job given another number of GPUs than its cell fails now
+    per_process = devices_per_process(settings.native, on_gpu=on_gpu)
+    check_devices(spec.num_gpus, world, per_process, on_gpu=on_gpu)
     task = get_task(parsed.task)
     # counters at stage boundaries, on GPUs, unless measurement is off
     memory = (
@@ -193,8 +196,6 @@ def run(
     engine_note = check_engine(
         configured_type(spec.accelerate_config), running_type(), on_gpu=on_gpu
     )
-    per_process = devices_per_process(settings.native, on_gpu=on_gpu)
-    check_devices(spec.num_gpus, world, per_process, on_gpu=on_gpu)
 
     output = trainer.train()
     engine = engine_record(
@@ -225,15 +226,20 @@ def run(
         if parsed.evaluation.enabled
         else None
     )
-    # one collective for both: each rank's step records and its memory stages
+    # one collective for all: each rank's step records, its memory stages and (profiled
+    # runs only) its figures from its own trace, read back after training
     gathered = _gather_object(
-        (stats.as_dict(), memory_stages(memory.readings) if memory else {}), world
+        (
+            stats.as_dict(),
+            memory_stages(memory.readings) if memory else {},
+            profiler.figures() if profiler else None,
+        ),
+        world,
     )
-    ranks = [RankStats(**record) for record, _ in gathered]
-    stage_memory = [stages for _, stages in gathered]
-    # profiled runs only: each rank's figures from its own trace, read back after training
+    ranks = [RankStats(**record) for record, _, _ in gathered]
+    stage_memory = [stages for _, stages, _ in gathered]
     profile = profile_outcome(
-        spec, profiler, _gather_object(profiler.figures(), world) if profiler else []
+        spec, profiler, [figures for _, _, figures in gathered] if profiler else []
     )
     if rank != 0:
         return None

@@ -24,6 +24,7 @@ from trainer_entry.evaluate import (
     nonfinite_steps,
     slope,
 )
+from trainer_entry.measure import first_measured_step, loss_summary
 from trainer_entry.tasks.causal_lm import CausalLMTask
 
 
@@ -193,6 +194,22 @@ def test_loss_trend_uses_the_measured_window() -> None:
     late = loss_trend(history, {"steps": 10, "warmup_steps_excluded": 3, "steps_measured": 3})
     assert late["loss_slope_per_step"] == pytest.approx(-1.0)
     assert loss_trend(history, {"steps": 10, "steps_measured": 1})["loss_slope_per_step"] is None
+
+
+def test_loss_trend_from_loss_summarys_pairs_is_the_same() -> None:
+    history = [{"step": s, "loss": 10.0 - s} for s in range(1, 11)]
+    history[6]["loss"] = float("nan")  # a non-finite loss stays out of the fit either way
+    history.append({"step": 10, "eval_loss": 99.0})
+    pairs = loss_summary(history)["loss_history"]
+    for summary in (
+        {"steps": 10, "warmup_steps_excluded": 3, "steps_measured": 7},
+        {"steps": 10, "warmup_steps_excluded": 3, "steps_measured": 3},
+        {"steps": 10, "steps_measured": 1},
+        {"steps": 0},
+    ):
+        assert loss_trend(history, summary, losses=pairs) == loss_trend(history, summary)
+    assert first_measured_step({"steps": 10, "steps_measured": 3}) == 7
+    assert first_measured_step({"steps": 0}) is None
 
 
 def test_nonfinite_steps_count_grad_norm_too() -> None:

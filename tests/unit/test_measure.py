@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.contract.window import default_warmup
 from trainer_entry.measure import (
     RankStats,
     SequenceLengths,
     StepRecorder,
-    default_warmup,
     fed_sequences,
     hf_stage_memory,
     loss_summary,
@@ -67,7 +67,7 @@ def test_summarize_default_warmup_and_empty() -> None:
     )
     m = summarize([rank])
     assert m["warmup_steps_excluded"] == 3 and m["steps_measured"] == 17
-    assert summarize([RankStats(0)]) == {"steps": 0}
+    assert summarize([RankStats(0)]) == {"steps": 0, "profiled_steps": None}
 
 
 def test_recorder_partitions_time_and_counts_micro_batches() -> None:

@@ -218,7 +218,7 @@ def test_profile_figures_are_the_mean_over_the_ranks() -> None:
     assert figures["profiled_step_time_ms"] == pytest.approx(0.075)
     assert figures["profile_export_s"] == 0.5
     assert figures["top_ops"] == "gloo:all_reduce 60%, aten::mm 40%"
-    notes = profile_notes([r0, r1, None], 3)
+    notes = profile_notes([r0, r1, None])
     assert any("2 of 3 ranks" in n for n in notes)
     assert profile_figures([None]) == {}
 
@@ -240,7 +240,7 @@ def test_the_profiled_steps_are_left_out_of_the_window() -> None:
     # 30 tokens over the last three steps' 4 s: the slow profiled steps are not in it
     assert m["tokens_per_second_global"] == pytest.approx(7.5)
     assert m["step_time_max_s"] == 2.0
-    assert "profiled_steps" not in summarize([rank], warmup=2)
+    assert summarize([rank], warmup=2)["profiled_steps"] is None
 
 
 def test_a_profile_reaching_the_end_leaves_no_figure() -> None:
@@ -263,11 +263,12 @@ def test_the_profiler_skips_a_run_too_short_without_importing_torch(tmp_path: Pa
     profiler = StepProfiler(3, tmp_path, 0, warmup=None, on_gpu=False)
     profiler.train_begin(5)  # warm-up 3 + 3 profiled > 5 steps
     for i in range(5):
-        profiler.step_ending(i)
+        profiler.step_ending()
         profiler.step_ended(i)
     profiler.train_end()
     assert profiler.profiled is None and profiler.figures() is None
-    assert any("leave no measured step" in n for n in profiler.notes)
+    assert profiler.notes == [f"no profile: {profile_problem(5, None, 3)}"]
+    assert any("leaves no measured step" in n for n in profiler.notes)
     assert not any(tmp_path.iterdir())
 
 
@@ -281,7 +282,7 @@ def test_the_profiler_records_the_steps_after_the_warm_up(tmp_path: Path) -> Non
     a = torch.ones(64, 64)
     for i in range(5):
         _ = a @ a
-        profiler.step_ending(i)
+        profiler.step_ending()
         profiler.step_ended(i)
     profiler.train_end()
     assert profiler.profiled == (1, 2)

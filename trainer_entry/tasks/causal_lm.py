@@ -55,19 +55,21 @@ class CausalLMTask:
             from trainer_entry.backends.sft import data_config
 
             cfg = data_config(parsed)
-        if not parsed.evaluation.enabled:
-            data = (
-                load_unprocessed(cfg, processor) if as_given else prepare(cfg, processor, data_dir)
-            )
-            return TaskData(examples=data, meta=data.meta)
+        split = parsed.evaluation.enabled
         # eval: split documents, then pack each part, so no document is in both
-        docs_cfg = dataclasses.replace(cfg, packing=False, truncate=False) if cfg.packing else cfg
-        docs = (
-            load_unprocessed(docs_cfg, processor)
-            if as_given
-            else prepare(docs_cfg, processor, data_dir)
+        load_cfg = (
+            dataclasses.replace(cfg, packing=False, truncate=False)
+            if split and cfg.packing
+            else cfg
         )
-        train, held = split_sequences(docs, parsed.evaluation.holdout)
+        data = (
+            load_unprocessed(load_cfg, processor)
+            if as_given
+            else prepare(load_cfg, processor, data_dir)
+        )
+        if not split:
+            return TaskData(examples=data, meta=data.meta)
+        train, held = split_sequences(data, parsed.evaluation.holdout)
         if cfg.packing:
             train = pack_part(train, cfg, "the part trained on")
             held = pack_part(held, cfg, "the held-out part")
