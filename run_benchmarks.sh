@@ -21,8 +21,16 @@
 #   DRY_RUN=true              print the matrix and the exact commands; write nothing
 #   NO_OVERWRITE=true         resume: skip experiments whose result is already ok
 #   NO_DATA_PROCESSING=true   train on the dataset file as it is
+#   PRUNE=false               launch every experiment (as --no-prune); by default one
+#                             certain to run out of memory after a smaller one of its
+#                             family did is recorded as pruned, not launched
 #   PROFILE=true              profile every cell (as --profile): a trace per rank in
 #                             runs/<id>/profile/ and the communication columns
+#   MEASURE_UNTIL=steps|steady  how long each cell runs (as --until): its fixed max_steps
+#                             (default), or until its mean step time is known to
+#                             MEASURE_PRECISION (default 0.02: ±2%), after at least
+#                             MEASURE_MIN_STEPS measured steps (10), at most
+#                             MEASURE_MAX_STEPS steps (200)
 #   MEMORY_LOGGING=all|nvidia|huggingface|hf-tracker   what measures memory (default: all)
 #   EFFECTIVE_BS_MATRIX="4 8" effective batch sizes (default: the scenarios file's)
 #   DEVICE=auto|gpu|cpu       plan for GPUs or the CPU (default: auto)
@@ -122,6 +130,10 @@ args=(--scenarios "$SCENARIOS_CONFIG" --results "$RESULT_DIR" --device "${DEVICE
 [ -z "$SCENARIOS_FILTER" ] || args+=(--filter "$SCENARIOS_FILTER")
 for file in "${FRAMEWORK_FILES[@]}"; do args+=(--frameworks "$file"); done
 if flag PROFILE; then args+=(--profile); fi
+[ -z "${MEASURE_UNTIL:-}" ] || args+=(--until "$MEASURE_UNTIL")
+[ -z "${MEASURE_PRECISION:-}" ] || args+=(--precision "$MEASURE_PRECISION")
+[ -z "${MEASURE_MIN_STEPS:-}" ] || args+=(--min-steps "$MEASURE_MIN_STEPS")
+[ -z "${MEASURE_MAX_STEPS:-}" ] || args+=(--max-steps "$MEASURE_MAX_STEPS")
 [ $# -eq 0 ] || args+=(--note "run_benchmarks.sh read $form")
 
 # Use the orchestrator next to this script, whatever is installed.
@@ -140,4 +152,5 @@ fi
 run_args=(--memory-logging "${MEMORY_LOGGING:-all}" --executor "${EXECUTOR:-local}")
 if flag NO_OVERWRITE; then run_args+=(--resume); fi
 if flag NO_DATA_PROCESSING; then run_args+=(--no-data-processing); fi
+if [ -n "${PRUNE:-}" ] && ! flag PRUNE; then run_args+=(--no-prune); fi
 exec "$PYTHON" -m orchestrator run "${args[@]}" "${run_args[@]}"

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from orchestrator.contract.outcome import Outcome
     from orchestrator.executors.base import Settled
     from orchestrator.results.compare import Comparison
+    from orchestrator.results.fitreport import FitRecord
     from orchestrator.results.report import Report
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "RunResult",
     "UserError",
     "compare",
+    "fit",
     "load",
     "plan",
     "report",
@@ -144,11 +146,14 @@ def plan(
     notes: Sequence[str] = (),
     profile: bool = False,
     profile_steps: int | None = None,
+    measure: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Expand the scenarios into the experiments to run; nothing is written.
 
     ``profile`` (or ``profile_steps``, how many steps) profiles every cell, as a
-    scenario's ``profile: true`` does its own.
+    scenario's ``profile: true`` does its own. ``measure`` (``{"until": "steady",
+    "precision": 0.02, "min_steps": 10, "max_steps": 200}``, or ``{"until": "steps"}``)
+    sets every cell's measuring over the scenarios' ``measure:``.
 
     ``num_gpus`` and ``effective_batch_size`` override the file's matrix;
     ``filters`` picks scenarios by name or pattern (slow ones only when named);
@@ -159,6 +164,7 @@ def plan(
     when the plan needs a count (``device="auto"``, or no GPU-count axis given);
     default: the GPUs found here.
     """
+    from orchestrator.config.measure import measure_override
     from orchestrator.matrix.expand import parse_filters
 
     if device not in ("auto", "gpu", "cpu"):
@@ -179,6 +185,7 @@ def plan(
         preview=preview,
         profile=profile,
         profile_steps=profile_steps,
+        measure=measure_override(measure),
     )
     if gpus is None:
         from orchestrator.running.hardware import gpu_count
@@ -232,6 +239,7 @@ def run(
     slots: int = 1,
     report: bool = True,
     executor: str = "local",
+    prune: bool = True,
     **plan_options: Any,
 ) -> RunResult:
     """Run a plan (or plan ``scenarios`` first, with ``plan_options``) into ``results``.
@@ -242,7 +250,8 @@ def run(
     otherwise an earlier run of a different plan in ``results`` is moved aside,
     never deleted. Runs here; ``executor`` names another registered executor
     (``orchestrator.executors.registry``; its flags and file section are the
-    command line's: ``tunematrix run --executor NAME``).
+    command line's: ``tunematrix run --executor NAME``). ``prune=False``: launch every
+    experiment, even one certain to run out of memory (``--no-prune``).
     """
     from orchestrator.config.values import MEMORY_LOGGING
     from orchestrator.executors import registry
@@ -284,6 +293,7 @@ def run(
         usd_per_gpu_hour=usd_per_gpu_hour,
         tokens=tokens,
         report=report,
+        prune=prune,
     )
     root = Path(results)
     preflight(chosen, the_plan, ResultsLayout(root), options)
@@ -312,6 +322,62 @@ def run(
         history_run_id=done.history_run_id,
         exit_code=done.exit_code,
     )
+
+
+def fit(
+    scenarios: ConfigSource | None = None,
+    results: PathLike = "results/fit",
+    *,
+    search: str | None = None,
+    low: int | None = None,
+    limit: int | None = None,
+    margin: float | None = None,
+    probe_steps: int = 3,
+    memory_gib: float | None = None,
+    resume: bool = False,
+    timeout_s: float | None = None,
+    executor: str = "local",
+    **plan_options: Any,
+) -> FitRecord:
+    """The largest per-device batch (or ``max_seq_len``) that fits, per cell family.
+
+    What ``tunematrix fit`` does (``orchestrator.running.fit``): probes of
+    ``probe_steps`` steps, fresh launches into ``results``, for the scenarios with
+    ``search:`` (``search`` names what to search in every selected scenario
+    instead). Returns each family's answer and probes; fit.json and fit.md are
+    written. The matrix itself is never changed.
+    """
+    from orchestrator.executors import registry
+    from orchestrator.job.execute import RunOptions
+    from orchestrator.running.fit import FitOptions, run_fit
+    from orchestrator.running.needs import require
+
+    config = load(
+        scenarios,
+        defaults=plan_options.pop("defaults", None),
+        frameworks=plan_options.pop("frameworks", ()),
+        accelerate_config=plan_options.pop("accelerate_config", None),
+    )
+    the_plan = plan(config, preview=False, **plan_options)
+    chosen = registry.get(executor).default()
+    require(the_plan.experiments, chosen.name)
+    return run_fit(
+        config,
+        the_plan,
+        Path(results),
+        RunOptions(timeout_s=timeout_s, resume=resume, report=False),
+        FitOptions(
+            probe_steps=probe_steps,
+            key=search,
+            low=low,
+            limit=limit,
+            margin=margin,
+            capacity_bytes=memory_gib * 2**30 if memory_gib is not None else None,
+        ),
+        executor=chosen,
+        argv=[sys.executable, "-c", "orchestrator.api.fit(...)"],
+        log=lambda text: print(text, file=sys.stderr),
+    ).record
 
 
 def ids_text(jobs: Sequence[str], most: int = 5) -> str:
@@ -376,6 +442,7 @@ def report(
     tokens: float | None = None,
     gpu_memory_gib: float | None = None,
     plots: bool = True,
+    loss_tolerance: float | None = None,
 ) -> Report:
     """Write ``raw_summary.csv``, ``benchmarks.csv``, ``summary.md`` and plots.
 
@@ -384,7 +451,9 @@ def report(
     ``tunematrix-report`` folder beside the table. The price of a GPU-hour
     defaults to the run's own (its ``env.json``); ``gpu_memory_gib`` is one
     device's memory where the source does not say it (a predecessor's table),
-    so rows without figures near it read as likely out of memory.
+    so rows without figures near it read as likely out of memory. ``loss_tolerance``:
+    the loss gap past which a variant differs from its baseline (summary.md's 'Loss
+    against the baseline').
     A results folder of jobs submitted without waiting is settled first, as
     :func:`settle_and_report` says. Returns the rows and cells.
     """
@@ -395,6 +464,7 @@ def report(
         tokens=tokens,
         gpu_memory_gib=gpu_memory_gib,
         plots=plots,
+        loss_tolerance=loss_tolerance,
     ).report
 
 
@@ -407,6 +477,7 @@ def settle_and_report(
     gpu_memory_gib: float | None = None,
     plots: bool = True,
     flags: bool = False,
+    loss_tolerance: float | None = None,
 ) -> Reported:
     """:func:`report`, and what ``tunematrix report`` does around it.
 
@@ -418,6 +489,7 @@ def settle_and_report(
     against it). ``flags``: name the options in errors as the command line
     spells them.
     """
+    from orchestrator.results import equivalence
     from orchestrator.results.report import GIB, CostSettings, cost_from_env, write_report
 
     for value, name in (
@@ -428,6 +500,7 @@ def settle_and_report(
         if value is not None and not value > 0:
             shown = "--" + name.replace("_", "-") if flags else name
             raise UserError(f"{shown} must be a positive number, got {value:g}")
+    _check_loss_tolerance(loss_tolerance, flags)
     path = Path(source)
     settled = _settle_jobs(path)
     if usd_per_gpu_hour is None and path.is_dir():
@@ -438,6 +511,7 @@ def settle_and_report(
         CostSettings(usd_per_gpu_hour=usd_per_gpu_hour, tokens=tokens),
         plots=plots,
         gpu_memory_bytes=gpu_memory_gib * GIB if gpu_memory_gib is not None else None,
+        loss_tolerance=equivalence.DEFAULT_TOLERANCE if loss_tolerance is None else loss_tolerance,
     )
     done = Reported(written, settled=settled)
     if path.is_dir() and not done.running:
@@ -515,8 +589,13 @@ def compare(
     flags: bool = False,
     across: str | None = None,
     baseline: str | None = None,
+    loss_tolerance: float | None = None,
 ) -> Comparison:
     """Compare ``new`` against the reference ``ref``, cell by cell.
+
+    Where both sides are results folders, the loss curves of the matched cells
+    are compared too (``.loss``, ``.loss_changes``): a gap past ``loss_tolerance``
+    (default ``results.equivalence.DEFAULT_TOLERANCE``) is a loss change.
 
     Each side is a results folder, a summary CSV (the predecessor's reference
     tables too), a DataFrame of rows, or ``run:N`` from ``history`` (default: the
@@ -543,6 +622,7 @@ def compare(
         raise UserError(f"{dash}baseline needs {dash}across")
     if not 0 < threshold < 10:
         raise UserError(f"{dash}threshold must be a fraction such as 0.1, got {threshold:g}")
+    _check_loss_tolerance(loss_tolerance, flags)
     for metric in metrics or ():
         try:
             comparing.direction(metric)
@@ -571,10 +651,10 @@ def compare(
             )
         else:
             assert ref is not None
-            result = comparing.compare(
-                load_rows(new, db), load_rows(ref, db), metrics=wanted, threshold=threshold
-            )
+            new_rows, ref_rows = load_rows(new, db), load_rows(ref, db)
+            result = comparing.compare(new_rows, ref_rows, metrics=wanted, threshold=threshold)
             new_label, ref_label = _label(new, db), _label(ref, db)
+            _compare_losses(result, new, ref, new_rows, ref_rows, loss_tolerance)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if out is not None:
@@ -582,6 +662,36 @@ def compare(
             result, Path(out), new_label, ref_label, threshold, with_plots=plots
         )
     return result
+
+
+def _check_loss_tolerance(value: float | None, flags: bool) -> None:
+    if value is not None and not 0 < value < 10:
+        shown = "--loss-tolerance" if flags else "loss_tolerance"
+        raise UserError(f"{shown} must be a fraction such as 0.05, got {value:g}")
+
+
+def _compare_losses(
+    result: Comparison,
+    new: PathLike | pd.DataFrame,
+    ref: PathLike | pd.DataFrame,
+    new_rows: pd.DataFrame,
+    ref_rows: pd.DataFrame,
+    tolerance: float | None,
+) -> None:
+    """The loss curves of the matched cells, where both sides are results folders
+    (their ``runs/*/result.json``); a table or ``run:N`` has none to read."""
+    from orchestrator.results import compare as comparing
+    from orchestrator.results import equivalence
+
+    if tolerance is None:
+        tolerance = equivalence.DEFAULT_TOLERANCE
+    folders = [Path(side) if isinstance(side, str | os.PathLike) else None for side in (new, ref)]
+    if not all(f is not None and (f / "runs").is_dir() for f in folders):
+        return
+    assert folders[0] is not None and folders[1] is not None
+    matched = comparing.matched_experiments(new_rows, ref_rows, result.keys)
+    result.loss = equivalence.compare_losses(matched, folders[0], folders[1], tolerance)
+    result.loss_tolerance = tolerance
 
 
 def compare_folder(new: PathLike, output: PathLike | None) -> Path:

@@ -18,6 +18,7 @@ from trainer_entry.progress import ProgressFile
 
 if TYPE_CHECKING:
     from trainer_entry.profile import StepProfiler
+    from trainer_entry.steady import SteadyStop
 
 
 class StepHooks:
@@ -31,6 +32,7 @@ class StepHooks:
         reset_peak_at_begin: bool = True,
         progress: ProgressFile | None = None,
         profiler: StepProfiler | None = None,
+        steady: SteadyStop | None = None,
     ) -> None:
         self.recorder = recorder
         self.memory = memory
@@ -38,6 +40,8 @@ class StepHooks:
         self.progress = progress
         #: records a few steps after the warm-up (``profile_steps``); None: no profile
         self.profiler = profiler
+        #: stops training at steady state (``measure: {until: steady}``); None: max_steps
+        self.steady = steady
 
     def train_begin(self, max_steps: int) -> None:
         """Training is about to take its first step."""
@@ -63,8 +67,9 @@ class StepHooks:
                 self.recorder.windows = ()
         self.recorder.add_batch(counts.real, counts.padded, counts.lengths)
 
-    def step_end(self, global_step: int) -> None:
-        """An optimizer step ended."""
+    def step_end(self, global_step: int) -> bool:
+        """An optimizer step ended; True: training should stop now (steady state reached,
+        the same answer on every rank)."""
         index = len(self.recorder.stats.step_times_s)
         if self.profiler is not None:
             # the profiler's stop and export before the clock: inside the profiled step
@@ -72,11 +77,16 @@ class StepHooks:
         self.recorder.step_end()
         if self.profiler is not None:
             self.profiler.step_ended(index)
+        # after the clock: its all-reduce is in the next step's time, like the progress write
+        stop = self.steady is not None and self.steady.step_ended(
+            self.recorder.stats.step_times_s[-1]
+        )
         if self.progress is not None:
             # inside the next step's time, like everything between step ends; a write
             # (about once a second) is a small file replaced, see trainer_entry.progress
             stats = self.recorder.stats
             self.progress.step(global_step, stats.step_tokens[-1], stats.step_times_s[-1])
+        return stop
 
     def train_end(self, global_step: int) -> None:
         """Training ended after ``global_step`` steps."""

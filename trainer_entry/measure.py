@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.contract.steady import precision_pct
 from orchestrator.contract.window import warmup_of
 
 
@@ -253,6 +254,8 @@ def summarize(
         "step_time_median_s": statistics.median(per_step),
         "step_time_mean_s": mean,
         "step_time_cv": cv,
+        # the achieved precision: the batch-means 95% interval's half-width over the mean
+        "step_time_ci_pct": precision_pct(per_step),
         "step_time_min_s": min(per_step),
         "step_time_max_s": max(per_step),
     }

@@ -42,6 +42,7 @@ from trainer_entry.measure import (
     summarize,
 )
 from trainer_entry.profile import ProfileOutcome
+from trainer_entry.steady import SteadyStop, measure_figures
 from trainer_entry.tasks.base import Task
 
 
@@ -176,6 +177,7 @@ def build_result(
     zero_init: bool = False,
     evaluation: EvalResult | None = None,
     profile: ProfileOutcome | None = None,
+    steady: SteadyStop | None = None,
 ) -> ChildResult:
     """The result of a finished run, from every rank's records (``ranks``, ``stage_memory``).
 
@@ -193,6 +195,9 @@ def build_result(
         ranks, parsed.measure.warmup_steps_excluded, devices=devices, profiled=profile.profiled
     )
     metrics.update(profile.columns())
+    # how long it measured (a fixed max_steps or steady state) and how it stopped
+    measure_columns, measure_notes = measure_figures(spec, steady, metrics)
+    metrics.update(measure_columns)
     loss = loss_summary(log_history)
     # the loss trend over the measured steps, and eval's figures (eval: true)
     metrics.update(loss_trend(log_history, metrics, losses=loss["loss_history"]))
@@ -248,6 +253,7 @@ def build_result(
     )
     notes = [*parsed.notes, *flops_notes, *(evaluation.notes if evaluation else [])]
     notes.extend(profile.notes)
+    notes.extend(measure_notes)
     if engine is not None:
         notes.extend(engine.notes)
         if engine.zero_stage == 3:

@@ -43,6 +43,7 @@ from trainer_entry.models.load import config_placement, fsdp_loading, load_model
 from trainer_entry.profile import profile_outcome, step_profiler
 from trainer_entry.progress import ProgressFile
 from trainer_entry.record import build_result
+from trainer_entry.steady import steady_stop, with_step_cap
 from trainer_entry.tasks import get_task, task_name
 
 
@@ -95,6 +96,8 @@ def run(
     """
     rank, world, local_rank = distributed_env()
     started_at = timestamp()
+    # steady state: the trainer's max_steps is the cap, the hooks stop it earlier
+    spec = with_step_cap(spec)
     backend = backend or load_backend(spec)
     parsed = parse_arguments(spec, backend.argument_fields())
     check_launch_env(os.environ)
@@ -158,6 +161,7 @@ def run(
 
     recorder = StepRecorder(rank, sync=torch.cuda.synchronize if on_gpu else None)
     profiler = step_profiler(spec, parsed, rank=rank, world=world, on_gpu=on_gpu)
+    steady = steady_stop(spec, parsed.measure.warmup_steps_excluded, profiler, on_gpu=on_gpu)
     hooks = (
         StepHooks(
             recorder,
@@ -173,6 +177,7 @@ def run(
             if rank == 0 and spec.progress_path
             else None,
             profiler=profiler,
+            steady=steady,
         )
         if parsed.measure.instrumentation
         else None
@@ -266,6 +271,7 @@ def run(
         zero_init=zero_init,
         evaluation=evaluation,
         profile=profile,
+        steady=steady,
     )
     write_result(Path(spec.result_path), result)
     return result

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.cli import compare, doctor, history, plan, report, run
+from orchestrator.cli import compare, doctor, fit, history, plan, report, run
 from orchestrator.cli.common import PROG, Formatter, Parser
 from orchestrator.contract.errors import UserError
 
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    for command in (plan, run, report, compare, history, doctor):
+    for command in (plan, run, fit, report, compare, history, doctor):
         command.add_parser(sub)
     return parser
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from orchestrator.cli.steadyflags import add_measure_args, measure_from_args
 from orchestrator.config.scenarios import BenchConfig
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout
@@ -119,6 +120,7 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
         help="steps a profile records (default: the scenario's profile_steps, else 3); "
         "implies --profile",
     )
+    add_measure_args(g)
     g.add_argument(
         "--results",
         metavar="DIR",
@@ -175,6 +177,7 @@ def plan_from_args(
         preview=args.command == "plan",
         profile=args.profile,
         profile_steps=args.profile_steps,
+        measure=measure_from_args(args),
         gpus=gpu_counter(config) if gpu_counter is not None else None,
     )
     return Planned(config=config, plan=plan, layout=ResultsLayout(Path(args.results)))

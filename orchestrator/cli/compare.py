@@ -32,6 +32,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         flags=True,
         across=args.across,
         baseline=args.baseline,
+        loss_tolerance=args.loss_tolerance,
     )
     written = result.written
     regressions = result.regressions
@@ -51,6 +52,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
         change = row["change"]
         shown = "" if change is None or change != change else f" {100 * change:+.1f}%"
         print(f"  regression: {cell}: {row['metric']}{shown} {row['why']}".rstrip())
+    if result.loss is not None:
+        print(
+            f"  loss curves: {len(result.loss)} matched cell(s) compared, "
+            f"{len(result.loss_changes)} loss change(s)"
+        )
+    for _, row in result.loss_changes.iterrows():
+        cell = comparing.cell_label(row, result.keys)
+        print(
+            f"  loss change: {cell}: loss {row['loss_gap_pct']:.1f}% from the reference's "
+            f"over {row['steps_compared']} steps"
+        )
     for path in written:
         print(f"  {path}")
     return 1 if len(regressions) else 0
@@ -97,6 +109,13 @@ def add_parser(sub: Any) -> None:
         "--output",
         metavar="DIR",
         help="where to write compare.csv/.md (default: NEW's folder, else .)",
+    )
+    cmp_.add_argument(
+        "--loss-tolerance",
+        type=float,
+        metavar="FRACTION",
+        help="loss gap (mean over the common steps, relative to the reference's mean loss) "
+        "past which a matched cell's loss changed; results folders only (default: 0.05)",
     )
     cmp_.add_argument("--history", metavar="FILE", help="history.sqlite to look run:<id> up in")
     cmp_.add_argument("--no-plots", action="store_true", help="tables only")

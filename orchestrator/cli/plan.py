@@ -15,6 +15,7 @@ Examples:
   tunematrix plan --scenarios scenarios.yaml --filter 'cpu-*' --output plan.csv
   tunematrix plan --device gpu --num-gpus "1 2 4" --effective-batch-size "8 16" --commands
   tunematrix plan --output - | column -s, -t
+  tunematrix plan --results results/a100 --usd-per-gpu-hour 2.5   (cost from that history)
 
 Nothing is created or deleted (except the --output file), no GPU is needed, and
 the training stack is not imported.
@@ -42,6 +43,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     print()
     print(format_table(plan))
+    # what it will cost, from the results folder's history (results/estimate.py)
+    from orchestrator.results.estimate import estimate_plan
+
+    price = args.usd_per_gpu_hour or planned.config.usd_per_gpu_hour
+    print()
+    print(*estimate_plan(plan.experiments, planned.layout.history).lines(price), sep="\n")
     if args.commands:
         print()
         print(format_commands(plan.experiments, planned.layout))
@@ -65,5 +72,12 @@ def add_parser(sub: Any) -> None:
         "--commands",
         action="store_true",
         help="print the exact accelerate launch command of each experiment",
+    )
+    p.add_argument(
+        "--usd-per-gpu-hour",
+        type=float,
+        metavar="USD",
+        help="price of a GPU-hour for the cost estimate (default: the file's cost:); the "
+        "estimate reads the history of --results",
     )
     p.set_defaults(func=cmd_plan)

@@ -29,6 +29,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         gpu_memory_gib=args.gpu_memory_gib,
         plots=not args.no_plots,
         flags=True,
+        loss_tolerance=args.loss_tolerance,
     )
     for settled in done.settled:
         if settled.collected:
@@ -85,6 +86,13 @@ def add_parser(sub: Any) -> None:
         help="memory of one GPU, for a table that does not record it (default: the run's "
         "env.json, else a GPU named in the rows or the file name: a100_80gb, h100, h200…); "
         "failed runs without metrics that came near it are shown as likely OOM",
+    )
+    rep.add_argument(
+        "--loss-tolerance",
+        type=float,
+        metavar="FRACTION",
+        help="loss gap (mean over the common steps, relative to the baseline's mean loss) "
+        "past which a framework or trainer variant differs from its baseline (default: 0.05)",
     )
     rep.add_argument("--no-plots", action="store_true", help="tables only")
     rep.set_defaults(func=cmd_report)

@@ -18,6 +18,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.config.scenarios import BenchConfig
 from orchestrator.config.values import MEMORY_LOGGING
+from orchestrator.contract.outcome import PRUNED_PREFIX, is_pruned
 from orchestrator.executors import registry
 from orchestrator.executors.base import Executor, ExecutorSection, positive_int
 
@@ -67,6 +68,7 @@ class _Once:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.matrix.table import format_header, format_table
+    from orchestrator.running.fit import check_searches, search_after_run
     from orchestrator.running.needs import require
     from orchestrator.running.runner import RunOptions, preflight, run_plan
 
@@ -76,6 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     executor = executor_for(planned.config)
     # a missing package, named once here rather than by every experiment's failure
     require(plan.experiments, executor.name)
+    # a search: that cannot apply, refused now rather than after the matrix
+    check_searches(planned.config, plan)
     options = RunOptions(
         timeout_s=args.timeout,
         resume=args.resume,
@@ -85,6 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         usd_per_gpu_hour=args.usd_per_gpu_hour or planned.config.usd_per_gpu_hour,
         tokens=args.tokens,
         report=not args.no_report,
+        prune=not args.no_prune,
     )
     # everything the executor would refuse later, refused here, before a folder is touched
     preflight(executor, plan, planned.layout, options)
@@ -100,6 +105,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     report = run_plan(
         plan, Path(args.results), options, argv=[PROG, *sys.argv[1:]], executor=executor
+    )
+    # scenarios with search: the largest batch or length that fits, into RESULTS/fit/
+    search_after_run(
+        planned.config, plan, report, options, executor=executor, argv=[PROG, *sys.argv[1:]]
     )
     counts = ", ".join(f"{status} {n}" for status, n in sorted(report.counts().items()))
     minutes, seconds = divmod(int(time.monotonic() - started), 60)
@@ -118,7 +127,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if report.moved_to is not None:
         print(f"  the earlier run is in {report.moved_to}")
     for eid, outcome in report.outcomes.items():
-        if outcome.status not in ("ok", "skipped", "planned"):
+        if is_pruned(outcome.status, outcome.error):
+            print(f"  pruned: {eid} ({(outcome.error or '').removeprefix(PRUNED_PREFIX)})")
+        elif outcome.status not in ("ok", "skipped", "planned"):
             print(f"  {outcome.status}: {eid}: {outcome.error}")
             if outcome.log:
                 print(f"      log: {outcome.log}")
@@ -165,6 +176,13 @@ def add_parser(sub: Any) -> None:
         "(NO_OVERWRITE=true); without it an earlier run is moved to RESULTS.<timestamp>",
     )
     g.add_argument("--fail-fast", action="store_true", help="stop at the first failed experiment")
+    g.add_argument(
+        "--no-prune",
+        action="store_true",
+        help="launch every experiment; by default, once one runs out of memory, those of its "
+        "family that need at least as much memory are recorded as pruned, not launched "
+        "(PRUNE=false)",
+    )
     g.add_argument(
         "--no-report",
         action="store_true",

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from orchestrator.config.environments import EnvironmentEntry, load_environments
+from orchestrator.config.measure import measure_lines, resolve_measure
 from orchestrator.config.schema import (
     ContentsFileModel,
     FrameworkModel,
@@ -29,6 +30,7 @@ from orchestrator.config.schema import (
     scenarios_file_model,
     validate,
 )
+from orchestrator.config.search import Search, resolve_search
 from orchestrator.config.values import (
     AXES,
     NO_FRAMEWORK,
@@ -53,6 +55,7 @@ from orchestrator.contract.argnames import (
     unknown_argument,
 )
 from orchestrator.contract.errors import ConfigError
+from orchestrator.contract.steady import SteadyMeasure
 
 # ---------------------------------------------------------------------------
 # Resolved configuration (what the matrix is built from)
@@ -110,6 +113,10 @@ class Scenario:
     profile: bool = False
     #: None: the default (``orchestrator.contract.window.DEFAULT_PROFILE_STEPS``)
     profile_steps: int | None = None
+    #: what ``tunematrix fit`` searches for this scenario's cells (None: nothing)
+    search: Search | None = None
+    #: steady-state measuring (``measure: {until: steady}``); None: the fixed max_steps
+    measure: SteadyMeasure | None = None
     #: the line of each argument and sweep key (``arguments.<key>``, ``sweep.<key>``)
     lines: Mapping[str, int | None] = field(default_factory=dict)
 
@@ -401,9 +408,12 @@ def _resolve_scenario(
         timeout_s=sc.timeout_s,
         profile=sc.profile,
         profile_steps=sc.profile_steps,
+        search=resolve_search(doc, sc.search, (*loc, "search")),
+        measure=resolve_measure(doc, sc.measure, (*loc, "measure")),
         lines={
             **{f"arguments.{k}": doc.line_of((*args_loc, k)) for k in sc.arguments},
             **{f"sweep.{k}": doc.line_of((*loc, "sweep", k)) for k in sc.sweep},
+            **measure_lines(doc, sc.measure, (*loc, "measure")),
         },
     )
 

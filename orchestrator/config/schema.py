@@ -82,6 +82,31 @@ class DataProcessingModel(_Strict):
     additional_dataset_kwargs: dict[str, Any] | None = None
 
 
+class SearchModel(_Strict):
+    """``search:``: which value ``tunematrix fit`` raises until it no longer fits."""
+
+    max: Literal["per_device_train_batch_size", "max_seq_len"]
+    #: a value that fits, where the search starts (default 1, or 64 tokens)
+    min: PositiveInt | None = None
+    #: the largest value worth probing
+    limit: PositiveInt | None = None
+    #: a probe whose peak memory is above (1 - margin) of the device's does not fit
+    margin: Annotated[float, Field(ge=0, lt=1)] | None = None
+
+
+class MeasureModel(_Strict):
+    """``measure:``: how long a cell runs: its fixed ``max_steps`` (``until: steps``), or
+    until its mean step time is known to ``precision`` (``until: steady``)."""
+
+    until: Literal["steps", "steady"]
+    #: the 95% interval's half-width over the mean at which a run stops (default 0.02)
+    precision: Annotated[float, Field(gt=0, lt=1)] | None = None
+    #: measured steps before a run may stop (default 10)
+    min_steps: PositiveInt | None = None
+    #: the step cap (default 200)
+    max_steps: PositiveInt | None = None
+
+
 class ScenarioModel(_Strict):
     """One scenario: constants, the models to try, frameworks and sweeps."""
 
@@ -105,6 +130,10 @@ class ScenarioModel(_Strict):
     profile: bool = False
     #: how many steps a profile records (default 3)
     profile_steps: PositiveInt | None = None
+    #: the largest per-device batch or sequence length that fits (``tunematrix fit``)
+    search: SearchModel | None = None
+    #: steady-state measuring (``orchestrator.contract.steady``); None: the fixed max_steps
+    measure: MeasureModel | None = None
 
 
 class ScenariosFileModel(_Strict):

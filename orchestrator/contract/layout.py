@@ -182,6 +182,20 @@ class ResultsLayout:
         return self.root / "compare.md"
 
     @property
+    def fit(self) -> Path:
+        """Where ``tunematrix run`` puts the search of its scenarios with ``search:``."""
+        return self.root / "fit"
+
+    @property
+    def fit_json(self) -> Path:
+        """A fit's answer per cell family (``tunematrix fit``), with its probes."""
+        return self.root / "fit.json"
+
+    @property
+    def fit_md(self) -> Path:
+        return self.root / "fit.md"
+
+    @property
     def run_outputs(self) -> tuple[Path, ...]:
         """What a run and its report write at the top of the folder (executor logs aside)."""
         return (
@@ -195,6 +209,9 @@ class ResultsLayout:
             self.scaling_csv,
             self.compare_csv,
             self.compare_md,
+            self.fit,
+            self.fit_json,
+            self.fit_md,
         )
 
     @property

@@ -179,6 +179,9 @@ _DECLARED: tuple[Column, ...] = (
     # the environments: entry a cell ran under (empty without one)
     _key("environment"),
     _key("repeat", aggregate="none"),
+    # plan order and OOM pruning: the experiment's 1-based place in the plan's run order
+    # (orchestrator/matrix/order.py); empty in tables written before it existed
+    _key("position", unit="count", aggregate="none"),
     _key("cell_id", aggregate="none"),
     Column(name="status", source="outcome", key=True, aggregate="mix"),
     # -- the design's figures --------------------------------------------------------------
@@ -275,6 +278,13 @@ _DECLARED: tuple[Column, ...] = (
     _child("steps", "count"),
     _child("steps_measured", "count"),
     _child("warmup_steps_excluded", "count"),
+    # steady-state measuring (orchestrator/contract/steady.py): the mode (steps: the fixed
+    # max_steps; steady: until the mean step time is known to a precision), how the run
+    # stopped (steady: within the precision; max_steps: at its cap), and the achieved
+    # precision of every run: the batch-means 95% interval's half-width, % of the mean
+    _child("measure_until", "", aggregate="first_ok"),
+    _child("measure_stopped", "", aggregate="first_ok"),
+    _child("step_time_ci_pct", "%", aggregate="median", label="step time ±%"),
     _child("tokens_measured", "tokens"),
     _child("samples_measured", "count"),
     _child("tokens_total", "tokens"),

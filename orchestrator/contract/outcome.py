@@ -29,6 +29,24 @@ MEASURED: tuple[Status, ...] = ("ok", "skipped")
 #: statuses of a run that was tried and lost
 LOST: tuple[Status, ...] = ("oom", "failed", "timeout", "interrupted")
 
+#: the error of a pruned experiment (status ``skipped``, never launched) begins with
+#: this: ``pruned: <id> ran out of memory`` (``orchestrator.matrix.prune``)
+PRUNED_PREFIX = "pruned: "
+#: how tables show a pruned experiment's status
+PRUNED = "pruned"
+
+
+def pruned_error(out_of_memory_id: str) -> str:
+    """The error of an experiment pruned because ``out_of_memory_id`` ran out of memory."""
+    return f"{PRUNED_PREFIX}{out_of_memory_id} ran out of memory"
+
+
+def is_pruned(status: Any, error: Any) -> bool:
+    """Whether a row (or outcome) is a pruned experiment: ``skipped`` without running, so
+    no measurement (a ``skipped`` row otherwise kept an earlier ok run's figures)."""
+    return status == "skipped" and isinstance(error, str) and error.startswith(PRUNED_PREFIX)
+
+
 OOM_PATTERNS = (
     re.compile(r"CUDA out of memory", re.IGNORECASE),
     re.compile(r"HIP out of memory", re.IGNORECASE),

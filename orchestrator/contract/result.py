@@ -88,6 +88,14 @@ class ChildMetrics(_Record):
     step_time_mean_s: float | None = None
     #: standard deviation over mean of the step times
     step_time_cv: float | None = None
+    # -- how long it measured (orchestrator/contract/steady.py) ----------------------------
+    #: ``steps`` (the fixed max_steps) or ``steady`` (until the mean step time is known)
+    measure_until: str | None = None
+    #: ``steady`` (within the precision) or ``max_steps`` (the cap); None: ended otherwise
+    measure_stopped: str | None = None
+    #: the achieved precision: the half-width of the batch-means 95% interval of the mean
+    #: step time over the measured steps, in percent of the mean; None under 9 steps
+    step_time_ci_pct: float | None = None
     step_time_min_s: float | None = None
     step_time_max_s: float | None = None
     #: the trainer's own figures

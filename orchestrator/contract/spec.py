@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import write_atomic
+from orchestrator.contract.steady import SteadyMeasure
 
 SPEC_SCHEMA_VERSION = 1
 
@@ -56,6 +57,8 @@ class RunSpec(BaseModel):
     max_seq_len: int | None = None
     packing: bool | None = None
     repeat: int = 0
+    #: its 1-based place in the plan's run order (None: not run from a plan)
+    position: int | None = None
     #: every trainer argument (what the child trains with)
     arguments: dict[str, Any] = {}
     swept: dict[str, Any] = {}
@@ -93,6 +96,9 @@ class RunSpec(BaseModel):
     profile_steps: int = Field(default=0, ge=0)
     #: where each rank writes its trace (``rank<k>.json``) when profiled
     profile_dir: str | None = "profile"
+    #: steady-state measuring: stop once the mean step time is known to a precision
+    #: (``orchestrator.contract.steady``); None: train the fixed ``max_steps``
+    measure: SteadyMeasure | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -30,9 +30,17 @@ from pydantic import BaseModel, ConfigDict
 
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout, RunPaths
-from orchestrator.contract.outcome import ACCEPTABLE, Outcome, read_outcome, write_outcome
+from orchestrator.contract.outcome import (
+    ACCEPTABLE,
+    Outcome,
+    is_pruned,
+    pruned_error,
+    read_outcome,
+    write_outcome,
+)
 from orchestrator.contract.result import read_result
 from orchestrator.job.execute import RunOptions, timeout_for
+from orchestrator.matrix import prune
 from orchestrator.matrix.expand import Plan
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.running.needs import Need
@@ -145,6 +153,11 @@ class RunContext:
         self.outcomes: dict[str, Outcome] = {}
         self._on_record = on_record
         self._signals = signals
+        #: the experiments that ran out of memory in this run, as pruning sees them
+        self._out_of_memory: list[prune.Footprint] = []
+        #: and those that ran ok: an ok run at least as large contradicts an OOM
+        self._fitted: list[prune.Footprint] = []
+        self._planned = {e.experiment_id: e for e in plan.experiments}
 
     @property
     def stopping(self) -> bool:
@@ -158,7 +171,10 @@ class RunContext:
         figures kept). The files of an earlier, unfinished attempt go to
         ``attempts/<n>/``. ``gpus``: how many GPUs the executor can hand out
         (None: it does not count them here); an experiment needing more is
-        ``failed`` without running.
+        ``failed`` without running. With ``prune``, an experiment that needs at least
+        the memory of one that ran out of memory in this run
+        (``orchestrator.matrix.prune``) is ``skipped`` as pruned, with only its
+        ``outcome.json``; a resumed run decides that afresh.
         """
         eid = experiment.experiment_id
         run = self.layout.run(eid)
@@ -167,6 +183,7 @@ class RunContext:
             if skipped is not None:
                 self.record(eid, skipped, counted=False)
                 return None
+        _drop_pruned_record(run)
         attempt = 1
         kept = keep_previous_attempt(run.dir)
         if kept is not None:
@@ -181,11 +198,26 @@ class RunContext:
             write_outcome(run, outcome)
             self.record(eid, outcome, counted=False)
             return None
+        culprit = (
+            prune.pruned_by(prune.footprint(experiment), self._out_of_memory, self._fitted)
+            if self.options.prune and self._out_of_memory
+            else None
+        )
+        if culprit is not None:
+            outcome = Outcome(status="skipped", error=pruned_error(culprit), attempt=attempt)
+            run.dir.mkdir(parents=True, exist_ok=True)
+            write_outcome(run, outcome)
+            self.record(eid, outcome, counted=False)
+            return None
         return Ready(experiment=experiment, run=run, attempt=attempt)
 
     def record(self, eid: str, outcome: Outcome, counted: bool = True) -> None:
         """Keep an experiment's outcome; ``counted``: it ran (for the progress and ETA)."""
         self.outcomes[eid] = outcome
+        if outcome.status == "oom" and eid in self._planned:
+            self._out_of_memory.append(prune.footprint(self._planned[eid]))
+        elif outcome.status == "ok" and eid in self._planned:
+            self._fitted.append(prune.footprint(self._planned[eid]))
         note = outcome.error or ("already ok" if outcome.status == "skipped" else "")
         self.progress.finish(eid, outcome.status, outcome.wall_s or 0.0, note, counted=counted)
         self._on_record(self.outcomes)
@@ -202,6 +234,16 @@ class RunContext:
         """Every experiment without an outcome yet is ``interrupted``, for ``why``."""
         for e in self.plan.experiments:
             self.outcomes.setdefault(e.experiment_id, Outcome(status="interrupted", error=why))
+
+
+def _drop_pruned_record(run: RunPaths) -> None:
+    """Remove the record of an earlier pruning (a folder with only that ``outcome.json``):
+    nothing ran, so it is no attempt to keep."""
+    previous = read_outcome(run)
+    if previous is None or not is_pruned(previous.status, previous.error):
+        return
+    if [p.name for p in run.dir.iterdir()] == [run.outcome.name]:
+        run.outcome.unlink()
 
 
 def _skipped(run: RunPaths, layout: ResultsLayout) -> Outcome | None:

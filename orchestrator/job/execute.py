@@ -90,6 +90,9 @@ class RunOptions:
     tokens: float | None = None
     #: write benchmarks.csv, summary.md and plots after the run
     report: bool = True
+    #: once an experiment ran out of memory, record the experiments of its family that
+    #: need at least as much as pruned instead of launching them (``--no-prune``: off)
+    prune: bool = True
 
 
 class Interrupted(Exception):

@@ -1,8 +1,10 @@
 """Expand a validated config into the experiment matrix. Pure: no I/O, no processes.
 
-Order (outermost first): scenario (file order) × framework_config × model ×
+Expansion order (outermost first): scenario (file order) × framework_config × model ×
 sweep values (keys in file order, the last key varying fastest) × num_gpus ×
 effective_batch_size × max_seq_len × packing × environment (``environments:``) × repeat.
+The plan's run order is ``orchestrator.matrix.order``'s (smaller cells first within a
+model and GPU count, variants counterbalanced by repeat).
 
 Trainer arguments merge as defaults < scenario arguments < sweep value <
 framework overlay; ``key: null`` at a layer removes the key set below it. Each
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.environments import Environment
+from orchestrator.config.measure import MeasureOverride
 from orchestrator.config.scenarios import AccelerateConfig, BenchConfig, Scenario
 from orchestrator.config.values import NO_FRAMEWORK
 from orchestrator.contract.argnames import (
@@ -48,6 +51,8 @@ from orchestrator.contract.modelnames import is_python_model
 from orchestrator.matrix import frameworks
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.ids import experiment_id, spec_digest, spec_hash
+from orchestrator.matrix.measuring import measure_note, measure_of, measured
+from orchestrator.matrix.order import order_experiments
 
 # The plan types live in matrix.plan; importers of matrix.expand may still name them here.
 from orchestrator.matrix.plan import Axis as Axis
@@ -87,6 +92,9 @@ class Selection:
     #: scenario's ``profile``/``profile_steps`` otherwise)
     profile: bool = False
     profile_steps: int | None = None
+    #: ``--until``, ``--precision``, ``--min-steps``, ``--max-steps``: over every
+    #: scenario's ``measure:`` (steady-state measuring, ``orchestrator.matrix.measuring``)
+    measure: MeasureOverride = field(default_factory=MeasureOverride)
 
 
 # ---------------------------------------------------------------------------
@@ -366,7 +374,12 @@ def build_plan(
         profile = profile_steps(scenario, selection.profile, selection.profile_steps)
         if profile:
             notes.append(profile_note(scenario, profile))
+        steady = measure_of(scenario, selection.measure)
+        if steady is not None:
+            notes.append(measure_note(scenario, steady))
         for cell in _expand_scenario(config, scenario, counts, axes, n_repeats, checks, envs):
+            # steady state first: its step cap is the max_steps the profile is checked against
+            cell = measured(config, scenario, cell, steady, profile)
             cell = profiled(config, scenario, cell, profile)
             other = seen.get(cell.experiment_id)
             if other is not None:
@@ -388,7 +401,8 @@ def build_plan(
             + ("; ".join(notes) if notes else "no scenario produced an experiment")
         )
     return Plan(
-        experiments=tuple(experiments),
+        # smaller cells first, variants counterbalanced by repeat; positions recorded
+        experiments=order_experiments(experiments),
         device=device,
         device_source=device_source,
         axes=axes,

@@ -9,6 +9,7 @@ from typing import Any
 from orchestrator.config.environments import Environment
 from orchestrator.config.scenarios import AccelerateConfig
 from orchestrator.contract.argnames import BACKEND_KEY, DEFAULT_TASK, TASK_KEY, default_backend
+from orchestrator.contract.steady import SteadyMeasure
 from orchestrator.matrix import frameworks
 
 
@@ -54,6 +55,12 @@ class Experiment:
     #: the interpreter it runs under and that one's versions (``environments:``); None:
     #: the one running tunematrix
     environment: Environment | None = None
+    #: its 1-based place in the plan's run order (``orchestrator.matrix.order``; not part
+    #: of the id: the same cell may run at another place in another plan)
+    position: int | None = None
+    #: steady-state measuring (``measure: {until: steady}``, ``--until steady``); None:
+    #: the fixed max_steps. Part of the id only when set, so other ids stay as they were
+    measure: SteadyMeasure | None = None
 
     @property
     def python(self) -> str | None:
@@ -122,4 +129,7 @@ class Experiment:
             "python_path": list(self.python_path),
             # only where profiled: other specs stay as they were
             **({"profile_steps": self.profile_steps} if self.profile_steps else {}),
+            **({"position": self.position} if self.position is not None else {}),
+            # only in steady-state mode: other specs stay as they were
+            **({"measure": self.measure.identity()} if self.measure is not None else {}),
         }

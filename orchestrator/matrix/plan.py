@@ -28,7 +28,7 @@ class Axis:
 class Plan:
     """The experiments to run and how they were chosen."""
 
-    #: every experiment, in run order (repeats of a cell next to each other)
+    #: every experiment, in run order (``orchestrator.matrix.order``), each with its position
     experiments: tuple[Experiment, ...]
     #: ``gpu`` or ``cpu``
     device: str

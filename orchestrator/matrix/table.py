@@ -40,6 +40,7 @@ def plan_rows(plan: Plan) -> list[dict[str, Any]]:
             "torch_dtype": e.torch_dtype,
             "device": e.device,
             "repeat": e.repeat,
+            "position": e.position,
             "cell_id": e.cell_id,
             "status": "planned",
         }

@@ -21,8 +21,10 @@ from orchestrator.results.columns import (
     REPORT_ONLY_COLUMNS,
     config_columns,
     is_output,
+    measured,
     numeric,
     other_outputs,
+    shown_status,
 )
 
 MIB = 2**20
@@ -192,7 +194,7 @@ def aggregate(rows: pd.DataFrame) -> pd.DataFrame:
     keys = [k for k in (*cell_keys(), *args) if k in rows.columns]
     cells = by_cell[keys].first() if keys else pd.DataFrame(index=by_cell.size().index)
     cells["repeats"] = by_cell.size()
-    status = rows["status"].fillna("unknown").astype(str).replace({"skipped": "ok"})
+    status = shown_status(rows)  # skipped on resume: ok; pruned: pruned, never ok
     mixed = status.groupby(rows["cell_id"], sort=False).agg(
         lambda s: s.iloc[0] if s.nunique() == 1 else _status_mix(list(s))
     )
@@ -203,7 +205,7 @@ def aggregate(rows: pd.DataFrame) -> pd.DataFrame:
         cells["log"] = (
             rows["log"].groupby(rows["cell_id"], sort=False).first().where(cells["error"].notna())
         )
-    ok = rows[rows["status"].isin(["ok", "skipped"])]
+    ok = rows[measured(rows)]
     cells["repeats_ok"] = (
         ok.groupby("cell_id", sort=False).size().reindex(cells.index, fill_value=0)
     )

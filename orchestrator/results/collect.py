@@ -58,6 +58,8 @@ NUMERIC = (
     "effective_batch_size",
     "max_seq_len",
     "repeat",
+    # the place in the plan's run order (empty in older tables)
+    "position",
 )
 
 

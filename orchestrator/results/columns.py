@@ -14,6 +14,7 @@ import math
 import pandas as pd
 
 from orchestrator.contract import metrics
+from orchestrator.contract.outcome import MEASURED, PRUNED, is_pruned
 
 #: columns a cell has besides the declared ones: how many repeats, how many ok
 CELL_COUNTS = ("repeats", "repeats_ok")
@@ -27,6 +28,17 @@ CELL_ORDER = (
     "per_device_train_batch_size",
 )
 REPORT_ONLY_COLUMNS = ("likely_oom", "failed_peak_memory_bytes")
+#: figures the report computes per cell from its runs, never per run: the trend of
+#: tokens/s with the run's position in the plan's order (orchestrator/results/drift.py)
+CELL_ONLY_FIGURES = (
+    "position_trend_pct",
+    # each variant's loss against its scenario's baseline (orchestrator/results/equivalence.py)
+    "loss_baseline",
+    "loss_steps_compared",
+    "loss_gap_pct",
+    "loss_max_gap_pct",
+    "loss_vs_baseline",
+)
 #: the predecessor's columns that are no configuration and that no column of ours declares:
 #: measured outputs, and bookkeeping (its row position, output folder, config file path)
 PREDECESSOR_NOT_CONFIG = frozenset(
@@ -55,7 +67,7 @@ def is_output(column: str) -> bool:
     declared = metrics.find(column)
     if declared is not None:
         return declared.output
-    if column in PREDECESSOR_NOT_CONFIG:
+    if column in PREDECESSOR_NOT_CONFIG or column in CELL_ONLY_FIGURES:
         return True
     return column.startswith(OUTPUT_PREFIXES) or column.endswith(OUTPUT_SUFFIXES)
 
@@ -67,6 +79,7 @@ def known_columns() -> frozenset[str]:
         | set(metrics.spread_columns())
         | set(CELL_COUNTS)
         | set(REPORT_ONLY_COLUMNS)
+        | set(CELL_ONLY_FIGURES)
     )
 
 
@@ -86,6 +99,28 @@ def config_columns(df: pd.DataFrame) -> list[str]:
 def other_outputs(df: pd.DataFrame) -> list[str]:
     """Outputs of ``df`` that no column of ours declares (the predecessor's ``epoch``…)."""
     return [c for c in argument_columns(df) if is_output(c)]
+
+
+def pruned(rows: pd.DataFrame) -> pd.Series:
+    """Which rows are pruned experiments (``is_pruned``): never run, never a measurement."""
+    errors = rows["error"] if "error" in rows.columns else pd.Series(None, index=rows.index)
+    return pd.Series(
+        [is_pruned(s, e) for s, e in zip(rows["status"], errors, strict=True)],
+        index=rows.index,
+        dtype=bool,
+    )
+
+
+def measured(rows: pd.DataFrame) -> pd.Series:
+    """Which rows' figures count: ok, or kept from an earlier ok run on resume (not pruned)."""
+    return rows["status"].isin(MEASURED) & ~pruned(rows)
+
+
+def shown_status(rows: pd.DataFrame) -> pd.Series:
+    """Each row's status as tables show it: ``skipped`` (kept from an earlier run) as ok,
+    a pruned one as ``pruned``."""
+    status = rows["status"].fillna("unknown").astype(str).replace({"skipped": "ok"})
+    return status.where(~pruned(rows), PRUNED)
 
 
 def numeric(df: pd.DataFrame, column: str) -> pd.Series:

@@ -38,8 +38,8 @@ import pandas as pd
 from orchestrator.contract import metrics as registry
 from orchestrator.contract.argnames import DEFAULT_TASK
 from orchestrator.contract.layout import ResultsLayout, write_atomic
-from orchestrator.contract.outcome import LOST, MEASURED
-from orchestrator.results.columns import argument_columns, is_output
+from orchestrator.contract.outcome import LOST, PRUNED
+from orchestrator.results.columns import argument_columns, is_output, measured, shown_status
 from orchestrator.results.environments import match_on_environment
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.stats import mann_whitney_u
@@ -87,12 +87,45 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     #: the files ``write`` wrote (compare.csv, compare.md, plots)
     written: list[Path] = field(default_factory=list)
+    #: per matched cell with a loss curve on both sides, the gap of the new one from the
+    #: reference's (``results.equivalence.compare_losses``); None where not compared
+    loss: pd.DataFrame | None = None
+    #: the loss gap past which a cell's loss changed
+    loss_tolerance: float | None = None
 
     @property
     def regressions(self) -> pd.DataFrame:
         if self.table.empty:
             return self.table
         return self.table[self.table["regression"]]
+
+    @property
+    def loss_changes(self) -> pd.DataFrame:
+        """The matched cells whose loss departs from the reference's beyond the tolerance."""
+        if self.loss is None or self.loss.empty:
+            return pd.DataFrame()
+        return self.loss[self.loss["loss_change"].astype(bool)]
+
+
+def matched_experiments(
+    new: pd.DataFrame, ref: pd.DataFrame, keys: list[str]
+) -> list[tuple[dict[str, Any], list[str], list[str]]]:
+    """Per cell matched on ``keys``: its keys (one spelling), and the experiment ids of
+    the ok runs of each side."""
+    n, r = _key_frames(new, ref, keys)
+    ids = []
+    for frame in (n, r):
+        ok = frame[measured(frame)]  # ok or kept on resume; never a pruned row
+        ids.append(ok.groupby(keys, sort=False)["experiment_id"].agg(lambda s: [str(v) for v in s]))
+    both = ids[0].to_frame("new").join(ids[1].to_frame("ref"), how="inner")
+    return [
+        (
+            dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True)),
+            list(row["new"]),
+            list(row["ref"]),
+        )
+        for key, row in both.iterrows()
+    ]
 
 
 def known_metrics() -> list[str]:
@@ -247,7 +280,7 @@ def _mismatches(
 
 
 def _ok_values(frame: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
-    ok = frame[frame["status"].isin(MEASURED)]
+    ok = frame[measured(frame)]
     values = ok[metrics].apply(pd.to_numeric, errors="coerce")
     for k in keys:
         values[k] = ok[k]
@@ -321,12 +354,13 @@ def _match_cells(new: pd.DataFrame, ref: pd.DataFrame, keys: list[str]) -> _Cell
 
 def _status_regressions(cells: _Cells, keys: list[str]) -> pd.DataFrame | None:
     """Matched cells that were ok in the reference, have no ok run now and at least
-    one lost (``LOST``): one ``status`` row each."""
+    one lost (``LOST``) or pruned (an OOM of a smaller cell): one ``status`` row each."""
     n, r, matched = cells.new, cells.ref, cells.matched
-    ok_new = n[n["status"].isin(MEASURED)].groupby(keys, sort=False).size()
-    ok_ref = r[r["status"].isin(MEASURED)].groupby(keys, sort=False).size()
+    ok_new = n[measured(n)].groupby(keys, sort=False).size()
+    ok_ref = r[measured(r)].groupby(keys, sort=False).size()
+    lost = n.assign(status=shown_status(n))
     bad_new = (
-        n[n["status"].isin(LOST)]
+        lost[lost["status"].isin((*LOST, PRUNED))]
         .groupby(keys, sort=False)
         .agg(status=("status", "first"), error=("error", "first"))
     )
@@ -582,6 +616,7 @@ def markdown(result: Comparison, new_label: str, ref_label: str, threshold: floa
             lines += ["", "## Every cell", "", *_rows_md(t, result.keys)]
         else:
             lines += ["", f"Every cell and metric ({len(t):,} rows) is in compare.csv."]
+    lines += _loss_md(result)
     for label, frame in (
         ("Only in the new run", result.only_new),
         ("Only in the reference", result.only_ref),
@@ -599,6 +634,38 @@ def markdown(result: Comparison, new_label: str, ref_label: str, threshold: floa
             if len(frame) > len(shown):
                 lines.append(f"... and {len(frame) - len(shown)} more")
     return "\n".join(lines) + "\n"
+
+
+def _loss_md(result: Comparison) -> list[str]:
+    """The loss curves of the matched cells against the reference's
+    (``results.equivalence``): the loss changes, then every cell compared."""
+    if result.loss is None:
+        return []
+    tolerance = result.loss_tolerance or 0.0
+    lines = [
+        "",
+        "## Loss against the reference",
+        "",
+        f"**{len(result.loss_changes)} loss change(s)** in {len(result.loss)} matched cell(s) "
+        "with a loss curve on both sides: the mean absolute gap between the median loss "
+        "curves over the steps both logged, over the reference's mean loss there, above "
+        f"{100 * tolerance:g}% (`--loss-tolerance`).",
+    ]
+    if result.loss.empty:
+        return lines
+    body = []
+    for row in result.loss.sort_values("loss_change", ascending=False, kind="stable").to_dict(
+        "records"
+    ):
+        body.append(
+            [
+                cell_label(row, result.keys),
+                str(row["steps_compared"]),
+                f"{row['loss_gap_pct']:.2f}%",
+                "**loss change**" if row["loss_change"] else "same",
+            ]
+        )
+    return [*lines, "", *md_table(["cell", "steps compared", "gap", "verdict"], body)]
 
 
 def plots(result: Comparison, folder: Path, threshold: float) -> list[Path]:

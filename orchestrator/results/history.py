@@ -14,9 +14,10 @@ import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas only where a table is built: `tunematrix plan` reads the history too
+    import pandas as pd
 
 FILE_NAME = "history.sqlite"
 
@@ -128,6 +129,8 @@ def runs(db: Path) -> list[dict[str, Any]]:
 
 def load_run(db: Path, run_id: int) -> pd.DataFrame:
     """The experiments of one recorded run, as the rows a report reads."""
+    import pandas as pd
+
     if not db.is_file():
         raise LookupError(f"no history at {db}")
     with _connect(db) as conn:
@@ -158,3 +161,23 @@ def longest_ok_job(db: Path, cell_id: str) -> float | None:
     times = [json.loads(r[0]).get("job_s") for r in rows]
     values = [float(t) for t in times if isinstance(t, (int, float))]
     return max(values) if values else None
+
+
+def ok_rows(db: Path) -> list[dict[str, Any]]:
+    """The rows of every ok experiment on record, oldest run first (what an estimate of
+    a plan's time is made from); empty without a history."""
+    if not db.is_file():
+        return []
+    with _connect(db) as conn:
+        found = conn.execute(
+            "SELECT row FROM experiments WHERE status = 'ok' ORDER BY run_id, rowid"
+        ).fetchall()
+    out = []
+    for (text,) in found:
+        try:
+            row = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            out.append(row)
+    return out

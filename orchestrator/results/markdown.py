@@ -21,7 +21,8 @@ import pandas as pd
 
 from orchestrator.contract import metrics
 from orchestrator.contract.argnames import CLASSIFICATION_TASKS
-from orchestrator.results import quality
+from orchestrator.contract.outcome import PRUNED
+from orchestrator.results import equivalence, fitreport, quality, recommend
 from orchestrator.results.aggregate import (
     PEAK_MEMORY_SOURCES,
     CostSettings,
@@ -31,10 +32,12 @@ from orchestrator.results.aggregate import (
     shows_hf_estimate,
 )
 from orchestrator.results.capacity import GIB, LIKELY_OOM_FRACTION, Capacity, gib
-from orchestrator.results.columns import CELL_ORDER, config_columns
+from orchestrator.results.columns import CELL_ORDER, config_columns, pruned
 from orchestrator.results.communication import communication_markdown
+from orchestrator.results.drift import drift_markdown
 from orchestrator.results.environments import side_by_side_markdown
 from orchestrator.results.mdtable import md_table
+from orchestrator.results.steady import steady_markdown
 
 #: the header of HF Trainer's throughput estimate, and what it is
 HF_ESTIMATE_HEADER = metrics.get("train_tokens_per_second").header
@@ -130,7 +133,7 @@ def status_text(cell: Mapping[Any, Any], capacity: Capacity | None) -> str:
 
 def status_counts(rows: pd.DataFrame) -> str:
     """``failed 39 (36 likely OOM), ok 85``: the rows' statuses, likely OOMs among the failed."""
-    counts = rows["status"].value_counts().to_dict()
+    counts = rows["status"].where(~pruned(rows), PRUNED).value_counts().to_dict()
     likely = (
         int(rows.loc[rows["status"] == "failed", "likely_oom"].fillna(False).astype(bool).sum())
         if "likely_oom" in rows.columns
@@ -189,7 +192,13 @@ def _figures_of(group: pd.DataFrame, figures: list[str]) -> list[tuple[str, str]
     return [*out[: after + 1], (SAMPLES_FIGURE, header), *out[after + 1 :]]
 
 
-def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> str:
+def summary_markdown(
+    report: ReportTables,
+    source: Path,
+    cost: CostSettings,
+    *,
+    loss_tolerance: float = equivalence.DEFAULT_TOLERANCE,
+) -> str:
     rows, cells = report.rows, report.cells
     hf = shows_hf_estimate(cells)
     figures = [
@@ -206,6 +215,8 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
     lines = [
         "# Benchmark summary",
         "",
+        # first: what to run, per model and GPU count (results/recommend.py)
+        *recommend.markdown(cells),
         f"Source: `{source}` — {len(rows)} experiment(s) in {len(cells)} cell(s); "
         + status_counts(rows),
         "",
@@ -244,6 +255,8 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
     if missing:
         lines += ["", f"Columns with no figure in any cell are left out: {', '.join(missing)}."]
     lines += _capacity_lines(report)
+    # steady-state measuring: which runs stopped early, which never settled (results/steady.py)
+    lines += steady_markdown(rows)
     args = config_columns(cells)
     order = [k for k in CELL_ORDER if k in cells.columns]
     for scenario, group in cells.groupby("scenario", sort=False):
@@ -292,9 +305,15 @@ def summary_markdown(report: ReportTables, source: Path, cost: CostSettings) -> 
                 )
     lines += side_by_side_markdown(cells, args, lambda name: metrics.get(name).header, figure_text)
     lines += scaling_markdown(report.scaling)
+    # each variant's loss against its scenario's baseline (results/equivalence.py)
+    lines += equivalence.markdown(cells, loss_tolerance)
     lines += cost_markdown(cells, cost)
     # profiled cells only (profile: true): communication time per step, from the traces
     lines += communication_markdown(cells)
+    # only when throughput trended with run order (orchestrator/results/drift.py)
+    lines += drift_markdown(rows, cells)
+    # scenarios with search: the largest batch or length that fits (results/fitreport.py)
+    lines += fitreport.summary_section(source) if source.is_dir() else []
     if report.plot_notes:
         lines += ["", "## Plots", "", *[f"- {n}" for n in report.plot_notes]]
     if report.notes:

@@ -40,7 +40,7 @@ from orchestrator.contract import metrics
 from orchestrator.matrix.ids import model_short_name
 from orchestrator.results.aggregate import ReportTables, shows_hf_estimate
 from orchestrator.results.capacity import LIKELY_OOM_FRACTION
-from orchestrator.results.columns import CELL_ORDER, config_columns
+from orchestrator.results.columns import CELL_ORDER, config_columns, measured
 
 MAX_BARS = 60
 MAX_LINES = 12
@@ -69,6 +69,7 @@ STATUS_COLORS = {
     "timeout": "#616161",
     "interrupted": "#757575",
     "planned": "#90a4ae",
+    "pruned": "#bcaaa4",
 }
 UNKNOWN_STATUS_COLOR = "#616161"
 #: a status by its bar; the legend says more (``STATUS_LEGEND``)
@@ -77,15 +78,17 @@ STATUS_LABELS = {
     "skipped": "ok, no figure",
     "likely_oom": "likely OOM",
     "oom": "OOM",
+    "pruned": "pruned",
 }
 STATUS_LEGEND = {
     **STATUS_LABELS,
     "likely_oom": f"likely OOM: failed, no metrics, memory ≥ {100 * LIKELY_OOM_FRACTION:.0f}% "
     "of the device",
     "oom": "OOM: out of memory",
+    "pruned": "pruned: not run, a cell of its family that needs no more memory ran out",
 }
 #: a mix of repeats' statuses takes the colour of the first of these it has
-_SEVERITY = ("oom", "failed", "timeout", "interrupted", "planned")
+_SEVERITY = ("oom", "failed", "timeout", "interrupted", "planned", "pruned")
 #: a label's lines, in characters
 WRAP = 56
 #: the width of the bars' axes, inches
@@ -685,7 +688,7 @@ def _loss_curves(rows: pd.DataFrame, source: Path) -> tuple[list[tuple[pd.Series
     if not runs.is_dir():
         return [], 0
     ok = (
-        rows[rows["status"].isin(["ok", "skipped"])]
+        rows[measured(rows)]
         .sort_values("repeat")
         .drop_duplicates("cell_id")
     )

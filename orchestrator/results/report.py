@@ -22,7 +22,7 @@ import pandas as pd
 
 from orchestrator.contract import metrics
 from orchestrator.contract.layout import ResultsLayout, write_atomic
-from orchestrator.results import collect
+from orchestrator.results import collect, equivalence
 from orchestrator.results.aggregate import (
     CostSettings,
     add_derived,
@@ -37,6 +37,7 @@ from orchestrator.results.capacity import (
     mark_likely_oom,
     resolve_capacity,
 )
+from orchestrator.results.drift import add_position_trend
 from orchestrator.results.envfile import cost_from_env
 from orchestrator.results.markdown import status_counts, summary_markdown
 from orchestrator.results.rows import to_csv
@@ -83,10 +84,12 @@ def build_report(
     rows: list[dict[str, Any]] | None = None,
     *,
     gpu_memory_bytes: float | None = None,
+    loss_tolerance: float = equivalence.DEFAULT_TOLERANCE,
 ) -> Report:
     """The report of ``source``; ``rows`` (a run's own) replace what is read from disk.
 
     ``gpu_memory_bytes``: one device's memory, when the source does not say it.
+    ``loss_tolerance``: the loss gap past which a variant differs from its baseline.
     """
     if rows is None:
         rows, predecessor = collect.raw_rows(source)
@@ -96,6 +99,9 @@ def build_report(
     capacity = resolve_capacity(source, table, gpu_memory_bytes)
     table = mark_likely_oom(table, capacity)
     cells = cells_likely_oom(aggregate(table), table)
+    cells = add_position_trend(cells, table)  # the trend of tokens/s with run order
+    # each variant's loss curve against its scenario's baseline (results/equivalence.py)
+    cells = equivalence.add_equivalence(cells, table, source, loss_tolerance)
     report = Report(rows=table, cells=cells, scaling=scaling(cells), capacity=capacity)
     report.raw = _raw_with_derived(rows, table)
     return report
@@ -123,12 +129,15 @@ def write_report(
     plots: bool = True,
     gpu_memory_bytes: float | None = None,
     rows: list[dict[str, Any]] | None = None,
+    loss_tolerance: float = equivalence.DEFAULT_TOLERANCE,
 ) -> Report:
     """Read ``source`` (or take a run's ``rows``), write the tables and plots into ``output``.
 
     ``gpu_memory_bytes``: one device's memory, when the source does not say it.
     """
-    report = build_report(source, cost, rows, gpu_memory_bytes=gpu_memory_bytes)
+    report = build_report(
+        source, cost, rows, gpu_memory_bytes=gpu_memory_bytes, loss_tolerance=loss_tolerance
+    )
     output.mkdir(parents=True, exist_ok=True)
     layout = ResultsLayout(output)
     write_atomic(layout.raw_summary, to_csv(report.raw))
@@ -140,6 +149,9 @@ def write_report(
         from orchestrator.results import plots as plotting
 
         report.written += plotting.write_all(report, layout.plots, source=source)
-    write_atomic(layout.summary_md, summary_markdown(report, source, cost))
+    write_atomic(
+        layout.summary_md,
+        summary_markdown(report, source, cost, loss_tolerance=loss_tolerance),
+    )
     report.written = [layout.raw_summary, layout.benchmarks, layout.summary_md, *report.written]
     return report

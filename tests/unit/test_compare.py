@@ -140,6 +140,20 @@ def test_a_cell_that_fails_now_and_one_sided_rows(tmp_path) -> None:
     assert list(result.only_ref["framework_config"]) == ["ddp"]
 
 
+def test_a_cell_pruned_now_is_lost_like_its_oom(tmp_path) -> None:
+    ref = _results(tmp_path / "ref", repeats=1)
+    new = tmp_path / "new"
+    write_run(new, "a.r0", cell_id="a", num_gpus=1, tps=1000.0)
+    write_run(
+        new, "b.r0", cell_id="b", num_gpus=2, status="skipped", error="pruned: x ran out of memory"
+    )
+    result = compare(_load(new), _load(ref))
+    status = result.table[result.table["metric"] == "status"]
+    assert len(status) == 1 and status.iloc[0]["regression"]
+    assert status.iloc[0]["new"] == "pruned"
+    assert "x ran out of memory" in status.iloc[0]["why"]
+
+
 def test_predecessor_reference(tmp_path) -> None:
     ref = tmp_path / "a100_80gb.csv"
     ref.write_text(

@@ -116,7 +116,7 @@ def test_unknown_key_names_path_and_allowed_keys(load) -> None:
     assert re.search(
         r"scenarios\.yaml:3: scenarios\[0\]: unknown key 'argumnts'; allowed: name, "
         r"description, framework_config, slow, device, num_gpus, arguments, sweep, timeout_s, "
-        r"profile, profile_steps$",
+        r"profile, profile_steps, search, measure$",
         message,
     ), message
 

@@ -293,7 +293,22 @@ def before_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(expand, "_check_applicable", lambda *args: "causal-lm")
 
 
-def test_ids_of_a_realistic_matrix_are_pinned(plan) -> None:
+@pytest.fixture
+def expansion_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan in expansion order (the run order, orchestrator/matrix/order.py, set
+    aside): the order the ids below were pinned in. The run order reorders the same ids
+    (``test_the_run_order_keeps_every_id``)."""
+    monkeypatch.setattr(expand, "order_experiments", tuple)
+
+
+def test_the_run_order_keeps_every_id(plan) -> None:
+    built = plan(GOLDEN, "seed: 42\n", num_gpus=(1, 2), effective_batch_size=(4,), repeats=2)
+    ids = [e.experiment_id for e in built.experiments]
+    assert ids != GOLDEN_IDS and sorted(ids) == sorted(GOLDEN_IDS)
+    assert [e.position for e in built.experiments] == list(range(1, len(ids) + 1))
+
+
+def test_ids_of_a_realistic_matrix_are_pinned(plan, expansion_order) -> None:
     built = plan(GOLDEN, "seed: 42\n", num_gpus=(1, 2), effective_batch_size=(4,), repeats=2)
     assert [e.experiment_id for e in built.experiments] == GOLDEN_IDS
     fixed = [e for e in built.experiments if e.scenario == "fixed-batch"]
@@ -301,7 +316,7 @@ def test_ids_of_a_realistic_matrix_are_pinned(plan) -> None:
     assert {(e.task, e.trainer) for e in built.experiments} == {("causal-lm", "sft")}
 
 
-def test_only_the_task_and_trainer_changed_the_ids(plan, before_tasks) -> None:
+def test_only_the_task_and_trainer_changed_the_ids(plan, before_tasks, expansion_order) -> None:
     built = plan(
         GOLDEN_BEFORE_TASKS, "seed: 42\n", num_gpus=(1, 2), effective_batch_size=(4,), repeats=2
     )
@@ -350,7 +365,7 @@ def _predecessor_ids(config_dir: Path) -> list[str]:
     return [e.experiment_id for e in built.experiments]
 
 
-def test_ids_of_the_predecessors_matrix_are_pinned(config_dir: Path) -> None:
+def test_ids_of_the_predecessors_matrix_are_pinned(config_dir: Path, expansion_order) -> None:
     """fms-acceleration's scenarios with its CONTENTS.yaml: the ids hash the plugin
     files' content (not their place), the framework overlays and the data stanza."""
     ids = _predecessor_ids(config_dir)
@@ -359,7 +374,9 @@ def test_ids_of_the_predecessors_matrix_are_pinned(config_dir: Path) -> None:
     assert hashlib.sha256("\n".join(ids).encode()).hexdigest() == PREDECESSOR_IDS_SHA256
 
 
-def test_the_predecessors_ids_changed_only_by_task_and_trainer(config_dir, before_tasks) -> None:
+def test_the_predecessors_ids_changed_only_by_task_and_trainer(
+    config_dir, before_tasks, expansion_order
+) -> None:
     ids = _predecessor_ids(config_dir)
     assert ids[:2] == PREDECESSOR_FIRST_IDS_BEFORE_TASKS
     assert hashlib.sha256("\n".join(ids).encode()).hexdigest() == (

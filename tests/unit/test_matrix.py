@@ -52,8 +52,22 @@ def test_counts_and_order(plan) -> None:
         ("org/m2", 1, 4, 512),
     ]
     peft = [e for e in p.experiments if e.scenario == "peft"]
-    # framework outermost, then sweep (last key fastest), then the axes
-    firsts = [(e.framework, e.swept["r"], e.swept["lora_alpha"]) for e in peft[::8]]
+    # run order (orchestrator/matrix/order.py): a block per model × GPU count, in it the
+    # cell sizes smallest first, and the variants of one size next to each other in
+    # expansion order (framework outermost, then sweep, last key fastest)
+    sizes = [(e.num_gpus, e.effective_batch_size, e.max_seq_len) for e in peft[::8]]
+    assert sizes == [
+        (1, 4, 512),
+        (1, 4, 1024),
+        (1, 8, 512),
+        (1, 8, 1024),
+        (2, 4, 512),
+        (2, 4, 1024),
+        (2, 8, 512),
+        (2, 8, 1024),
+    ]
+    assert {(e.num_gpus, e.effective_batch_size, e.max_seq_len) for e in peft[:8]} == {(1, 4, 512)}
+    firsts = [(e.framework, e.swept["r"], e.swept["lora_alpha"]) for e in peft[:8]]
     assert firsts == [
         ("none", 8, 16),
         ("none", 8, 32),

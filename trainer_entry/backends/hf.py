@@ -31,7 +31,9 @@ class MeasureCallback(TrainerCallback):
         self.hooks.train_begin(state.max_steps)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.hooks.step_end(state.global_step)
+        if self.hooks.step_end(state.global_step):
+            # steady state reached (trainer_entry.steady): every rank stops after this step
+            control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.hooks.train_end(state.global_step)

@@ -1,0 +1,475 @@
+"""``tunematrix fit``: the largest per-device batch (or sequence length) that fits, by probes.
+
+For each cell family of the selected scenarios (a planned cell without its
+batch, or its sequence length), the search (``orchestrator.matrix.search``)
+asks for values to probe; each probe is an ordinary short experiment with its
+own id and run folder, run by the chosen executor through ``run_plan`` into
+the fit's results folder, so it works wherever the matrix does (one at a
+time, packed, on SLURM, under FSDP or DeepSpeed). A probe that ran out of
+memory, or whose peak memory came above ``1 - margin`` of the device's, does
+not fit; one that failed for another reason stops its family's search with
+that reason. Resumed, a fit reuses every probe already ``ok`` or ``oom``.
+
+The matrix is never changed: the answer goes to ``fit.json`` and ``fit.md``
+(and the probes' rows to ``raw_summary.csv``) beside the probes' ``runs/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.scenarios import BenchConfig, Scenario
+from orchestrator.config.search import DEFAULT_MARGIN, DEFAULT_MIN, Search
+from orchestrator.contract.errors import ConfigError, UserError
+from orchestrator.contract.layout import ResultsLayout
+from orchestrator.contract.outcome import Outcome, is_pruned, read_outcome
+from orchestrator.contract.result import read_result
+from orchestrator.executors.base import Executor
+from orchestrator.job.execute import RunOptions
+from orchestrator.matrix.experiment import Experiment
+from orchestrator.matrix.plan import Plan
+from orchestrator.matrix.search import (
+    Verdict,
+    decide,
+    family_key,
+    family_label,
+    probe_experiment,
+    search_problem,
+)
+from orchestrator.results.fitreport import FamilyFit, FitRecord, ProbeRecord, write_fit
+from orchestrator.results.rows import build_row, write_raw_summary
+from orchestrator.running.runner import RunReport, preflight, run_plan
+
+#: a probe's peak memory, in order of preference: on a GPU, one device's; on the CPU, the
+#: job's whole process tree (what a memory cgroup counts), else one process
+PEAK_COLUMNS = {
+    "gpu": (
+        ("mem_nvidia_peak_bytes_max", "NVML peak over the job's GPUs"),
+        ("torch_max_memory_reserved_bytes", "torch reserved, largest rank"),
+    ),
+    "cpu": (
+        ("mem_tree_peak_pss_bytes", "PSS of the job's processes"),
+        ("mem_tree_peak_rss_bytes", "RSS of the job's processes"),
+        ("mem_peak_rss_bytes", "RSS of a training process"),
+    ),
+}
+#: steps of a probe: enough for the optimizer's state to exist (its memory is counted)
+DEFAULT_PROBE_STEPS = 3
+#: a cgroup v1 limit at or above this is "no limit"
+_NO_LIMIT = 2**62
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """How to search; ``None`` fields take the scenario's ``search:``, else the defaults."""
+
+    probe_steps: int = DEFAULT_PROBE_STEPS
+    #: what to search in every selected scenario (``--max``), overriding ``search:``
+    key: str | None = None
+    low: int | None = None
+    limit: int | None = None
+    margin: float | None = None
+    #: one device's memory, where it is known better than here (``--memory-gib``)
+    capacity_bytes: float | None = None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    bytes: float | None
+    source: str
+
+
+@dataclass
+class FitReport:
+    record: FitRecord
+    layout: ResultsLayout
+    moved_to: Path | None
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every family ended on memory (an answer); 1 when one stopped; 130."""
+        if self.record.interrupted:
+            return 130
+        return 0 if all(f.ending not in (None, "stopped") for f in self.record.families) else 1
+
+
+# ---------------------------------------------------------------------------
+# Families
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Family:
+    search: Search
+    margin: float
+    first: Experiment
+    cells: list[str]
+
+
+def families(config: BenchConfig, plan: Plan, options: FitOptions) -> list[_Family]:
+    """The cell families to search, in plan order; a family a search cannot apply to
+    is refused naming the scenario's line."""
+    by_name = {s.name: s for s in config.scenarios}
+    found: dict[str, _Family] = {}
+    for e in plan.experiments:
+        scenario = by_name.get(e.scenario)
+        settings = _settings(scenario, options)
+        if scenario is None or settings is None:
+            continue
+        problem = search_problem(e, settings.key)
+        if problem:
+            where = config.where(scenario)
+            raise ConfigError(
+                f"cannot search {settings.key} in scenario '{scenario.name}': {problem}", **where
+            )
+        key = family_key(e, settings.key)
+        if key not in found:
+            margin = settings.margin if settings.margin is not None else DEFAULT_MARGIN
+            found[key] = _Family(settings, margin, e, [])
+        if e.cell_id not in found[key].cells:
+            found[key].cells.append(e.cell_id)
+    return list(found.values())
+
+
+def _settings(scenario: Scenario | None, options: FitOptions) -> Search | None:
+    own = scenario.search if scenario is not None else None
+    key = options.key or (own.key if own is not None else None)
+    if key is None:
+        return None
+    same = own is not None and own.key == key
+    low = options.low if options.low is not None else (own.low if same and own else None)
+    limit = options.limit if options.limit is not None else (own.limit if same and own else None)
+    margin = options.margin if options.margin is not None else (own.margin if own else None)
+    low = low if low is not None else DEFAULT_MIN[key]
+    if limit is not None and low > limit:
+        raise UserError(f"the search's lower bound {low} is above its limit {limit}")
+    return Search(key=key, low=low, limit=limit, margin=margin)
+
+
+# ---------------------------------------------------------------------------
+# Capacity and verdicts
+# ---------------------------------------------------------------------------
+
+
+def cgroup_memory_limit(
+    proc_cgroup: str | None = None, root: Path | None = None
+) -> tuple[int, str] | None:
+    """The tightest memory limit of this process's cgroups (a job started here inherits
+    them): v1 ``memory.limit_in_bytes``, v2 ``memory.max``; None where none is set."""
+    from orchestrator.job.oomkill import CGROUP_ROOT, memory_cgroups
+
+    try:
+        text = proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return None
+    best: tuple[int, str] | None = None
+    for folder in memory_cgroups(text, root or CGROUP_ROOT):
+        for name in ("memory.limit_in_bytes", "memory.max"):
+            try:
+                raw = (folder / name).read_text().strip()
+            except OSError:
+                continue
+            if raw.isdigit() and int(raw) < _NO_LIMIT and (best is None or int(raw) < best[0]):
+                best = (int(raw), f"the memory cgroup limit of {folder}")
+    return best
+
+
+def machine_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def local_capacity(device: str) -> Capacity:
+    """One device's memory where the jobs run on this machine: a GPU's (NVML), or on the
+    CPU the job's limit (its memory cgroup, else the machine's memory)."""
+    if device == "gpu":
+        from orchestrator.running.envinfo import nvml_gpus
+
+        sizes = [d["memory_bytes"] for d in nvml_gpus().get("devices", [])]
+        if not sizes:
+            return Capacity(None, "no GPU memory figure from NVML here")
+        name = "the smallest GPU's memory" if len(set(sizes)) > 1 else "the GPU's memory"
+        return Capacity(float(min(sizes)), f"{name}, from NVML")
+    ram = machine_memory()
+    limit = cgroup_memory_limit()
+    if limit is not None and (ram is None or limit[0] < ram):
+        return Capacity(float(limit[0]), limit[1])
+    if ram is None:
+        return Capacity(None, "the machine's memory could not be read")
+    return Capacity(float(ram), "the machine's memory")
+
+
+def peak_memory(row: Mapping[str, Any], device: str) -> tuple[float | None, str | None]:
+    """A probe's peak memory from its row, and which figure it is."""
+    for column, label in PEAK_COLUMNS.get(device, ()):
+        value = _number(row.get(column))
+        if value is not None and value > 0:
+            return value, label
+    return None, None
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if number != number else number
+
+
+def judge(
+    row: Mapping[str, Any], device: str, capacity: float | None, margin: float
+) -> tuple[Verdict, str | None]:
+    """Whether a probe fits, from its row: out of memory or above the margin does not;
+    a failure of another kind (or a probe that never ran) is no verdict on memory."""
+    status, error = row.get("status"), row.get("error")
+    if status == "oom" or is_pruned(status, error):
+        return "too_big", str(error or "out of memory")
+    if status not in ("ok", "skipped"):
+        return "stop", f"{status}: {error or 'no error recorded'}"
+    peak, _ = peak_memory(row, device)
+    if capacity is not None and peak is not None and peak > (1 - margin) * capacity:
+        return "too_big", (
+            f"peak {peak / 2**30:.2f} GiB is above {1 - margin:.0%} of {capacity / 2**30:.2f} "
+            f"GiB (margin {margin:g})"
+        )
+    return "fits", None
+
+
+# ---------------------------------------------------------------------------
+# The fit
+# ---------------------------------------------------------------------------
+
+
+def _reusable(layout: ResultsLayout, eid: str) -> Outcome | None:
+    """An earlier probe's outcome that is a verdict on memory: ok (with its result) or oom."""
+    run = layout.run(eid)
+    outcome = read_outcome(run)
+    if outcome is None or outcome.status not in ("ok", "oom"):
+        return None
+    result = read_result(run.result)
+    if outcome.status == "ok" and not (result and result.get("status") == "ok"):
+        return None
+    return outcome
+
+
+def run_fit(
+    config: BenchConfig,
+    plan: Plan,
+    results: Path,
+    run_options: RunOptions,
+    options: FitOptions,
+    *,
+    executor: Executor,
+    argv: list[str],
+    log: Callable[[str], None] = print,
+) -> FitReport:
+    """Search every family of ``plan`` into ``results``; write fit.json, fit.md and the probes'
+    raw_summary.csv; return what was found.
+
+    ``run_options.resume``: keep the folder and reuse its probes that ended ok or
+    oom; without it an earlier fit there is moved aside first.
+    """
+    from orchestrator.matrix.table import write_plan_csv
+    from orchestrator.running.resultsdir import open_results
+
+    found = families(config, plan, options)
+    if not found:
+        raise UserError(
+            "no selected scenario has search: and no --max was given; "
+            "add search: {max: per_device_train_batch_size} to a scenario or pass --max"
+        )
+    # the executor's checks (a SLURM cluster's partition, say), on each family's planned cell
+    firsts = tuple(family.first for family in found)
+    preflight(
+        executor, dataclasses.replace(plan, experiments=firsts), ResultsLayout(results), run_options
+    )
+    with open_results(results, resume=run_options.resume) as opened:
+        layout = opened.layout
+    if opened.moved_to is not None:
+        log(f"the earlier run in {results} was moved to {opened.moved_to}")
+    probe_options = dataclasses.replace(run_options, resume=True, report=False, fail_fast=False)
+    remote = executor.gpu_counter() is not None
+    capacities: dict[str, Capacity] = {}
+    record = FitRecord(probe_steps=options.probe_steps, families=[])
+    rows: dict[str, dict[str, Any]] = {}
+    probes: dict[str, Experiment] = {}
+
+    def save() -> None:
+        write_raw_summary(list(rows.values()), layout.raw_summary)
+        write_plan_csv(
+            dataclasses.replace(plan, experiments=tuple(probes.values())), layout.plan_csv
+        )
+        write_fit(layout, record)
+
+    for family in found:
+        first = family.first
+        key, low = family.search.key, family.search.start
+        if first.device not in capacities:
+            capacities[first.device] = (
+                Capacity(options.capacity_bytes, "given with --memory-gib")
+                if options.capacity_bytes is not None
+                else Capacity(None, f"the {executor.name} executor's jobs run elsewhere")
+                if remote
+                else local_capacity(first.device)
+            )
+        capacity = capacities[first.device]
+        fit = FamilyFit(
+            family=family_label(first, key),
+            family_id=family_key(first, key)[:12],
+            searched=key,
+            scenario=first.scenario,
+            model=first.model_name_or_path,
+            framework=first.framework,
+            device=first.device,
+            num_gpus=first.num_gpus,
+            cells=family.cells,
+            low=low,
+            limit=family.search.limit,
+            margin=family.margin,
+            capacity_bytes=capacity.bytes,
+            capacity_source=capacity.source,
+        )
+        if capacity.bytes is None:
+            fit.notes.append(
+                f"no margin applied: the device's memory is unknown ({capacity.source})"
+            )
+        record.families.append(fit)
+        log(f"fit: {fit.family}: searching {key} from {low}")
+        verdicts: dict[int, Verdict] = {}
+        while True:
+            decision = decide(verdicts, low, family.search.limit)
+            fit.largest_fit, fit.first_too_big = decision.largest_fit, decision.first_too_big
+            if decision.next is None:
+                fit.ending = decision.ending
+                break
+            value = decision.next
+            probe = probe_experiment(first, key, value, options.probe_steps)
+            eid = probe.experiment_id
+            probes[eid] = probe
+            outcome = _reusable(layout, eid) if run_options.resume else None
+            reused = outcome is not None
+            if outcome is None:
+                done = run_plan(
+                    dataclasses.replace(plan, experiments=(probe,)),
+                    results,
+                    probe_options,
+                    argv=argv,
+                    executor=executor,
+                )
+                outcome = done.outcomes.get(eid) or Outcome(status="interrupted", error="not run")
+                if done.interrupted:
+                    record.interrupted = True
+            row = build_row(probe.spec(), outcome.as_dict(), read_result(layout.run(eid).result))
+            rows[eid] = row
+            verdict, reason = judge(row, first.device, capacity.bytes, family.margin)
+            if outcome.status == "planned":
+                verdict, reason = (
+                    "stop",
+                    (
+                        "the executor returned before the probe ended; a fit waits for each "
+                        "probe (SLURM: leave out --no-wait)"
+                    ),
+                )
+            verdicts[value] = verdict
+            peak, source = peak_memory(row, first.device)
+            fit.probes.append(
+                ProbeRecord(
+                    value=value,
+                    experiment_id=eid,
+                    status=outcome.status,
+                    verdict=verdict,
+                    reason=reason,
+                    peak_memory_bytes=peak,
+                    peak_memory_source=source,
+                    tokens_per_second=_number(row.get("tokens_per_second_global")),
+                    wall_s=outcome.wall_s,
+                    reused=reused,
+                )
+            )
+            if verdict == "stop":
+                fit.stopped_by = f"{key} {value}: {reason}"
+            log(
+                f"fit: {key}={value}: {outcome.status}"
+                + (f" ({reason})" if reason else "")
+                + (" [reused]" if reused else "")
+            )
+            save()
+            if record.interrupted:
+                break
+        _settle_answer(fit)
+        save()
+        if record.interrupted:
+            break
+    save()
+    return FitReport(record=record, layout=layout, moved_to=opened.moved_to)
+
+
+def _settle_answer(fit: FamilyFit) -> None:
+    """The figures of the largest probe that fitted, and why the next value did not."""
+    by_value = {p.value: p for p in fit.probes}
+    best = by_value.get(fit.largest_fit) if fit.largest_fit is not None else None
+    if best is not None:
+        fit.tokens_per_second = best.tokens_per_second
+        fit.peak_memory_bytes = best.peak_memory_bytes
+    miss = by_value.get(fit.first_too_big) if fit.first_too_big is not None else None
+    if miss is not None:
+        fit.why_too_big = f"{miss.status}: {miss.reason}" if miss.reason else miss.status
+
+
+def check_searches(config: BenchConfig, plan: Plan) -> None:
+    """Refuse, before the matrix runs, a ``search:`` that cannot apply to its cells."""
+    families(config, plan, FitOptions())
+
+
+def search_after_run(
+    config: BenchConfig,
+    plan: Plan,
+    done: RunReport,
+    options: RunOptions,
+    *,
+    executor: Executor,
+    argv: list[str],
+    log: Callable[[str], None] = print,
+) -> FitReport | None:
+    """After a matrix whose scenarios have ``search:``, their fit into ``<results>/fit/``,
+    then summary.md again with its "Largest that fits" section; None when no scenario
+    of the plan has one (or the run was interrupted).
+
+    The matrix ran as configured; the probes are other experiments, in their own
+    folder, so no table of the matrix counts them.
+    """
+    searched = {s.name for s in config.scenarios if s.search is not None}
+    if done.interrupted or not any(e.scenario in searched for e in plan.experiments):
+        return None
+    log(f"searching the largest value that fits into {done.layout.fit}")
+    fitted = run_fit(
+        config,
+        plan,
+        done.layout.fit,
+        dataclasses.replace(options, report=False),
+        FitOptions(),
+        executor=executor,
+        argv=argv,
+        log=log,
+    )
+    for family in fitted.record.families:
+        answer = family.largest_fit if family.largest_fit is not None else "none"
+        log(f"fit: {family.family}: largest {family.searched} that fits: {answer}")
+    log(f"fit: {fitted.layout.fit_md}")
+    if done.reported:
+        from orchestrator.results.report import CostSettings, write_report
+
+        root = done.layout.root
+        cost = CostSettings(usd_per_gpu_hour=options.usd_per_gpu_hour, tokens=options.tokens)
+        try:
+            write_report(root, root, cost)
+        except Exception as exc:  # the fit's own files are written; the report can be redone
+            log(f"summary.md was not rewritten ({type(exc).__name__}: {exc})")
+    return fitted

@@ -1,0 +1,130 @@
+"""``tunematrix fit`` for real: the largest batch that fits under a cgroup memory limit.
+
+The whole command runs inside a cgroup v1 memory cgroup, as on a SLURM node:
+its probes are real ``accelerate launch`` runs of the tiny Llama on the CPU,
+and the probe that does not fit is ended by the kernel's out-of-memory killer.
+At 4096 tokens a sample, one sample peaks near 1.0 GB for the whole cgroup
+and two near 1.4 GB, so a 1.16 GiB limit puts the answer at 1, bracketed by an
+ok probe and a genuine oom one, in two probes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+LIMIT_BYTES = 1190 * 2**20
+
+DEFAULTS = "max_steps: 20\nlogging_steps: 1\nreport_to: none\nsave_strategy: 'no'\n"
+SCENARIOS = f"""\
+frameworks:
+  ddp: {{accelerate_config: {REPO / "accelerate-ddp.yaml"}}}
+matrix:
+  effective_batch_size: [4]
+scenarios:
+  - name: fit
+    device: cpu
+    framework_config: [ddp]
+    num_gpus: [1]
+    search: {{max: per_device_train_batch_size, limit: 2}}
+    arguments:
+      model_name_or_path: tiny-llama
+      torch_dtype: float32
+      max_seq_len: 4096
+"""
+
+
+@pytest.fixture(scope="module")
+def memory_cgroup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A cgroup v1 memory cgroup, removed afterwards with whatever ran in it."""
+    if os.geteuid() != 0 or not (CGROUP_V1 / "cgroup.procs").exists():
+        pytest.skip("needs root and the cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    folder = CGROUP_V1 / f"tunematrix-fit-test-{os.getpid()}"
+    try:
+        folder.mkdir()
+        (folder / "memory.limit_in_bytes").write_text(str(LIMIT_BYTES))
+    except OSError as exc:
+        pytest.skip(f"cannot create a memory cgroup: {exc}")
+    try:
+        yield folder
+    finally:
+        for line in (folder / "cgroup.procs").read_text().split():
+            try:
+                os.kill(int(line), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while (folder / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        folder.rmdir()
+
+
+@pytest.fixture(scope="module")
+def fitted(
+    tmp_path_factory: pytest.TempPathFactory, memory_cgroup: Path
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``tunematrix fit`` run once inside the cgroup: the orchestrator, launcher and rank."""
+    folder = tmp_path_factory.mktemp("fit")
+    (folder / "defaults.yaml").write_text(DEFAULTS)
+    (folder / "scenarios.yaml").write_text(SCENARIOS)
+
+    def enter() -> None:
+        (memory_cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+    args = ("--scenarios", "scenarios.yaml", "--results", "res", "--probe-steps", "2")
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "fit", *args],
+        cwd=folder,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=enter,
+    )
+    return done, folder / "res"
+
+
+def test_the_answer_is_bracketed_by_an_ok_probe_and_a_real_oom(fitted, memory_cgroup) -> None:
+    done, results = fitted
+    assert done.returncode == 0, done.stderr[-3000:]
+    fit = json.loads((results / "fit.json").read_text())
+    (family,) = fit["families"]
+    probes = {p["value"]: p for p in family["probes"]}
+    assert family["ending"] == "bracketed", family
+    answer, miss = family["largest_fit"], family["first_too_big"]
+    assert answer == miss - 1
+    assert (probes[answer]["status"], probes[answer]["verdict"]) == ("ok", "fits")
+    assert probes[miss]["status"] == "oom", probes[miss]
+    assert "killed by the kernel's out-of-memory killer" in probes[miss]["reason"]
+    assert family["why_too_big"].startswith("oom: host memory: ")
+    # the margin was taken of the cgroup's limit, and the answer stayed within it
+    assert family["capacity_bytes"] == LIMIT_BYTES
+    assert "memory cgroup limit" in family["capacity_source"]
+    assert 0 < probes[answer]["peak_memory_bytes"] < 0.9 * LIMIT_BYTES
+    assert family["tokens_per_second"] == probes[answer]["tokens_per_second"] > 0
+    # each probe is its own run folder and row; the answer is printed and in fit.md
+    rows = (results / "raw_summary.csv").read_text().splitlines()
+    assert len(rows) == 1 + len(probes)
+    assert all(
+        (results / "runs" / p["experiment_id"] / "outcome.json").is_file() for p in probes.values()
+    )
+    assert f"| per_device_train_batch_size | {answer} |" in done.stdout
+    assert f"| {miss} | oom | too_big: host memory:" in (results / "fit.md").read_text()
+    assert (memory_cgroup / "cgroup.procs").read_text().split() == []

@@ -1,0 +1,175 @@
+"""OOM pruning and the counterbalanced order, for real: a run under a cgroup memory limit.
+
+Two frameworks (two families) × three per-device batches × two repeats of the
+tiny Llama on the CPU, in a 2 GiB memory cgroup. Batch 4 fits; batch 128 (its
+fp32 logits alone are 128 × 1024 × 1024 × 4 bytes = 512 MiB, several copies in
+the loss and its backward) is killed by the kernel's OOM killer; its second
+repeat and every batch-256 experiment must then be pruned without a launch,
+each naming the OOM of its own family. The small cell's variants run A B B A.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+LIMIT_BYTES = 2048 * 1024 * 1024
+
+DEFAULTS = "max_steps: 2\nlogging_steps: 1\nreport_to: none\nsave_strategy: 'no'\nseed: 42\n"
+
+
+def _scenarios(dataset: Path) -> str:
+    return (
+        "frameworks:\n"
+        f"  ddp: {{accelerate_config: {REPO / 'accelerate-ddp.yaml'}}}\n"
+        "matrix:\n"
+        "  effective_batch_size: [4, 128, 256]\n"
+        "  max_seq_len: [1024]\n"
+        "  repeats: 2\n"
+        "scenarios:\n"
+        "  - name: prune\n"
+        "    device: cpu\n"
+        "    framework_config: [null, ddp]\n"
+        "    num_gpus: [1]\n"
+        "    arguments:\n"
+        "      model_name_or_path: tiny-llama\n"
+        "      torch_dtype: float32\n"
+        f"      dataset: {dataset}\n"
+    )
+
+
+def _table(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def pruned_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """The run's results folder and its stdout; the cgroup removed afterwards."""
+    if os.geteuid() != 0 or not (CGROUP_V1 / "cgroup.procs").exists():
+        pytest.skip("needs root and the cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    work = tmp_path_factory.mktemp("prune")
+    folder = CGROUP_V1 / f"tunematrix-prune-{os.getpid()}-{work.name}"
+    try:
+        folder.mkdir()
+        (folder / "memory.limit_in_bytes").write_text(str(LIMIT_BYTES))
+    except OSError as exc:
+        pytest.skip(f"cannot create a memory cgroup: {exc}")
+    try:
+        # enough packed 1024-token sequences for a batch of 128: the shipped records ×20
+        shipped = (REPO / "trainer_entry" / "assets" / "instructions.jsonl").read_text()
+        (work / "long.jsonl").write_text(shipped * 20)
+        (work / "defaults.yaml").write_text(DEFAULTS)
+        (work / "scenarios.yaml").write_text(_scenarios(work / "long.jsonl"))
+
+        def enter() -> None:
+            (folder / "cgroup.procs").write_text(str(os.getpid()))
+
+        proc = subprocess.run(
+            [
+                sys.executable,
+                *("-m", "orchestrator", "run", "--device", "cpu"),
+                *("--scenarios", "scenarios.yaml", "--defaults", "defaults.yaml"),
+                *("--results", "res"),
+            ],
+            cwd=work,
+            env={
+                **os.environ,
+                "PYTHONPATH": str(REPO),
+                "HF_HUB_OFFLINE": "1",
+                "OMP_NUM_THREADS": "1",
+            },
+            capture_output=True,
+            text=True,
+            preexec_fn=enter,
+            timeout=400,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]  # oom and pruned are answers
+        yield work / "res", proc.stdout
+    finally:
+        for line in (folder / "cgroup.procs").read_text().split():
+            try:
+                os.kill(int(line), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while (folder / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        folder.rmdir()
+
+
+def test_an_oom_prunes_the_larger_cells_of_its_family(pruned_run) -> None:
+    results, stdout = pruned_run
+    rows = {
+        (r["framework_config"], r["per_device_train_batch_size"], r["repeat"]): r
+        for r in _table(results / "raw_summary.csv")
+    }
+    assert len(rows) == 12
+    for framework in ("none", "ddp"):
+        assert [rows[(framework, "4", r)]["status"] for r in "01"] == ["ok", "ok"]
+        oom = rows[(framework, "128", "0")]
+        assert oom["status"] == "oom", oom["error"]
+        assert "out-of-memory killer" in oom["error"]
+        expected = f"pruned: {oom['experiment_id']} ran out of memory"
+        for key in ((framework, "128", "1"), (framework, "256", "0"), (framework, "256", "1")):
+            row = rows[key]
+            # pruned by the OOM of its own family (its framework), never the other's
+            assert (row["status"], row["error"]) == ("skipped", expected), key
+            assert row["tokens_per_second_global"] == ""
+            # never launched: no spec, no log, only the outcome
+            assert [p.name for p in (results / "runs" / row["experiment_id"]).iterdir()] == [
+                "outcome.json"
+            ]
+            assert (
+                f"pruned: {row['experiment_id']} ({oom['experiment_id']} ran out of memory)"
+                in stdout
+            )
+
+
+def test_pruned_cells_show_as_pruned_in_every_table(pruned_run) -> None:
+    results, _ = pruned_run
+    cells = {
+        (c["framework_config"], c["per_device_train_batch_size"]): c
+        for c in _table(results / "benchmarks.csv")
+    }
+    for framework in ("none", "ddp"):
+        assert cells[(framework, "256")]["status"] == "pruned"
+        assert cells[(framework, "256")]["repeats_ok"] == "0"
+        assert cells[(framework, "256")]["tokens_per_second_global"] == ""
+        assert cells[(framework, "128")]["status"] == "oom×1 pruned×1"
+    summary = (results / "summary.md").read_text()
+    table_rows = [line for line in summary.splitlines() if line.startswith("| tiny-llama |")]
+    assert (
+        sum(line.rstrip().endswith("| pruned |") and "| 256 × 1 |" in line for line in table_rows)
+        == 2
+    )
+    assert "ok 4, oom 2, pruned 6" in summary
+
+
+def test_the_variants_of_a_size_run_counterbalanced(pruned_run) -> None:
+    results, _ = pruned_run
+    plan = _table(results / "plan.csv")
+    order = [(r["framework_config"], r["per_device_train_batch_size"], r["repeat"]) for r in plan]
+    assert [r["position"] for r in plan] == [str(i) for i in range(1, 13)]
+    # smallest first; within a size the two frameworks A B B A
+    assert order[:4] == [
+        ("none", "4", "0"),
+        ("ddp", "4", "0"),
+        ("ddp", "4", "1"),
+        ("none", "4", "1"),
+    ]
+    assert [size for _, size, _ in order] == ["4"] * 4 + ["128"] * 4 + ["256"] * 4
+    raw = {r["experiment_id"]: r["position"] for r in _table(results / "raw_summary.csv")}
+    assert raw == {r["experiment_id"]: r["position"] for r in plan}

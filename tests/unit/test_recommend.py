@@ -1,0 +1,137 @@
+"""summary.md's recommendation: the fastest and cheapest cells that fitted, how sure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from orchestrator.results import recommend
+
+TPS = "tokens_per_second_global"
+
+
+def _cell(cell_id: str, tps: float | None, **more: Any) -> dict[str, Any]:
+    cell = {
+        "cell_id": cell_id,
+        "scenario": "s",
+        "framework_config": "none",
+        "model_name_or_path": "org/m",
+        "device": "gpu",
+        "num_gpus": 1,
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+        "status": "ok",
+        "error": None,
+        "repeats_ok": 1,
+        TPS: tps,
+        f"{TPS}_cv": None,
+        f"{TPS}_min": tps,
+        f"{TPS}_max": tps,
+    }
+    cell.update(more)
+    return cell
+
+
+def _table(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("| org/m")]
+
+
+def test_never_recommends_oom_pruned_or_failed_cells() -> None:
+    cells = pd.DataFrame(
+        [
+            _cell("oom", None, status="oom", error="CUDA out of memory"),
+            _cell("pruned", None, status="skipped", error="pruned: oom ran out of memory"),
+            # a pruned cell shown as ok still never counts
+            _cell("pruned-ok", 9e9, status="ok", error="pruned: oom ran out of memory"),
+            _cell("failed", None, status="failed"),
+            _cell("mixed", 9e9, status="ok×2 oom×1"),
+            _cell("fits", 1000.0),
+        ]
+    )
+    assert list(recommend.candidates(cells)["cell_id"]) == ["fits"]
+    text = "\n".join(recommend.markdown(cells))
+    (row,) = _table(text)
+    assert "`fits`" in row and "no other cell finished ok" in row
+    assert "(5 cell(s) left out)" in text
+
+
+def test_nothing_fitted() -> None:
+    cells = pd.DataFrame([_cell("oom", None, status="oom")])
+    assert "nothing to recommend" in "\n".join(recommend.markdown(cells))
+
+
+def test_fastest_per_gpu_count_and_cheapest_across_counts() -> None:
+    cells = pd.DataFrame(
+        [
+            _cell("a1", 1000.0),
+            _cell("b1", 1500.0, framework_config="ddp"),
+            _cell("a2", 2400.0, num_gpus=2),
+        ]
+    )
+    text = "\n".join(recommend.markdown(cells))
+    rows = _table(text)
+    assert len(rows) == 2
+    assert "`b1`" in rows[0] and "| 1 |" in rows[0]
+    assert "`a2`" in rows[1] and "| 2 |" in rows[1]
+    # GPU-hours per 1M tokens: GPUs / tokens/s; b1: 1e6/1500/3600
+    assert recommend.device_hours_per_1m(cells.iloc[1].to_dict()) == pytest.approx(
+        1e6 / 1500 / 3600
+    )
+    # the cheapest across counts is b1 (1 GPU at 1500) rather than a2 (2 GPUs at 2400)
+    assert "cheapest per 1M tokens for org/m: `b1`" in text
+
+
+def test_runner_up_within_noise_and_separable() -> None:
+    one = pd.DataFrame([_cell("a", 1000.0), _cell("b", 985.0)])
+    text = "\n".join(recommend.markdown(one))
+    assert "is within 1.5%: not separable with 1 repeat" in text
+    far = pd.DataFrame([_cell("a", 1000.0), _cell("b", 800.0)])
+    assert "25.0% slower (1 repeat: no spread measured" in "\n".join(recommend.markdown(far))
+    overlap = pd.DataFrame(
+        [
+            _cell("a", 1000.0, repeats_ok=3, **{f"{TPS}_cv": 0.03, f"{TPS}_min": 960.0}),
+            _cell("b", 980.0, repeats_ok=3, **{f"{TPS}_max": 1010.0}),
+        ]
+    )
+    text = "\n".join(recommend.markdown(overlap))
+    assert "3 repeats, CV 3.0%" in text
+    assert "within the noise (their repeats overlap, 3 vs 3)" in text
+    apart = pd.DataFrame(
+        [
+            _cell("a", 1000.0, repeats_ok=3, **{f"{TPS}_min": 990.0}),
+            _cell("b", 900.0, repeats_ok=3, **{f"{TPS}_max": 950.0}),
+        ]
+    )
+    assert "separable (every one of 3 repeats faster" in "\n".join(recommend.markdown(apart))
+
+
+def test_fast_but_different_is_not_recommended_without_a_warning() -> None:
+    cells = pd.DataFrame(
+        [
+            _cell("base", 1000.0, loss_vs_baseline="baseline"),
+            _cell(
+                "wrong",
+                2000.0,
+                framework_config="x",
+                loss_vs_baseline="fast but different",
+                loss_gap_pct=12.0,
+            ),
+        ]
+    )
+    text = "\n".join(recommend.markdown(cells))
+    (row,) = _table(text)
+    assert "`base`" in row
+    assert "**warning**: `wrong`" in text and "loss gap 12.0%" in text
+    # every cell flagged: recommended, with a warning
+    alone = pd.DataFrame([cells.iloc[1].to_dict()])
+    text = "\n".join(recommend.markdown(alone))
+    assert "`wrong`" in _table(text)[0]
+    assert "recommended although its loss departs" in text
+
+
+def test_cost_in_usd_where_priced() -> None:
+    cells = pd.DataFrame([_cell("a", 1000.0, cost_per_1m_tokens_usd=0.7)])
+    text = "\n".join(recommend.markdown(cells))
+    assert "$ per 1M tokens" in text and "$0.7000" in text
