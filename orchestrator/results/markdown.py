@@ -21,7 +21,7 @@ import pandas as pd
 
 from orchestrator.contract import metrics
 from orchestrator.contract.argnames import CLASSIFICATION_TASKS
-from orchestrator.contract.outcome import PRUNED
+from orchestrator.contract.outcome import PRUNED, PRUNED_PREFIX
 from orchestrator.results import equivalence, fitreport, quality, recommend
 from orchestrator.results.aggregate import (
     PEAK_MEMORY_SOURCES,
@@ -300,8 +300,10 @@ def summary_markdown(
             lines += ["", "Not ok:"]
             for c in problems.to_dict("records"):
                 where = f" (log: `{c['log']}`)" if c.get("log") else ""
+                # a pruned cell's error says "pruned: ..." itself
+                error = str(c.get("error") or "no error recorded").removeprefix(PRUNED_PREFIX)
                 lines.append(
-                    f"- {c['status']}: {c.get('model_name_or_path')}, {c.get('framework_config')}, {_fmt(c.get('num_gpus'), 'int')} GPU(s): {c.get('error') or 'no error recorded'}{where}"
+                    f"- {c['status']}: {c.get('model_name_or_path')}, {c.get('framework_config')}, {_fmt(c.get('num_gpus'), 'int')} GPU(s): {error}{where}"
                 )
     lines += side_by_side_markdown(cells, args, lambda name: metrics.get(name).header, figure_text)
     lines += scaling_markdown(report.scaling)

@@ -1,4 +1,4 @@
-"""Packing for real on the CPU: four tiny jobs on two slots, against one at a time."""
+"""Packing for real on the CPU: two tiny jobs on two slots, against one at a time."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ scenarios:
       max_seq_len: 64
       max_steps: 4
     sweep:
-      learning_rate: [1e-4, 2e-4, 3e-4, 4e-4]
+      learning_rate: [1e-4, 2e-4]
 """
 
 
@@ -67,12 +67,12 @@ def _run(tmp: Path, results: str, *extra: str) -> tuple[float, list[dict[str, st
 @pytest.mark.skipif(
     (os.cpu_count() or 1) < 2, reason="packing two jobs needs two cores to gain anything"
 )
-def test_four_jobs_on_two_slots_beat_one_at_a_time(tmp_path) -> None:
+def test_two_jobs_on_two_slots_beat_one_at_a_time(tmp_path) -> None:
     (tmp_path / "scenarios.yaml").write_text(SCENARIOS)
     packed_wall, packed = _run(tmp_path, "packed", "--pack", "--slots", "2")
     exclusive_wall, exclusive = _run(tmp_path, "exclusive")
-    assert [r["status"] for r in packed] == ["ok"] * 4
-    assert [r["status"] for r in exclusive] == ["ok"] * 4
+    assert [r["status"] for r in packed] == ["ok"] * 2
+    assert [r["status"] for r in exclusive] == ["ok"] * 2
     assert packed_wall < 0.85 * exclusive_wall, (packed_wall, exclusive_wall)
     # each packed job says it was packed, and with whom
     ids = {r["experiment_id"] for r in packed}
@@ -94,6 +94,6 @@ def test_four_jobs_on_two_slots_beat_one_at_a_time(tmp_path) -> None:
     for row in packed:
         command = (tmp_path / "packed" / "runs" / row["experiment_id"] / "command.sh").read_text()
         ports.add(command.split("--main_process_port ")[1].split()[0])
-    assert len(ports) == 4
+    assert len(ports) == 2
     env = json.loads((tmp_path / "packed" / "env.json").read_text())
     assert env["mode"] == "packed"

@@ -1,11 +1,16 @@
-"""OOM pruning and the counterbalanced order, for real: a run under a cgroup memory limit.
+"""OOM pruning, the counterbalanced order, loss against the baseline, the recommendation
+and the plan's estimate, for real: one run under a cgroup memory limit.
 
-Two frameworks (two families) × three per-device batches × two repeats of the
-tiny Llama on the CPU, in a 2 GiB memory cgroup. Batch 4 fits; batch 128 (its
-fp32 logits alone are 128 × 1024 × 1024 × 4 bytes = 512 MiB, several copies in
-the loss and its backward) is killed by the kernel's OOM killer; its second
-repeat and every batch-256 experiment must then be pruned without a launch,
-each naming the OOM of its own family. The small cell's variants run A B B A.
+Two frameworks (two families: the baseline and an overlay with a 1000× learning
+rate) × three per-device batches × two repeats of the tiny Llama on the CPU, in
+a 2 GiB memory cgroup. Batch 1 fits; batch 128 (its fp32 logits alone are 128 ×
+1024 × 1024 × 4 bytes = 512 MiB, several copies in the loss and its backward)
+is killed by the kernel's OOM killer; its second repeat and every batch-256
+experiment must then be pruned without a launch, each naming the OOM of its own
+family. The small cell's variants run A B B A. The overlay's loss departs from
+the baseline's, so summary.md, which opens with the recommendation, recommends
+the baseline; ``plan`` then estimates the matrix from this run's history, and
+``compare`` of the folder with itself finds no loss change.
 """
 
 from __future__ import annotations
@@ -27,25 +32,28 @@ REPO = Path(__file__).resolve().parents[2]
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 LIMIT_BYTES = 2048 * 1024 * 1024
 
-DEFAULTS = "max_steps: 2\nlogging_steps: 1\nreport_to: none\nsave_strategy: 'no'\nseed: 42\n"
+DEFAULTS = "max_steps: 4\nlogging_steps: 1\nreport_to: none\nsave_strategy: 'no'\nseed: 42\n"
 
 
 def _scenarios(dataset: Path) -> str:
     return (
+        f"accelerate_config: {REPO / 'accelerate-ddp.yaml'}\n"
         "frameworks:\n"
-        f"  ddp: {{accelerate_config: {REPO / 'accelerate-ddp.yaml'}}}\n"
+        "  hot: {arguments: {learning_rate: 1.0}}\n"
         "matrix:\n"
-        "  effective_batch_size: [4, 128, 256]\n"
+        "  effective_batch_size: [1, 128, 256]\n"
         "  max_seq_len: [1024]\n"
         "  repeats: 2\n"
         "scenarios:\n"
         "  - name: prune\n"
         "    device: cpu\n"
-        "    framework_config: [null, ddp]\n"
+        "    framework_config: [null, hot]\n"
         "    num_gpus: [1]\n"
         "    arguments:\n"
         "      model_name_or_path: tiny-llama\n"
         "      torch_dtype: float32\n"
+        "      learning_rate: 1e-3\n"
+        "      warmup_steps: 0\n"
         f"      dataset: {dataset}\n"
     )
 
@@ -117,8 +125,8 @@ def test_an_oom_prunes_the_larger_cells_of_its_family(pruned_run) -> None:
         for r in _table(results / "raw_summary.csv")
     }
     assert len(rows) == 12
-    for framework in ("none", "ddp"):
-        assert [rows[(framework, "4", r)]["status"] for r in "01"] == ["ok", "ok"]
+    for framework in ("none", "hot"):
+        assert [rows[(framework, "1", r)]["status"] for r in "01"] == ["ok", "ok"]
         oom = rows[(framework, "128", "0")]
         assert oom["status"] == "oom", oom["error"]
         assert "out-of-memory killer" in oom["error"]
@@ -144,7 +152,7 @@ def test_pruned_cells_show_as_pruned_in_every_table(pruned_run) -> None:
         (c["framework_config"], c["per_device_train_batch_size"]): c
         for c in _table(results / "benchmarks.csv")
     }
-    for framework in ("none", "ddp"):
+    for framework in ("none", "hot"):
         assert cells[(framework, "256")]["status"] == "pruned"
         assert cells[(framework, "256")]["repeats_ok"] == "0"
         assert cells[(framework, "256")]["tokens_per_second_global"] == ""
@@ -156,6 +164,13 @@ def test_pruned_cells_show_as_pruned_in_every_table(pruned_run) -> None:
         == 2
     )
     assert "ok 4, oom 2, pruned 6" in summary
+    # the recommendation opens summary.md and names a cell that fitted, never one that
+    # ran out of memory or was pruned
+    assert summary.split("\n## ")[1].startswith("Recommendation")
+    section = summary.split("## Recommendation", 1)[1].split("\n## ", 1)[0]
+    (row,) = [line for line in section.splitlines() if line.startswith("| tiny-llama |")]
+    fastest = row.split("`")[1]
+    assert cells[("none", "1")]["cell_id"] == fastest or cells[("hot", "1")]["cell_id"] == fastest
 
 
 def test_the_variants_of_a_size_run_counterbalanced(pruned_run) -> None:
@@ -165,11 +180,67 @@ def test_the_variants_of_a_size_run_counterbalanced(pruned_run) -> None:
     assert [r["position"] for r in plan] == [str(i) for i in range(1, 13)]
     # smallest first; within a size the two frameworks A B B A
     assert order[:4] == [
-        ("none", "4", "0"),
-        ("ddp", "4", "0"),
-        ("ddp", "4", "1"),
-        ("none", "4", "1"),
+        ("none", "1", "0"),
+        ("hot", "1", "0"),
+        ("hot", "1", "1"),
+        ("none", "1", "1"),
     ]
-    assert [size for _, size, _ in order] == ["4"] * 4 + ["128"] * 4 + ["256"] * 4
+    assert [size for _, size, _ in order] == ["1"] * 4 + ["128"] * 4 + ["256"] * 4
     raw = {r["experiment_id"]: r["position"] for r in _table(results / "raw_summary.csv")}
     assert raw == {r["experiment_id"]: r["position"] for r in plan}
+
+
+def _command(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_overlay_trains_differently_and_the_baseline_is_recommended(pruned_run) -> None:
+    results, _ = pruned_run
+    cells = {
+        (c["framework_config"], c["per_device_train_batch_size"]): c
+        for c in _table(results / "benchmarks.csv")
+    }
+    base, hot = cells[("none", "1")], cells[("hot", "1")]
+    assert base["loss_vs_baseline"] == "baseline"
+    assert hot["loss_baseline"] == base["cell_id"]
+    assert hot["loss_vs_baseline"] in ("different", "fast but different")
+    assert float(hot["loss_gap_pct"]) > 5.0 and hot["loss_steps_compared"] == "4"
+    summary = (results / "summary.md").read_text().splitlines()
+    assert summary[:3] == ["# Benchmark summary", "", "## Recommendation"]
+    (row,) = [line for line in summary if line.startswith("| tiny-llama | 1 |")]
+    # the baseline whichever is faster: the overlay trains differently
+    assert f"`{base['cell_id']}`" in row
+    if hot["loss_vs_baseline"] == "fast but different":
+        assert any(line.startswith(f"- **warning**: `{hot['cell_id']}`") for line in summary)
+    start = summary.index("## Loss against the baseline")
+    (variant,) = [line for line in summary[start:] if hot["cell_id"] in line]
+    assert variant.endswith(f"**{hot['loss_vs_baseline']}** |")
+
+
+def test_plan_estimates_from_the_history_and_compare_finds_no_loss_change(pruned_run) -> None:
+    results, _ = pruned_run
+    root = results.parent
+    plan = _command(
+        root,
+        *("plan", "--scenarios", "scenarios.yaml", "--defaults", "defaults.yaml"),
+        *("--device", "cpu", "--results", "res", "--usd-per-gpu-hour", "3"),
+    )
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    (estimate,) = [line for line in plan.stdout.splitlines() if line.startswith("estimate:")]
+    assert "process-hours for 12 of 12 experiment(s)" in estimate
+    assert "at $3 per GPU-hour" in estimate
+    # the batch-1 experiments from their own cells; the others, which never finished,
+    # from those similar cells
+    assert "4 experiment(s) from their own earlier runs, 8 from similar cells" in plan.stdout
+    assert "0 with no history" in plan.stdout
+
+    compare = _command(root, "compare", "res", "res", "--no-plots")
+    assert compare.returncode == 0, compare.stdout[-2000:] + compare.stderr[-2000:]
+    assert "loss curves: 2 matched cell(s) compared, 0 loss change(s)" in compare.stdout
