@@ -335,6 +335,9 @@ def markdown(cells: pd.DataFrame, tolerance: float) -> list[str]:
     if "loss_vs_baseline" not in cells.columns:
         return []
     variants = cells[cells["loss_vs_baseline"].notna() & (cells["loss_vs_baseline"] != IS_BASELINE)]
+    # cells with nothing to compare with are counted, not listed
+    alone = variants[variants["loss_vs_baseline"] == NO_BASELINE]
+    variants = variants[variants["loss_vs_baseline"] != NO_BASELINE]
     if variants.empty:
         return []
     body = []
@@ -369,7 +372,13 @@ def markdown(cells: pd.DataFrame, tolerance: float) -> list[str]:
         f"{100 * tolerance:g}% (`--loss-tolerance`) a variant is **different**, and "
         "**fast but different** where its tokens/s are above the baseline's. The largest "
         f"per-step gap is shown for reading. {n_flagged} of {len(variants)} variant(s) "
-        "flagged.",
+        "flagged."
+        + (
+            f" {len(alone)} other cell(s) have no baseline to compare with (no ok cell of "
+            "the same setup with `framework_config: null`, or with the default trainer)."
+            if len(alone)
+            else ""
+        ),
         "",
         *md_table(
             [

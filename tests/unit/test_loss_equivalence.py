@@ -198,6 +198,25 @@ def test_summary_section_lists_the_variants(tmp_path: Path) -> None:
     assert "## Loss against the baseline" in text
     assert "| s | v | x | sft | base | 8 | 20.00% | 20.00% | **different** |" in text
     assert "1 of 1 variant(s) flagged" in text
+    assert "no baseline to compare with" not in text
+
+
+def test_cells_without_a_baseline_are_counted_not_listed(tmp_path: Path) -> None:
+    runs = [
+        (_row("base"), BASE_CURVE, None),
+        (_row("v", framework_config="x"), BASE_CURVE, None),
+        (_row("alone", scenario="other", framework_config="ddp"), BASE_CURVE, None),
+    ]
+    for row, curve, swept in runs:
+        _write(tmp_path, row, curve, swept)
+    rows = pd.DataFrame([r for r, _, _ in runs])
+    cells = add_equivalence(rows.copy(), rows, tmp_path)
+    text = "\n".join(equivalence.markdown(cells, 0.05))
+    assert "| s | v | x |" in text and "| alone |" not in text
+    assert "1 other cell(s) have no baseline to compare with" in text
+    # a matrix where no cell has a baseline gets no section
+    alone = add_equivalence(rows.iloc[[2]].copy(), rows.iloc[[2]], tmp_path)
+    assert equivalence.markdown(alone, 0.05) == []
 
 
 def test_compare_reports_a_loss_change_between_folders(tmp_path: Path) -> None:
