@@ -10,6 +10,7 @@ same way.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pandas as pd
 
@@ -121,6 +122,17 @@ def shown_status(rows: pd.DataFrame) -> pd.Series:
     a pruned one as ``pruned``."""
     status = rows["status"].fillna("unknown").astype(str).replace({"skipped": "ok"})
     return status.where(~pruned(rows), PRUNED)
+
+
+def number(value: Any) -> float | None:
+    """One table value as a float; None where it is missing, a boolean, no number or NaN."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        found = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(found) else found
 
 
 def numeric(df: pd.DataFrame, column: str) -> pd.Series:

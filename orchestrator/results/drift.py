@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from orchestrator.contract.steady import t975
 from orchestrator.results.columns import measured, numeric
 
 FIGURE = "tokens_per_second_global"
@@ -37,25 +38,6 @@ TREND_COLUMN = "position_trend_pct"
 PER_POSITIONS = 10
 #: measured runs a cell needs for its own trend
 MIN_CELL_RUNS = 3
-
-# Student t's 97.5% quantile for 1..30 degrees of freedom; beyond, the Cornish-Fisher
-# expansion around the normal quantile (within 0.001 of the exact value there)
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-_Z975 = 1.959964
-
-
-def t975(dof: int) -> float:
-    """Student t's two-sided 95% critical value for ``dof`` degrees of freedom."""
-    if dof < 1:
-        raise ValueError(f"degrees of freedom must be ≥ 1, got {dof}")
-    if dof <= len(_T975):
-        return _T975[dof - 1]
-    z = _Z975
-    return z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import pandas as pd
 from orchestrator.contract.argnames import BACKEND_KEY, default_backend
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.result import read_result
-from orchestrator.results.columns import measured
+from orchestrator.results.columns import measured, number
 from orchestrator.results.mdtable import md_table
 
 #: a variant whose mean loss gap passes this fraction of the baseline's mean loss is different
@@ -229,12 +229,6 @@ def _default_trainer(cell: Mapping[Any, Any]) -> bool:
     return bool(trainer) and bool(task) and str(trainer) == default_backend(str(task))
 
 
-def _number(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(number) else number
 
 
 def add_equivalence(
@@ -308,8 +302,8 @@ def _compare_cell(
     verdict = SAME
     if gap.mean > tolerance:
         fast, slow = (
-            _number(cell.get("tokens_per_second_global")),
-            _number(base.get("tokens_per_second_global")),
+            number(cell.get("tokens_per_second_global")),
+            number(base.get("tokens_per_second_global")),
         )
         verdict = (
             FAST_BUT_DIFFERENT
@@ -342,8 +336,8 @@ def markdown(cells: pd.DataFrame, tolerance: float) -> list[str]:
         return []
     body = []
     for c in variants.to_dict("records"):
-        gap = _number(c.get("loss_gap_pct"))
-        largest = _number(c.get("loss_max_gap_pct"))
+        gap = number(c.get("loss_gap_pct"))
+        largest = number(c.get("loss_max_gap_pct"))
         verdict = str(c["loss_vs_baseline"])
         body.append(
             [

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from orchestrator.results.columns import number
 from orchestrator.results import history
 
 Basis = Literal["own", "similar", "none"]
@@ -132,13 +133,9 @@ class PlanEstimate:
 
 
 def _number(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+    """A finite number, else None."""
+    found = number(value)
+    return found if found is not None and math.isfinite(found) else None
 
 
 def _wall(row: Mapping[str, Any]) -> float | None:

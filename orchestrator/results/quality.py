@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.results.columns import number
 from orchestrator.results.aggregate import has_figures
 
 #: the last logged loss above this many times the first is divergence
@@ -41,15 +42,6 @@ NOTE = (
 )
 
 
-def _number(value: Any) -> float | None:
-    """A cell's figure as a float; None where it is missing or no number."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(number) else number
 
 
 def _text(value: float) -> str:
@@ -58,10 +50,10 @@ def _text(value: float) -> str:
 
 def diverged(cell: Mapping[Any, Any]) -> str | None:
     """Why the cell's loss diverged (one phrase), or None when it did not or is unknown."""
-    nonfinite = _number(cell.get("loss_nonfinite_steps"))
+    nonfinite = number(cell.get("loss_nonfinite_steps"))
     if nonfinite:
         return f"loss or grad norm NaN/inf at {nonfinite:g} logged step(s)"
-    first, last = _number(cell.get("loss_first")), _number(cell.get("loss_last"))
+    first, last = number(cell.get("loss_first")), number(cell.get("loss_last"))
     if first is not None and last is not None and first > 0 and last > DIVERGENCE_RATIO * first:
         return f"loss {_text(first)} → {_text(last)}, over {DIVERGENCE_RATIO:g}× the first"
     return None
@@ -70,10 +62,10 @@ def diverged(cell: Mapping[Any, Any]) -> str | None:
 def quality_text(cell: Mapping[Any, Any]) -> str:
     """The cell's quality column: eval figures or the loss first → last, the slope, a flag."""
     parts: list[str] = []
-    perplexity = _number(cell.get("perplexity"))
-    eval_loss = _number(cell.get("eval_loss"))
-    accuracy = _number(cell.get("eval_accuracy"))
-    first, last = _number(cell.get("loss_first")), _number(cell.get("loss_last"))
+    perplexity = number(cell.get("perplexity"))
+    eval_loss = number(cell.get("eval_loss"))
+    accuracy = number(cell.get("eval_accuracy"))
+    first, last = number(cell.get("loss_first")), number(cell.get("loss_last"))
     if perplexity is not None:
         parts.append(f"ppl {_text(perplexity)}")
     elif eval_loss is not None:
@@ -83,7 +75,7 @@ def quality_text(cell: Mapping[Any, Any]) -> str:
         parts.append(text)
     elif first is not None and last is not None:
         parts.append(f"loss {_text(first)} → {_text(last)}")
-    slope = _number(cell.get("loss_slope_per_step"))
+    slope = number(cell.get("loss_slope_per_step"))
     if slope is not None:
         parts.append(f"{slope:+.3g}/step")
     reason = diverged(cell)

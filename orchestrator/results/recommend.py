@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.results.columns import number
 from orchestrator.contract.outcome import PRUNED_PREFIX
 from orchestrator.results import equivalence
 from orchestrator.results.mdtable import md_table
@@ -38,14 +39,6 @@ SINGLE_RUN_NOISE = 0.05
 TPS = "tokens_per_second_global"
 
 
-def _number(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(number) else number
 
 
 def candidates(cells: pd.DataFrame) -> pd.DataFrame:
@@ -62,7 +55,7 @@ def candidates(cells: pd.DataFrame) -> pd.DataFrame:
 
 def device_hours_per_1m(cell: Mapping[Any, Any]) -> float | None:
     """Device-hours (GPU-hours; on the CPU, process-hours) per 1M tokens."""
-    tps, gpus = _number(cell.get(TPS)), _number(cell.get("num_gpus"))
+    tps, gpus = number(cell.get(TPS)), number(cell.get("num_gpus"))
     if tps is None or gpus is None or tps <= 0:
         return None
     return gpus * 1e6 / tps / 3600
@@ -85,31 +78,31 @@ def label(cell: Mapping[Any, Any]) -> str:
 
 
 def _int(value: Any) -> str:
-    number = _number(value)
+    number = number(value)
     return "–" if number is None else f"{number:g}"
 
 
 def _repeats(cell: Mapping[Any, Any]) -> int:
-    number = _number(cell.get("repeats_ok"))
+    number = number(cell.get("repeats_ok"))
     return int(number) if number is not None else 1
 
 
 def how_sure(best: Mapping[Any, Any], runner_up: Mapping[Any, Any] | None) -> tuple[str, str]:
     """The fastest cell's repeats and CV, and what can be said of the runner-up."""
     n = _repeats(best)
-    cv = _number(best.get(f"{TPS}_cv"))
+    cv = number(best.get(f"{TPS}_cv"))
     sure = f"{n} repeat{'s' if n != 1 else ''}" + (
         f", CV {100 * cv:.1f}%" if cv is not None else ""
     )
     if runner_up is None:
         return sure, "no other cell finished ok"
-    fast, slow = _number(best.get(TPS)), _number(runner_up.get(TPS))
+    fast, slow = number(best.get(TPS)), number(runner_up.get(TPS))
     assert fast is not None and slow is not None
     gap = fast / slow - 1
     name = f"`{runner_up.get('cell_id')}` ({label(runner_up)})"
     m = _repeats(runner_up)
     if n >= 2 and m >= 2:
-        lo, hi = _number(best.get(f"{TPS}_min")), _number(runner_up.get(f"{TPS}_max"))
+        lo, hi = number(best.get(f"{TPS}_min")), number(runner_up.get(f"{TPS}_max"))
         if lo is not None and hi is not None and lo > hi:
             return sure, (
                 f"the next, {name}, is {100 * gap:.1f}% slower: separable (every one of "
@@ -196,7 +189,7 @@ def markdown(cells: pd.DataFrame) -> list[str]:
         cheap = min(per_model_best, key=lambda c: device_hours_per_1m(c) or math.inf)
         hours = device_hours_per_1m(cheap)
         if hours is not None:
-            price = _number(cheap.get("cost_per_1m_tokens_usd")) if priced else None
+            price = number(cheap.get("cost_per_1m_tokens_usd")) if priced else None
             cheapest.append(
                 f"- cheapest per 1M tokens for {model}: `{cheap.get('cell_id')}` "
                 f"({label(cheap)}) on {_int(cheap.get('num_gpus'))} {_workers(cheap)}: {hours:.4g} "
@@ -220,17 +213,17 @@ def _workers(cell: Mapping[Any, Any]) -> str:
 
 
 def _gap(cell: Mapping[Any, Any]) -> str:
-    gap = _number(cell.get("loss_gap_pct"))
+    gap = number(cell.get("loss_gap_pct"))
     return "gap unknown" if gap is None else f"loss gap {gap:.1f}%"
 
 
 def _fmt_tps(cell: Mapping[Any, Any]) -> str:
-    value = _number(cell.get(TPS))
+    value = number(cell.get(TPS))
     return "–" if value is None else f"{value:,.0f}"
 
 
 def _usd(value: Any) -> str:
-    number = _number(value)
+    number = number(value)
     if number is None:
         return "–"
     return f"${number:,.4f}" if number < 1 else f"${number:,.2f}"

@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import memcgroup
 import pytest
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 LIMIT_BYTES = 1190 * 2**20
 
 DEFAULTS = "max_steps: 20\nlogging_steps: 1\nreport_to: none\nsave_strategy: 'no'\n"
@@ -47,28 +45,10 @@ scenarios:
 
 
 @pytest.fixture(scope="module")
-def memory_cgroup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def memory_cgroup() -> Iterator[Path]:
     """A cgroup v1 memory cgroup, removed afterwards with whatever ran in it."""
-    if os.geteuid() != 0 or not (CGROUP_V1 / "cgroup.procs").exists():
-        pytest.skip("needs root and the cgroup v1 memory controller at /sys/fs/cgroup/memory")
-    folder = CGROUP_V1 / f"tunematrix-fit-test-{os.getpid()}"
-    try:
-        folder.mkdir()
-        (folder / "memory.limit_in_bytes").write_text(str(LIMIT_BYTES))
-    except OSError as exc:
-        pytest.skip(f"cannot create a memory cgroup: {exc}")
-    try:
+    with memcgroup.memory_cgroup("fit-test", LIMIT_BYTES) as folder:
         yield folder
-    finally:
-        for line in (folder / "cgroup.procs").read_text().split():
-            try:
-                os.kill(int(line), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
-        while (folder / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        folder.rmdir()
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +59,6 @@ def fitted(
     folder = tmp_path_factory.mktemp("fit")
     (folder / "defaults.yaml").write_text(DEFAULTS)
     (folder / "scenarios.yaml").write_text(SCENARIOS)
-
-    def enter() -> None:
-        (memory_cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
     args = ("--scenarios", "scenarios.yaml", "--results", "res", "--probe-steps", "2")
     done = subprocess.run(
@@ -96,7 +73,7 @@ def fitted(
         capture_output=True,
         text=True,
         timeout=300,
-        preexec_fn=enter,
+        preexec_fn=memcgroup.joining(memory_cgroup),
     )
     return done, folder / "res"
 

@@ -16,13 +16,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import memcgroup
 import psutil
 import pytest
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
 DEFAULTS = "max_steps: 4\nlogging_steps: 1\nreport_to: none\nsave_strategy: 'no'\n"
 
@@ -47,33 +47,12 @@ def scenarios(model: str, num_gpus: int, extra: str = "") -> str:
 @pytest.fixture
 def memory_cgroup(tmp_path: Path) -> Iterator[Path]:
     """A cgroup v1 memory cgroup of 2.5 GiB, removed afterwards with whatever ran in it."""
-    if os.geteuid() != 0 or not (CGROUP_V1 / "cgroup.procs").exists():
-        pytest.skip("needs root and the cgroup v1 memory controller at /sys/fs/cgroup/memory")
-    folder = CGROUP_V1 / f"tunematrix-test-{os.getpid()}-{tmp_path.name}"
-    try:
-        folder.mkdir()
-        (folder / "memory.limit_in_bytes").write_text(str(2560 * 1024 * 1024))
-    except OSError as exc:
-        pytest.skip(f"cannot create a memory cgroup: {exc}")
-    try:
+    with memcgroup.memory_cgroup(f"test-{tmp_path.name}", 2560 * 1024 * 1024) as folder:
         yield folder
-    finally:
-        for line in (folder / "cgroup.procs").read_text().split():
-            try:
-                os.kill(int(line), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
-        while (folder / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        folder.rmdir()
 
 
 def start_in_cgroup(folder: Path, cwd: Path, *args: str) -> subprocess.Popen[str]:
     """``tunematrix run`` started inside the cgroup: the orchestrator, launcher and ranks all in it."""
-
-    def enter() -> None:
-        (folder / "cgroup.procs").write_text(str(os.getpid()))
 
     return subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "run", "--no-report", *args],
@@ -82,7 +61,7 @@ def start_in_cgroup(folder: Path, cwd: Path, *args: str) -> subprocess.Popen[str
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=enter,
+        preexec_fn=memcgroup.joining(folder),
     )
 
 
@@ -90,10 +69,6 @@ def only_row(results: Path) -> dict[str, str]:
     with (results / "raw_summary.csv").open() as f:
         (row,) = list(csv.DictReader(f))
     return row
-
-
-def left_in(folder: Path) -> list[int]:
-    return [int(p) for p in (folder / "cgroup.procs").read_text().split()]
 
 
 @pytest.mark.parametrize("num_gpus", [1, 2])
@@ -112,7 +87,7 @@ def test_a_rank_killed_by_the_kernel_oom_killer_is_oom(tmp_path, memory_cgroup, 
     assert row["status"] == "oom", row["error"]
     assert row["error"].startswith("host memory: "), row["error"]
     assert "killed by the kernel's out-of-memory killer" in row["error"]
-    assert left_in(memory_cgroup) == []
+    assert memcgroup.left_in(memory_cgroup) == []
 
 
 def test_a_rank_killed_by_hand_is_failed_not_oom(tmp_path, memory_cgroup) -> None:
@@ -131,7 +106,7 @@ def test_a_rank_killed_by_hand_is_failed_not_oom(tmp_path, memory_cgroup) -> Non
         time.sleep(0.5)
         ranks = [
             p
-            for p in map(psutil.Process, left_in(memory_cgroup))
+            for p in map(psutil.Process, memcgroup.left_in(memory_cgroup))
             if p.is_running()
             and "trainer_entry" in p.cmdline()
             and "accelerate" not in p.cmdline()[1]
@@ -146,4 +121,4 @@ def test_a_rank_killed_by_hand_is_failed_not_oom(tmp_path, memory_cgroup) -> Non
     row = only_row(tmp_path / "res")
     assert row["status"] == "failed", row["error"]
     assert "was killed by SIGKILL, not by the out-of-memory killer" in row["error"]
-    assert left_in(memory_cgroup) == []
+    assert memcgroup.left_in(memory_cgroup) == []

@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import csv
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import memcgroup
 import pytest
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 LIMIT_BYTES = 2048 * 1024 * 1024
 
 DEFAULTS = "max_steps: 4\nlogging_steps: 1\nreport_to: none\nsave_strategy: 'no'\nseed: 42\n"
@@ -66,25 +64,13 @@ def _table(path: Path) -> list[dict[str, str]]:
 @pytest.fixture(scope="module")
 def pruned_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     """The run's results folder and its stdout; the cgroup removed afterwards."""
-    if os.geteuid() != 0 or not (CGROUP_V1 / "cgroup.procs").exists():
-        pytest.skip("needs root and the cgroup v1 memory controller at /sys/fs/cgroup/memory")
     work = tmp_path_factory.mktemp("prune")
-    folder = CGROUP_V1 / f"tunematrix-prune-{os.getpid()}-{work.name}"
-    try:
-        folder.mkdir()
-        (folder / "memory.limit_in_bytes").write_text(str(LIMIT_BYTES))
-    except OSError as exc:
-        pytest.skip(f"cannot create a memory cgroup: {exc}")
-    try:
+    with memcgroup.memory_cgroup("prune-test", LIMIT_BYTES) as folder:
         # enough packed 1024-token sequences for a batch of 128: the shipped records ×20
         shipped = (REPO / "trainer_entry" / "assets" / "instructions.jsonl").read_text()
         (work / "long.jsonl").write_text(shipped * 20)
         (work / "defaults.yaml").write_text(DEFAULTS)
         (work / "scenarios.yaml").write_text(_scenarios(work / "long.jsonl"))
-
-        def enter() -> None:
-            (folder / "cgroup.procs").write_text(str(os.getpid()))
-
         proc = subprocess.run(
             [
                 sys.executable,
@@ -101,21 +87,12 @@ def pruned_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
             },
             capture_output=True,
             text=True,
-            preexec_fn=enter,
+            preexec_fn=memcgroup.joining(folder),
             timeout=400,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]  # oom and pruned are answers
+        assert memcgroup.left_in(folder) == []
         yield work / "res", proc.stdout
-    finally:
-        for line in (folder / "cgroup.procs").read_text().split():
-            try:
-                os.kill(int(line), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
-        while (folder / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        folder.rmdir()
 
 
 def test_an_oom_prunes_the_larger_cells_of_its_family(pruned_run) -> None:

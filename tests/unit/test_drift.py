@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-import pytest
 
 from orchestrator.contract.outcome import pruned_error
 from orchestrator.results.drift import (
@@ -13,7 +12,6 @@ from orchestrator.results.drift import (
     cell_trends,
     drift_markdown,
     run_drift,
-    t975,
 )
 
 
@@ -30,14 +28,6 @@ def _rows(runs: list[tuple[str, int, float]], status: str = "ok") -> pd.DataFram
             for cell, position, value in runs
         ]
     )
-
-
-def test_student_t_quantiles() -> None:
-    assert t975(1) == 12.706 and t975(30) == 2.042
-    assert t975(31) < t975(30) and abs(t975(31) - 2.040) < 0.001
-    assert abs(t975(120) - 1.980) < 0.001
-    with pytest.raises(ValueError):
-        t975(0)
 
 
 def test_a_cell_whose_speed_rises_with_position() -> None:
