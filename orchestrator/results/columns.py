@@ -124,17 +124,6 @@ def shown_status(rows: pd.DataFrame) -> pd.Series:
     return status.where(~pruned(rows), PRUNED)
 
 
-def number(value: Any) -> float | None:
-    """One table value as a float; None where it is missing, a boolean, no number or NaN."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        found = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(found) else found
-
-
 def numeric(df: pd.DataFrame, column: str) -> pd.Series:
     """``column`` of ``df`` as numbers: NaN where a cell is missing or no number, or
     everywhere when ``df`` has no such column."""

@@ -38,7 +38,8 @@ import pandas as pd
 from orchestrator.contract.argnames import BACKEND_KEY, default_backend
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.result import read_result
-from orchestrator.results.columns import measured, number
+from orchestrator.results.columns import measured
+from orchestrator.results.numbers import number
 from orchestrator.results.mdtable import md_table
 
 #: a variant whose mean loss gap passes this fraction of the baseline's mean loss is different

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from orchestrator.results.columns import number
+from orchestrator.results.numbers import number
 from orchestrator.results import history
 
 Basis = Literal["own", "similar", "none"]

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.results.columns import number
+from orchestrator.results.numbers import number
 from orchestrator.results.aggregate import has_figures
 
 #: the last logged loss above this many times the first is divergence

@@ -28,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.results.columns import number
+from orchestrator.results.numbers import number
 from orchestrator.contract.outcome import PRUNED_PREFIX
 from orchestrator.results import equivalence
 from orchestrator.results.mdtable import md_table
@@ -78,13 +78,13 @@ def label(cell: Mapping[Any, Any]) -> str:
 
 
 def _int(value: Any) -> str:
-    number = number(value)
-    return "–" if number is None else f"{number:g}"
+    found = number(value)
+    return "–" if found is None else f"{found:g}"
 
 
 def _repeats(cell: Mapping[Any, Any]) -> int:
-    number = number(cell.get("repeats_ok"))
-    return int(number) if number is not None else 1
+    found = number(cell.get("repeats_ok"))
+    return int(found) if found is not None else 1
 
 
 def how_sure(best: Mapping[Any, Any], runner_up: Mapping[Any, Any] | None) -> tuple[str, str]:
@@ -223,7 +223,7 @@ def _fmt_tps(cell: Mapping[Any, Any]) -> str:
 
 
 def _usd(value: Any) -> str:
-    number = number(value)
-    if number is None:
+    found = number(value)
+    if found is None:
         return "–"
-    return f"${number:,.4f}" if number < 1 else f"${number:,.2f}"
+    return f"${found:,.4f}" if found < 1 else f"${found:,.2f}"
