@@ -224,6 +224,20 @@ class RunResult:
     exit_code: int
 
 
+def _load_and_plan(
+    scenarios: ConfigSource | None, plan_options: dict[str, Any]
+) -> tuple[BenchConfig, Plan]:
+    """The loaded config and its plan for running: ``plan_options`` are :func:`plan`'s
+    keywords (its file options are taken out of it for :func:`load`)."""
+    config = load(
+        scenarios,
+        defaults=plan_options.pop("defaults", None),
+        frameworks=plan_options.pop("frameworks", ()),
+        accelerate_config=plan_options.pop("accelerate_config", None),
+    )
+    return config, plan(config, preview=False, **plan_options)
+
+
 def run(
     scenarios: ConfigSource | Plan | None = None,
     results: PathLike = "results",
@@ -274,13 +288,7 @@ def run(
             )
         the_plan = scenarios
     else:
-        config = load(
-            scenarios,
-            defaults=plan_options.pop("defaults", None),
-            frameworks=plan_options.pop("frameworks", ()),
-            accelerate_config=plan_options.pop("accelerate_config", None),
-        )
-        the_plan = plan(config, preview=False, **plan_options)
+        config, the_plan = _load_and_plan(scenarios, plan_options)
         usd_per_gpu_hour = usd_per_gpu_hour or config.usd_per_gpu_hour
     chosen = PackedExecutor(slots=slots) if pack else registry.get(executor).default()
     require(the_plan.experiments, chosen.name)
@@ -352,13 +360,7 @@ def fit(
     from orchestrator.running.fit import FitOptions, run_fit
     from orchestrator.running.needs import require
 
-    config = load(
-        scenarios,
-        defaults=plan_options.pop("defaults", None),
-        frameworks=plan_options.pop("frameworks", ()),
-        accelerate_config=plan_options.pop("accelerate_config", None),
-    )
-    the_plan = plan(config, preview=False, **plan_options)
+    config, the_plan = _load_and_plan(scenarios, plan_options)
     chosen = registry.get(executor).default()
     require(the_plan.experiments, chosen.name)
     return run_fit(

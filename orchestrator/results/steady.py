@@ -6,11 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from orchestrator.contract.steady import STOPPED_STEADY
-from orchestrator.results.columns import measured
-
-
-def _number(series: pd.Series) -> pd.Series:
-    return pd.to_numeric(series, errors="coerce")
+from orchestrator.results.columns import measured, numeric
 
 
 def steady_markdown(rows: pd.DataFrame) -> list[str]:
@@ -24,7 +20,7 @@ def steady_markdown(rows: pd.DataFrame) -> list[str]:
     stopped = steady.get("measure_stopped", pd.Series(index=steady.index, dtype=object))
     settled = steady[stopped.astype(str) == STOPPED_STEADY]
     unsettled = steady[stopped.astype(str) != STOPPED_STEADY]
-    steps = _number(settled.get("steps", pd.Series(dtype=float))).dropna()
+    steps = numeric(settled, "steps").dropna()
     text = (
         f"{len(steady)} run(s) measured until steady state (step time ±%: the half-width "
         "of the batch-means 95% interval of the mean step time, in % of it): "
@@ -32,11 +28,7 @@ def steady_markdown(rows: pd.DataFrame) -> list[str]:
         + (f" after a median of {steps.median():g} steps" if len(steps) else "")
     )
     if len(unsettled):
-        ci = (
-            _number(unsettled["step_time_ci_pct"])
-            if "step_time_ci_pct" in unsettled.columns
-            else pd.Series(float("nan"), index=unsettled.index)
-        )
+        ci = numeric(unsettled, "step_time_ci_pct")
         listed = ", ".join(
             f"`{eid}`" + (f" (±{value:.1f}%)" if pd.notna(value) else "")
             for eid, value in zip(unsettled["experiment_id"].astype(str), ci, strict=True)

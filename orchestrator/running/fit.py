@@ -42,6 +42,7 @@ from orchestrator.matrix.search import (
     search_problem,
 )
 from orchestrator.results.fitreport import FamilyFit, FitRecord, ProbeRecord, write_fit
+from orchestrator.results.numbers import number
 from orchestrator.results.rows import build_row, write_raw_summary
 from orchestrator.running.runner import RunReport, preflight, run_plan
 
@@ -209,18 +210,10 @@ def local_capacity(device: str) -> Capacity:
 def peak_memory(row: Mapping[str, Any], device: str) -> tuple[float | None, str | None]:
     """A probe's peak memory from its row, and which figure it is."""
     for column, label in PEAK_COLUMNS.get(device, ()):
-        value = _number(row.get(column))
+        value = number(row.get(column))
         if value is not None and value > 0:
             return value, label
     return None, None
-
-
-def _number(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if number != number else number
 
 
 def judge(
@@ -388,7 +381,7 @@ def run_fit(
                     reason=reason,
                     peak_memory_bytes=peak,
                     peak_memory_source=source,
-                    tokens_per_second=_number(row.get("tokens_per_second_global")),
+                    tokens_per_second=number(row.get("tokens_per_second_global")),
                     wall_s=outcome.wall_s,
                     reused=reused,
                 )
