@@ -154,13 +154,7 @@ def cell_curves(rows: pd.DataFrame, source: Path) -> dict[str, Curve]:
     layout = ResultsLayout(source)
     out: dict[str, Curve] = {}
     for cell, ids in _ok_ids(rows).items():
-        curves = []
-        for eid in ids:
-            result = read_result(layout.run(eid).result) or {}
-            history = result.get("loss_history")
-            if isinstance(history, list) and history:
-                curves.append(history)
-        curve = median_curve(curves)
+        curve = median_curve(_histories(layout, ids))
         if curve:
             out[cell] = curve
     return out
@@ -176,7 +170,8 @@ def _swept(rows: pd.DataFrame, source: Path) -> dict[str, dict[str, Any]]:
         if cell in out:
             continue
         paths = layout.run(eid)
-        for record in (read_result(paths.spec), read_result(paths.result)):
+        for path in (paths.spec, paths.result):  # result.json read only without a spec
+            record = read_result(path)
             if record is not None and isinstance(record.get("swept"), dict):
                 out[cell] = dict(record["swept"])
                 break
