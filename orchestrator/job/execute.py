@@ -37,7 +37,7 @@ from orchestrator.contract.modelnames import TINY_MODEL_NAMES
 from orchestrator.contract.outcome import Outcome, write_outcome
 from orchestrator.contract.result import LAUNCH_ID_ENV, read_result
 from orchestrator.contract.spec import MemoryStages, RunSpec, write_spec
-from orchestrator.job import oomkill, utilisation
+from orchestrator.job import nodes, oomkill, utilisation
 from orchestrator.job.classify import Verdict, classify, root_cause, sigkilled_pids
 from orchestrator.job.command import LaunchSite, accelerate_command, job_env, launch_argv
 from orchestrator.job.sidecar import parse_ready, read_samples, summarize
@@ -451,7 +451,10 @@ def launch_and_wait(
 
 def classify_run(run: RunPaths, launch: Launch, ran: Ran) -> Verdict:
     """Step 4: the status from the evidence (result.json, exit code, stderr, the kernel)."""
-    result = read_result(run.result) if launch.primary else {"status": "ok"}
+    # another node writes no result: its launcher's exit and stderr tell its story
+    result = read_result(run.result) if launch.primary else None
+    if not launch.primary and ran.returncode == 0:
+        result = {"status": "ok"}
     stderr_tail = _tail(launch.files.stderr)
     host_oom = _host_oom(ran.oom_watch, ran.returncode, stderr_tail, launch.files.memory, ran.proc)
     return classify(
@@ -480,7 +483,8 @@ def build_outcome(
     outcome = Outcome(
         status=verdict.status,
         error=verdict.error,
-        log=layout.relative(run.stderr),
+        # this node's log (node 0's: the run's stderr.log)
+        log=layout.relative(launch.files.stderr),
         returncode=ran.returncode,
         wall_s=ran.wall_s,
         job_s=ran.job_s,
@@ -531,6 +535,9 @@ def run_experiment(
     outcome = build_outcome(run, layout, options, placement, launch, ran, verdict, attempt)
     if launch.primary:
         write_outcome(run, outcome)
+    else:
+        # the executor merges it into the run's outcome when it collects the job
+        nodes.write_node_outcome(run, placement.site.machine_rank, outcome)
     return outcome
 
 

@@ -1,7 +1,9 @@
 """The SLURM executor: every experiment a SLURM job, submitted through submitit.
 
 ``settings`` (the scenarios file's ``slurm:`` section and the flags),
-``cluster`` (the checks before submitting), ``submit`` (submission, waiting,
+``cluster`` (the checks before submitting, the job's shape: nodes, GPUs and
+CPUs), ``visible`` (a job on the cluster sees the results folder, checked
+before submitting), ``submit`` (submission, waiting,
 cancelling), ``task`` (what runs inside the job: the same ``run_experiment``
 as on this machine), ``jobs`` (job states; SLURM's endings mapped to our
 statuses; ``settle`` for ``--no-wait`` runs) and ``doctor`` (what

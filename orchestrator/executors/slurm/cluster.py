@@ -16,6 +16,7 @@ from orchestrator.contract.errors import UserError
 from orchestrator.executors.base import Preflight
 from orchestrator.executors.slurm.settings import SlurmSettings, parse_time
 from orchestrator.matrix.experiment import Experiment
+from orchestrator.matrix.frameworks import cpu_launch_flag
 
 
 def _run(argv: Sequence[str]) -> str:
@@ -64,10 +65,28 @@ def nodes(partition: str | None) -> list[NodeInfo]:
     return list(seen.values())
 
 
+def cpu_nodes(processes: int, cpus_per_node: int | None) -> int:
+    """How many nodes a CPU experiment spans: one where its processes fit a node's CPUs,
+    else the fewest nodes (at least processes / CPUs per node) that split them evenly."""
+    if not cpus_per_node or processes <= cpus_per_node:
+        return 1
+    count = math.ceil(processes / cpus_per_node)
+    while processes % count:
+        count += 1
+    return count
+
+
 def shape(
-    experiment: Experiment, settings: SlurmSettings, gpus_per_node: int
+    experiment: Experiment,
+    settings: SlurmSettings,
+    gpus_per_node: int,
+    cpus_per_node: int | None = None,
 ) -> tuple[int, int | None, int]:
-    """(nodes, GPUs per node, CPUs per task) of an experiment's job."""
+    """(nodes, GPUs per node, CPUs per task) of an experiment's job.
+
+    A CPU experiment whose processes exceed ``cpus_per_node`` (the largest
+    node's CPUs) spans nodes: one task per node, the processes split evenly.
+    """
     if experiment.device == "gpu":
         per_node = settings.gpus_per_node or gpus_per_node or experiment.num_gpus
         per_node = min(per_node, experiment.num_gpus)
@@ -77,7 +96,8 @@ def shape(
         count = math.ceil(experiment.num_gpus / per_node)
         cpus = settings.cpus_per_task or max(1, 4 * per_node)
         return count, per_node, cpus
-    return 1, None, settings.cpus_per_task or experiment.processes
+    count = cpu_nodes(experiment.processes, cpus_per_node)
+    return count, None, settings.cpus_per_task or experiment.processes // count
 
 
 def require_slurm() -> None:
@@ -99,6 +119,8 @@ class ClusterInfo:
     most_gpus: int
     #: the partition's MaxTime in minutes (None: unlimited)
     max_time_min: int | None
+    #: the most CPUs one node has (None: not known; a CPU experiment stays on one node)
+    most_cpus: int | None = None
 
 
 def _partitions() -> dict[str, int | None]:
@@ -156,7 +178,7 @@ def check_cluster(preflight: Preflight, settings: SlurmSettings) -> ClusterInfo:
     most_cpus = max(n.cpus for n in available)
     where = f"partition {partition}" if partition else "the cluster"
     for e in preflight.experiments:
-        count, per_node, cpus = shape(e, settings, most_gpus)
+        count, per_node, cpus = shape(e, settings, most_gpus, most_cpus)
         if e.device == "gpu":
             if e.num_gpus > total_gpus:
                 raise UserError(
@@ -171,6 +193,21 @@ def check_cluster(preflight: Preflight, settings: SlurmSettings) -> ClusterInfo:
                 raise UserError(
                     f"{e.experiment_id} needs {count} nodes; {where} has {len(available)}"
                 )
+        if e.device == "cpu" and count > 1:
+            per = e.processes // count
+            fitting = sum(1 for n in available if n.cpus >= per)
+            if count > fitting:
+                raise UserError(
+                    f"{e.experiment_id}: {e.processes} CPU processes do not fit one node of "
+                    f"{where} (at most {most_cpus} CPUs) and need {count} nodes of {per} "
+                    f"CPUs to split evenly; {where} has {fitting}"
+                )
+            if cpu_launch_flag(e.accelerate, single=False) is None:
+                raise UserError(
+                    f"{e.experiment_id}: {e.processes} CPU processes need {count} nodes, and "
+                    "its framework's own launcher (DeepSpeed) runs on one node on the CPU; "
+                    "use fewer processes or a DDP framework"
+                )
         if cpus > most_cpus:
             raise UserError(
                 f"{e.experiment_id} needs {cpus} CPUs per task; nodes of {where} have at most {most_cpus}"
@@ -183,4 +220,4 @@ def check_cluster(preflight: Preflight, settings: SlurmSettings) -> ClusterInfo:
                 f"{expected / 60:.1f} min ({e.experiment_id} took that long before in "
                 f"{preflight.layout.root}); raise --slurm-time"
             )
-    return ClusterInfo(most_gpus=most_gpus, max_time_min=max_time)
+    return ClusterInfo(most_gpus=most_gpus, max_time_min=max_time, most_cpus=most_cpus)

@@ -18,6 +18,7 @@ from orchestrator.contract.layout import ResultsLayout, RunPaths, write_atomic
 from orchestrator.contract.outcome import Outcome, Status, read_outcome, write_outcome
 from orchestrator.contract.result import read_result
 from orchestrator.executors.slurm.settings import NAME
+from orchestrator.job import nodes
 
 ACTIVE_STATES = {
     "PENDING",
@@ -123,6 +124,10 @@ def job_log(layout: ResultsLayout, job_id: str) -> str:
 def final_outcome(run: RunPaths, layout: ResultsLayout, job_id: str, state: str | None) -> Outcome:
     """The outcome of a finished job: the task's own, unless SLURM's ending says more."""
     recorded = read_outcome(run)
+    others = nodes.read_node_outcomes(run)
+    if recorded is not None and others:
+        # a multi-node job: the node whose own rank died first explains the run
+        recorded = nodes.merge(recorded, others)
     outcome = recorded.model_copy() if recorded is not None else Outcome(status="failed")
     outcome.executor, outcome.job_id = NAME, job_id
     outcome.log = outcome.log or layout.relative(run.stderr)

@@ -28,6 +28,8 @@ from orchestrator.executors.slurm.jobs import (
 )
 from orchestrator.executors.slurm.settings import NAME, SlurmSettings
 from orchestrator.executors.slurm.task import slurm_task
+from orchestrator.executors.slurm.visible import check_shared
+from orchestrator.job import nodes
 from orchestrator.job.execute import Interrupted, timeout_for, write_experiment_spec
 from orchestrator.matrix.experiment import Experiment
 
@@ -90,6 +92,9 @@ def _submitit_executor(
 
 def run_on_slurm(ctx: RunContext, settings: SlurmSettings, cluster: ClusterInfo) -> None:
     """Submit every experiment of the plan, then wait (or return, with ``--no-wait``)."""
+    if ctx.plan.experiments:
+        # nothing is submitted yet: a folder the nodes cannot see is refused in one line
+        check_shared(ctx.layout.root, settings, ctx.progress.message)
     todo = [
         ready
         for experiment in ctx.plan.experiments
@@ -99,7 +104,7 @@ def run_on_slurm(ctx: RunContext, settings: SlurmSettings, cluster: ClusterInfo)
 
     def resources(e: Experiment) -> tuple[JobShape, int]:
         minutes = job_minutes(settings, timeout_for(e, ctx.options), cluster.max_time_min)
-        return shape(e, settings, cluster.most_gpus), minutes
+        return shape(e, settings, cluster.most_gpus, cluster.most_cpus), minutes
 
     submitted: list[Submitted] = []
     try:
@@ -140,6 +145,7 @@ def _submit_group(
     ex = _submitit_executor(ctx.layout, settings, e0, job_shape, minutes)
     for ready in items:
         ready.run.dir.mkdir(parents=True, exist_ok=True)
+        nodes.clear_node_outcomes(ready.run)
         # every node of a multi-node job reads it; none must wait for another
         write_experiment_spec(ready.experiment, ready.run, ctx.layout, ctx.options)
     try:

@@ -1,11 +1,15 @@
 """Inside the job: what each node of a SLURM allocation runs (submitit calls ``slurm_task``).
 
-A job that needs more GPUs than a node has spans nodes: one task per node,
-each running ``accelerate launch`` with ``--num_machines``, its
-``--machine_rank`` (``SLURM_NODEID``) and the first host of the allocation as
+A job that needs more GPUs than a node has (or, on the CPU, more processes
+than a node has CPUs) spans nodes: one task per node, each running
+``accelerate launch`` with ``--num_machines``, its ``--machine_rank``
+(``SLURM_NODEID``) and the first host of the allocation as
 ``--main_process_ip``. The experiment itself runs through the same
 ``run_experiment`` as on this machine (process group, sidecar, time limit,
-outcome.json), so results land in the same folder layout.
+outcome.json), so results land in the same folder layout. Node 0 writes the
+run's files; node ``k`` its own logs (``stderr.node<k>.log``) and verdict
+(``outcome.node<k>.json``), merged into the run's outcome when the job is
+collected (``orchestrator.job.nodes``).
 """
 
 from __future__ import annotations
