@@ -35,9 +35,10 @@
 #   EFFECTIVE_BS_MATRIX="4 8" effective batch sizes (default: the scenarios file's)
 #   DEVICE=auto|gpu|cpu       plan for GPUs or the CPU (default: auto)
 #   FRAMEWORKS=FILE           as --frameworks FILE
-#   EXECUTOR=local|packed|slurm  run here one job at a time (default), packed on this
-#                             node's GPUs (as --pack), or submit each
+#   EXECUTOR=local|packed|slurm|ray  run here one job at a time (default), packed
+#                             on this node's GPUs (as --pack), or submit each
 #                             experiment as a SLURM job (options: the file's slurm:)
+#                             or a Ray task (the file's ray:; RAY_ADDRESS)
 #   PYTHON                    the interpreter to use (default: python3)
 #
 # examples:
@@ -141,8 +142,8 @@ export PYTHONPATH="$SCRIPT_DIR${PYTHONPATH:+:$PYTHONPATH}"
 PYTHON=${PYTHON:-python3}
 
 case "${EXECUTOR:-local}" in
-    local | packed | slurm) ;;
-    *) die "EXECUTOR must be local, packed or slurm, got '${EXECUTOR}'" ;;
+    local | packed | slurm | ray) ;;
+    *) die "EXECUTOR must be local, packed, slurm or ray, got '${EXECUTOR}'" ;;
 esac
 
 if flag DRY_RUN; then

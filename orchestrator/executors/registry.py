@@ -14,6 +14,7 @@ from orchestrator.contract.layout import ResultsLayout
 from orchestrator.executors.base import Executor, ExecutorSection, Settled
 from orchestrator.executors.local import LocalExecutor
 from orchestrator.executors.packed import PackedExecutor
+from orchestrator.executors.raycluster import RayExecutor
 from orchestrator.executors.slurm import SlurmExecutor
 
 #: name -> executor class, in the order ``--executor`` lists them
@@ -33,6 +34,7 @@ def register(cls: type[Executor]) -> type[Executor]:
 register(LocalExecutor)
 register(PackedExecutor)
 register(SlurmExecutor)
+register(RayExecutor)
 
 
 def get(name: str) -> type[Executor]:

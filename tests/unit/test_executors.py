@@ -19,6 +19,7 @@ from orchestrator.executors import registry
 from orchestrator.executors.base import Executor, ExecutorSection, Flags, RunContext
 from orchestrator.executors.local import LocalExecutor
 from orchestrator.executors.packed import PackedExecutor
+from orchestrator.executors.raycluster import RayModel
 from orchestrator.executors.slurm import SlurmExecutor, SlurmModel
 from orchestrator.job.execute import RunOptions
 from orchestrator.running.progress import Progress
@@ -53,7 +54,7 @@ def test_flags_where_they_mean_nothing(argv: list[str], message: str) -> None:
 
 
 def test_every_section_is_a_key_of_the_scenarios_file(load) -> None:
-    assert registry.sections() == {"slurm": SlurmModel}
+    assert registry.sections() == {"slurm": SlurmModel, "ray": RayModel}
     config = load(
         "slurm: {partition: gpu}\n"
         "scenarios:\n  - name: a\n    arguments: {model_name_or_path: tiny-llama}\n"

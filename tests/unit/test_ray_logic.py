@@ -1,0 +1,154 @@
+"""The Ray executor's pure logic: settings, what a task asks for, what no node can hold,
+Ray's endings -> statuses, doctor's line.
+
+The real cluster path (placement on two nodes, faults, Ctrl-C, the shared-folder
+check, refusals) is in tests/e2e/test_ray.py; here only what needs no cluster.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.cli.app import build_parser
+from orchestrator.contract.errors import UserError
+from orchestrator.executors import registry
+from orchestrator.executors.raycluster import (
+    NodeInfo,
+    RayExecutor,
+    RayModel,
+    RaySettings,
+    failure_status,
+    requests,
+    settings_from,
+    unfit,
+)
+from orchestrator.executors.raycluster.doctor import RayFacts, readiness
+from orchestrator.executors.raycluster.settings import parse_resource
+
+GPU_SCENARIO = """\
+scenarios:
+  - name: big
+    num_gpus: [8]
+    arguments:
+      model_name_or_path: tiny-llama
+"""
+
+CPU_SCENARIO = """\
+scenarios:
+  - name: small
+    device: cpu
+    num_gpus: [4]
+    arguments:
+      model_name_or_path: tiny-llama
+"""
+
+
+def args(*argv: str):
+    return build_parser().parse_args(["run", *argv])
+
+
+def test_registered_under_ray_and_not_shadowing_the_package() -> None:
+    assert registry.get("ray") is RayExecutor
+    assert "ray" in registry.sections()
+    # the package is orchestrator.executors.raycluster: `import ray` is Ray's
+    assert RayExecutor.__module__ == "orchestrator.executors.raycluster"
+    assert [n.module for n in RayExecutor.needs] == ["ray"]
+    assert "pip install 'tunematrix[ray]'" in RayExecutor.needs[0].install
+
+
+def test_the_address_is_the_flag_then_the_file_then_ray_address_then_auto(monkeypatch) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert settings_from(args(), None).address == "auto"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert settings_from(args(), None).address == "10.0.0.1:6379"
+    file = RayModel.model_validate({"address": "head:6379", "cpus_per_gpu": 8})
+    assert settings_from(args(), file) == RaySettings(address="head:6379", cpus_per_gpu=8)
+    flags = args("--ray-address", "ray://head:10001", "--ray-cpus-per-gpu", "2")
+    assert settings_from(flags, file) == RaySettings(address="ray://head:10001", cpus_per_gpu=2)
+
+
+def test_resources_from_the_file_and_the_flags() -> None:
+    file = RayModel.model_validate({"resources": {"big_memory": 1.0, "a": 2.0}})
+    got = settings_from(args("--ray-resource", "a=0.5", "--ray-resource", "x:y=1"), file)
+    assert dict(got.resources) == {"big_memory": 1.0, "a": 0.5, "x:y": 1.0}
+    assert parse_resource("accelerator_type:A100=0.001") == ("accelerator_type:A100", 0.001)
+    for bad in ("a", "a=", "=1", "a=-1", "a=x"):
+        with pytest.raises(UserError, match="NAME=AMOUNT"):
+            parse_resource(bad)
+    with pytest.raises(ValueError):
+        RayModel.model_validate({"adress": "x"})
+
+
+def test_ray_flags_are_refused_with_another_executor() -> None:
+    with pytest.raises(UserError, match="only with --executor ray"):
+        RayExecutor.check_flags(args(), registry.get("local"), ["--ray-address"])
+
+
+def test_a_task_asks_for_its_gpus_or_one_cpu_per_process(plan) -> None:
+    (gpu,) = plan(GPU_SCENARIO, num_gpus=[8], effective_batch_size=[8]).experiments
+    assert requests(gpu, RaySettings()) == {"GPU": 8.0, "CPU": 8.0}
+    assert requests(gpu, RaySettings(cpus_per_gpu=4, resources={"a100": 1})) == {
+        "GPU": 8.0,
+        "CPU": 32.0,
+        "a100": 1,
+    }
+    (cpu,) = plan(CPU_SCENARIO, device="cpu", num_gpus=[4], effective_batch_size=[4]).experiments
+    assert requests(cpu, RaySettings()) == {"CPU": 4.0}
+
+
+def node(cpus: float, gpus: float = 0, **more: float) -> NodeInfo:
+    return NodeInfo("n" * 20, "10.0.0.2", "host", {"CPU": cpus, "GPU": gpus, **more})
+
+
+def test_an_experiment_no_single_node_holds_is_refused(plan) -> None:
+    (gpu,) = plan(GPU_SCENARIO, num_gpus=[8], effective_batch_size=[8]).experiments
+    nodes = [node(64, 4), node(64, 4)]
+    why = unfit(gpu, requests(gpu, RaySettings()), nodes, "the Ray cluster at auto")
+    # 8 GPUs in all, but Ray runs an experiment on one node
+    assert why is not None and "needs 8 GPUs on one node; the largest node" in why
+    assert "has 4 (2 node(s))" in why
+    assert unfit(gpu, requests(gpu, RaySettings()), [node(64, 8)], "c") is None
+    why = unfit(gpu, requests(gpu, RaySettings(cpus_per_gpu=16)), [node(64, 8)], "c")
+    assert why is not None and "needs 128 CPUs (16 per GPU: --ray-cpus-per-gpu)" in why
+    why = unfit(gpu, requests(gpu, RaySettings(resources={"a100": 1})), [node(64, 8)], "c")
+    assert why is not None and "Ray resource a100=1; no node of c" in why
+    # each resource on some node, but never all on one
+    both = [node(64, 8), node(64, 0, a100=1)]
+    why = unfit(gpu, requests(gpu, RaySettings(resources={"a100": 1})), both, "c")
+    assert why is not None and "no node of c has all of it at once" in why
+
+
+def test_ray_endings_map_to_our_statuses() -> None:
+    from ray import exceptions as rex
+
+    oom = rex.OutOfMemoryError("Task was killed due to the node running low on memory.")
+    assert failure_status(oom, True)[0] == "oom"
+    assert failure_status(rex.TaskCancelledError(), True)[0] == "interrupted"
+    assert failure_status(rex.WorkerCrashedError(), True) == (
+        "failed",
+        "the Ray worker running it died",
+    )
+    # the worker's node is gone: that, not the worker, is what the user needs to hear
+    assert failure_status(rex.WorkerCrashedError(), False) == (
+        "failed",
+        "the node died while running it",
+    )
+    assert failure_status(RuntimeError("boom"), None) == ("failed", "the Ray task raised")
+
+
+def facts(**change: object) -> RayFacts:
+    base = dict(
+        installed=True, command="/bin/ray", address="auto", target="10.0.0.1:6379", error=None
+    )
+    return RayFacts(**{**base, **change})  # type: ignore[arg-type]
+
+
+def test_doctor_line() -> None:
+    assert readiness(facts()).state == "ok"
+    assert "answers at auto -> 10.0.0.1:6379" in readiness(facts()).detail
+    down = readiness(facts(error="Connection refused"))
+    assert down.state == "warn" and "does not answer: Connection refused" in down.detail
+    none = readiness(facts(target=None, error="no cluster started here (ray start --head)"))
+    assert none.state == "info" and none.lacks == ("a Ray cluster",)
+    missing = readiness(facts(installed=False, target=None))
+    assert missing.state == "info" and "ray not installed" in missing.detail
