@@ -24,7 +24,7 @@ import pytest
 from hiding import pythonpath_hiding
 from raycluster import RayCluster, free_ports, processes_mentioning, start_cluster
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 REPO = Path(__file__).resolve().parents[2]
 #: the files every run folder has after an ok run here, whichever executor ran it
@@ -197,6 +197,8 @@ def test_two_experiments_land_on_different_nodes(tmp_path, cluster) -> None:
         assert int(row["tokens_total"]) == 2 * 4 * 64  # 2 steps of 4 x 64 tokens
     # 2 CPUs each, on nodes of 2 CPUs: Ray had to put them on different nodes
     assert len({r["node_id"] for r in records.values()}) == 2, records
+    # each alone on its node, and the rows say so
+    assert {r["run_mode"] for r in table} == {"alone"}, table
     no_orphans(results)
 
 

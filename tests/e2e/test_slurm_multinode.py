@@ -28,7 +28,7 @@ import memcgroup
 import pytest
 import slurmcluster
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3

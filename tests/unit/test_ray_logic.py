@@ -152,3 +152,22 @@ def test_doctor_line() -> None:
     assert none.state == "info" and none.lacks == ("a Ray cluster",)
     missing = readiness(facts(installed=False, target=None))
     assert missing.state == "info" and "ray not installed" in missing.detail
+
+
+def test_tasks_that_shared_a_node_in_time_are_packed_with_each_other() -> None:
+    from orchestrator.executors.raycluster.submit import beside
+
+    spans = {
+        "a": ("n1", 10.0, 50.0),
+        "b": ("n1", 40.0, None),  # still running, started before a ended
+        "c": ("n1", 50.0, 60.0),  # started as a ended: not beside a
+        "d": ("n2", 0.0, 100.0),  # another node
+        "e": (None, None, None),  # never started
+        "f": ("n1", 0.0, 10.0),  # ended as a started
+    }
+    assert beside("a", spans) == ["b"]
+    assert beside("b", spans) == ["a", "c"]
+    assert beside("c", spans) == ["b"]
+    assert beside("d", spans) == []
+    assert beside("e", spans) == []
+    assert beside("f", spans) == []

@@ -74,6 +74,8 @@ class RayExecutor(Executor):
     )
     section = RayModel
     needs = (Need("ray", "--executor ray", INSTALL),)
+    #: Ray packs tasks onto a node where their resources fit; each row says how its job ran
+    mode = "scheduled by Ray (run_mode per row: alone or packed)"
 
     def __init__(self, settings: RaySettings | None = None) -> None:
         self.settings = settings or RaySettings()

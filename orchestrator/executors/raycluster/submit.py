@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,10 +177,56 @@ def run_on_ray(ctx: RunContext, settings: RaySettings) -> None:
         raise Interrupted("stopped") from None
 
 
+#: an experiment's task: (node id, started, ended); None where not known (yet)
+Span = tuple[str | None, float | None, float | None]
+
+
+def beside(eid: str, spans: Mapping[str, Span]) -> list[str]:
+    """The experiments whose tasks ran on ``eid``'s node while ``eid``'s did (pure).
+
+    A task still running has no end; one that never started has no node.
+    """
+    node, start, end = spans[eid]
+    if node is None or start is None:
+        return []
+    return sorted(
+        other
+        for other, (o_node, o_start, o_end) in spans.items()
+        if other != eid
+        and o_node == node
+        and o_start is not None
+        and (end is None or o_start < end)
+        and (o_end is None or o_end > start)
+    )
+
+
+def _spans(submitted: list[Submitted], ended: Mapping[str, float]) -> dict[str, Span]:
+    spans: dict[str, Span] = {}
+    for s in submitted:
+        record = read_record(s.run)
+        started = record.get("started_at")
+        spans[s.eid] = (
+            record.get("node_id"),
+            float(started) if isinstance(started, (int, float)) else None,
+            ended.get(s.eid),
+        )
+    return spans
+
+
+def _mark_packed(s: Submitted, outcome: Outcome, partners: list[str]) -> None:
+    """A task that shared its node with others ran packed: say so in its outcome, as
+    ``--pack`` does, so its figures never pass for an exclusive run's."""
+    if partners:
+        outcome.run_mode, outcome.packed_with = "packed", partners
+        write_outcome(s.run, outcome)
+
+
 def _wait(ctx: RunContext, submitted: list[Submitted]) -> None:
     import ray
 
     left = {s.ref: s for s in submitted}
+    #: when each task was seen to end (within POLL_S of its end)
+    ended: dict[str, float] = {}
     for s in submitted:
         # the child's progress file is in the run folder, on the shared filesystem
         ctx.progress.begin(s.eid, s.run.progress)
@@ -192,9 +239,14 @@ def _wait(ctx: RunContext, submitted: list[Submitted]) -> None:
             if ctx.stopping:
                 raise Interrupted("stopped") from None
             raise
+        now = time.time()
+        for ref in done:
+            ended[left[ref].eid] = now
         for ref in done:
             s = left.pop(ref)
-            ctx.record(s.eid, final_outcome(s, ctx.layout, _raised(ref)))
+            outcome = final_outcome(s, ctx.layout, _raised(ref))
+            _mark_packed(s, outcome, beside(s.eid, _spans(submitted, ended)))
+            ctx.record(s.eid, outcome)
             if ctx.stop_after_failure(s.eid):
                 cancel(ctx, list(left.values()))
                 return
