@@ -37,6 +37,7 @@ class Cluster:
         }
 
     def stop(self) -> None:
+        cancel_every_job({**os.environ, **self.env})
         for name in ("slurmd", "slurmctld", "munged"):
             pid = self.pids.get(name)
             if not pid:
@@ -51,6 +52,33 @@ class Cluster:
                 except ProcessLookupError:
                     break
                 time.sleep(0.1)
+
+
+def cancel_every_job(env: dict[str, str], wait_s: float = 20) -> None:
+    """scancel this user's jobs on the cluster and wait until none is left: a job of a
+    test whose orchestrator was killed must not outlive the cluster (its processes
+    would stay after slurmd)."""
+    import pwd
+
+    user = pwd.getpwuid(os.getuid()).pw_name
+    try:
+        subprocess.run(
+            ["scancel", "--quiet", f"--user={user}"], env=env, capture_output=True, timeout=30
+        )
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            queue = subprocess.run(
+                ["squeue", "-h", f"--user={user}", "-o", "%i"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if queue.returncode != 0 or not queue.stdout.strip():
+                return
+            time.sleep(0.5)
+    except (OSError, subprocess.TimeoutExpired):
+        return
 
 
 def _which(name: str) -> str | None:
@@ -134,7 +162,7 @@ JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
 ReturnToService=2
 InactiveLimit=0
-KillWait=5
+KillWait=10
 MinJobAge=600
 NodeName={host} CPUs={os.cpu_count() or 1} RealMemory={max(1024, memory_mb)} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
@@ -368,7 +396,7 @@ JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
 ReturnToService=2
 InactiveLimit=0
-KillWait=5
+KillWait=10
 MinJobAge=600
 {node_lines}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP

@@ -2,7 +2,8 @@
 
 Jobs on a cluster write their results into the results folder, so it must be
 on a filesystem every node sees under the same path (NFS, Lustre, GPFS, a
-Kubernetes volume). Before submitting, an executor writes a token here
+Kubernetes volume). In its ``check`` (before the results folder is opened,
+so a refusal moves nothing aside), an executor writes a token here
 (``token``), runs ``seen`` inside a job on the cluster, and refuses in one
 line (``not_shared``) where the job did not see it. ``seen`` runs on the
 node: it imports nothing beyond the standard library.
@@ -31,12 +32,21 @@ class Token:
     content: str
 
 
+def nearest_existing(root: Path) -> Path:
+    """``root``, or its nearest folder that exists (a results folder not made yet)."""
+    where = root.resolve()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    return where
+
+
 @contextmanager
 def token(root: Path) -> Iterator[Token]:
-    """Write a token into the results folder ``root``; removed on leaving."""
-    root.mkdir(parents=True, exist_ok=True)
+    """Write a token into the results folder ``root`` (where it does not exist yet: into
+    its nearest existing parent, so a refused run leaves nothing behind); removed on
+    leaving."""
     content = uuid.uuid4().hex
-    path = root.resolve() / f"{PREFIX}{content[:12]}"
+    path = nearest_existing(root) / f"{PREFIX}{content[:12]}"
     path.write_text(content)
     try:
         yield Token(str(path), content)

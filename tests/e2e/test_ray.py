@@ -136,11 +136,22 @@ def outcomes(results: Path) -> dict[str, dict[str, object]]:
 
 
 def no_orphans(results: Path) -> None:
-    """No process of the run (launcher, rank, watchdog) is left on any node."""
+    """No process of the run (launcher, rank, watchdog) is left on any node: none whose
+    command line holds the results folder (launcher, ranks) or a task's launch id
+    (``ray-<task id>-<attempt>``, in the watchdog's)."""
+    marks = [str(results)]
+    for path in results.glob("runs/*/ray.json"):
+        task_id = json.loads(path.read_text()).get("task_id")
+        if task_id:
+            marks.append(f"ray-{task_id}")
+
+    def left() -> list[str]:
+        return [line for mark in marks for line in processes_mentioning(mark)]
+
     deadline = time.monotonic() + 10
-    while processes_mentioning(str(results)) and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert processes_mentioning(str(results)) == []
+    assert left() == []
 
 
 def start_run(tmp: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
@@ -194,6 +205,9 @@ def test_two_experiments_land_on_different_nodes(tmp_path, cluster) -> None:
         assert {p.name for p in run.iterdir()} >= LOCAL_FILES, sorted(os.listdir(run))
         records[row["experiment_id"]] = json.loads((run / "ray.json").read_text())
         assert row["job_id"] == records[row["experiment_id"]]["task_id"]
+        # the task's start and end, both by its node's clock
+        record = records[row["experiment_id"]]
+        assert record["started_at"] <= record["ended_at"] <= time.time(), record
         assert int(row["tokens_total"]) == 2 * 4 * 64  # 2 steps of 4 x 64 tokens
     # 2 CPUs each, on nodes of 2 CPUs: Ray had to put them on different nodes
     assert len({r["node_id"] for r in records.values()}) == 2, records
@@ -321,6 +335,9 @@ def test_what_cannot_run_is_refused_in_one_line(tmp_path, cluster) -> None:
     (port,) = free_ports(1)
     line = refused(tmp_path, cluster.env, run_args("--ray-address", f"127.0.0.1:{port}"))
     assert f"no Ray cluster at 127.0.0.1:{port}" in line
+    # the job-submission address KubeRay's guides export
+    line = refused(tmp_path, cluster.env, run_args("--ray-address", "http://127.0.0.1:8265"))
+    assert "dashboard" in line and "give its head as HOST:6379" in line
     hidden = {**cluster.env, "PYTHONPATH": pythonpath_hiding(tmp_path / "hide", "ray")}
     line = refused(tmp_path, hidden, run_args())
     assert "pip install 'tunematrix[ray]'" in line

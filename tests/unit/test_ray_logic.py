@@ -171,3 +171,69 @@ def test_tasks_that_shared_a_node_in_time_are_packed_with_each_other() -> None:
     assert beside("d", spans) == []
     assert beside("e", spans) == []
     assert beside("f", spans) == []
+
+
+def test_the_task_span_takes_the_nodes_end_else_the_drivers() -> None:
+    from orchestrator.executors.raycluster.submit import span
+
+    started = {"node_id": "n1", "started_at": 10.0}
+    # the task recorded its end on its node's clock: that, not when the driver saw it
+    assert span({**started, "ended_at": 20.0}, 25.0) == ("n1", 10.0, 20.0)
+    # it did not return (killed, cancelled): the driver's end
+    assert span(started, 25.0) == ("n1", 10.0, 25.0)
+    assert span(started, None) == ("n1", 10.0, None)
+    assert span({"name": "tunematrix:x"}, None) == (None, None, None)
+
+
+def test_the_child_gets_the_drivers_omp_num_threads() -> None:
+    from orchestrator.executors.raycluster.task import driver_threads
+
+    # Ray set the task's CPUs in its worker; the driver had none: removed, so the child
+    # chooses as it would from the driver
+    worker = {"OMP_NUM_THREADS": "2", "PATH": "/bin"}
+    driver_threads(worker, None)
+    assert worker == {"PATH": "/bin"}
+    driver_threads(worker, None)
+    assert worker == {"PATH": "/bin"}
+    driver_threads(worker, "1")
+    assert worker == {"OMP_NUM_THREADS": "1", "PATH": "/bin"}
+    worker["OMP_NUM_THREADS"] = "2"
+    driver_threads(worker, "4")
+    assert worker["OMP_NUM_THREADS"] == "4"
+
+
+def test_an_http_address_is_refused_naming_the_port_to_give(monkeypatch) -> None:
+    from orchestrator.executors.raycluster.cluster import connect, web_address
+
+    line = web_address("http://raycluster-head-svc:8265")
+    assert line is not None and "\n" not in line
+    assert "dashboard" in line and "raycluster-head-svc:6379" in line
+    assert "ray://raycluster-head-svc:10001" in line
+    assert web_address("HTTPS://head") is not None
+    for fine in ("auto", "10.0.0.1:6379", "head:6379", "ray://head:10001", "[::1]:6379"):
+        assert web_address(fine) is None, fine
+    # refused before any connection is tried
+    with pytest.raises(UserError, match=r"give its head as HOST:6379"):
+        connect(RaySettings(address="http://head:8265"))
+
+
+def test_the_jobs_own_error_is_kept_when_rays_ending_chose_the_status(tmp_path, plan) -> None:
+    from ray import exceptions as rex
+
+    from orchestrator.contract.layout import ResultsLayout
+    from orchestrator.contract.outcome import Outcome, read_outcome, write_outcome
+    from orchestrator.executors.base import Ready
+    from orchestrator.executors.raycluster.submit import Submitted, final_outcome
+
+    (e,) = plan(CPU_SCENARIO, device="cpu", num_gpus=[4], effective_batch_size=[4]).experiments
+    layout = ResultsLayout(tmp_path)
+    run = layout.run(e.experiment_id)
+    run.dir.mkdir(parents=True)
+    write_outcome(run, Outcome(status="failed", error="rank 1 exited with code 9"))
+    s = Submitted(Ready(e, run, 1), None, "abc123")
+    got = final_outcome(s, layout, rex.WorkerCrashedError())
+    assert got.status == "failed"
+    assert got.error is not None
+    assert got.error.startswith("the Ray worker running it died (Ray task abc123 on a Ray node")
+    assert got.error.endswith("; the job said: rank 1 exited with code 9")
+    assert read_outcome(run) == got

@@ -177,6 +177,10 @@ def test_the_shared_check_passes_values_as_arguments_never_through_a_shell() -> 
     assert answer("noise\ntunematrix-shared seen n1\n") == (True, "n1")
     assert answer("tunematrix-shared unseen n2") == (False, "n2")
     assert answer("srun: error: Unable to allocate resources") is None
+    # the jobs' own sbatch options go to the check's step too, before the command
+    options = check_argv(SlurmSettings(options={"qos": "high", "reservation": "r1"}), path, "c")
+    assert options.index("--qos=high") < options.index("--")
+    assert "--reservation=r1" in options
 
 
 def _srun(folder: Path, script: str) -> None:
@@ -207,3 +211,32 @@ def test_the_shared_check_refuses_an_unseen_folder_and_skips_a_busy_cluster(
     assert len(said) == 1
     # the token is gone after each check
     assert not list((tmp_path / "results").glob(".tunematrix-shared-check-*"))
+
+
+def test_report_after_no_wait_merges_the_node_verdicts_once_the_job_ended(
+    tmp_path, monkeypatch
+) -> None:
+    from orchestrator.executors.slurm.jobs import record_submission, settle
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    # a fake squeue for the pure decision; the real one is used end to end
+    squeue.write_text('#!/bin/sh\necho "7 $(cat "$0.state")"\n')
+    squeue.chmod(0o755)
+    (bin_dir / "squeue.state").write_text("RUNNING\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    layout = ResultsLayout(tmp_path / "results")
+    run = layout.run("x")
+    run.dir.mkdir(parents=True)
+    record_submission(run, "7", array=False)
+    # node 0 wrote its outcome as its part ended; node 1 is still stopping its rank
+    write_outcome(run, outcome("failed", PEER_GONE))
+    assert settle(layout) == (0, ["7"])
+    nodes.write_node_outcome(run, 1, outcome("oom", OOM, NODE1_LOG))
+    (bin_dir / "squeue.state").write_text("COMPLETED\n")
+    assert settle(layout) == (1, [])
+    final = read_outcome(run)
+    assert final is not None and (final.status, final.log) == ("oom", NODE1_LOG)
+    # collected once: a later report leaves it alone
+    assert settle(layout) == (0, [])

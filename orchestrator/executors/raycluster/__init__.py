@@ -113,6 +113,10 @@ class RayExecutor(Executor):
 
     def check(self, preflight: Preflight) -> None:
         self.nodes = check_cluster(preflight, self.settings)
+        if preflight.experiments:
+            # before the results folder is opened: a folder a node cannot see is refused
+            # in one line, and nothing is moved aside or submitted
+            check_shared(preflight.layout.root)
 
     def parallel(self, plan: Any) -> int:
         return max(1, len(self.nodes or ()))
@@ -123,8 +127,6 @@ class RayExecutor(Executor):
         import ray
 
         try:
-            # the results folder exists now, and nothing is submitted yet
-            check_shared(ctx.layout.root)
             run_on_ray(ctx, self.settings)
         finally:
             ray.shutdown()

@@ -99,6 +99,7 @@ def final_outcome(s: Submitted, layout: ResultsLayout, exc: BaseException | None
     node_alive: bool | None = None
     if record.get("node_id"):
         node_alive = any(n.node_id == record["node_id"] for n in alive_nodes())
+    said: str | None = None
     if exc is None:
         status: Status = "failed"
         why = "the Ray task ended without an outcome"
@@ -107,12 +108,17 @@ def final_outcome(s: Submitted, layout: ResultsLayout, exc: BaseException | None
         if recorded is not None and recorded.status in ("ok", "oom", "timeout"):
             # the job had finished and said how before the worker went
             status, why = recorded.status, recorded.error or why
+        elif recorded is not None and recorded.error:
+            # Ray's ending chose the status; what the job said is kept after it
+            said = recorded.error
     where = where_it_ran(s.run)
     detail = f"; {reason(exc)}" if exc is not None else ""
     outcome = recorded.model_copy() if recorded is not None else Outcome(status=status)
     outcome.status = status
     if status != "ok":
         outcome.error = f"{why} (Ray task {s.task_id} on {where}{detail})"
+        if said:
+            outcome.error += f"; the job said: {said}"
     outcome.executor, outcome.job_id = NAME, s.task_id
     outcome.attempt = s.ready.attempt
     outcome.log = outcome.log or layout.relative(s.run.stderr)
@@ -120,14 +126,19 @@ def final_outcome(s: Submitted, layout: ResultsLayout, exc: BaseException | None
     return outcome
 
 
-def submit_all(ctx: RunContext, settings: RaySettings, todo: list[Ready]) -> list[Submitted]:
+def submit_all(
+    ctx: RunContext, settings: RaySettings, todo: list[Ready], submitted: list[Submitted]
+) -> None:
+    """Submit every experiment of ``todo``, appending each to ``submitted`` as it is
+    submitted: an interrupt midway cancels what was submitted before it."""
     import ray
 
     remote = ray.remote(ray_task)
     cwd = os.getcwd()
     # absolute paths: the task's worker has a folder of its own
     layout = ResultsLayout(ctx.layout.root.resolve())
-    submitted: list[Submitted] = []
+    # the driver's, for every task: as the same experiment run from here would have it
+    threads = os.environ.get("OMP_NUM_THREADS")
     for ready in todo:
         e = ready.experiment
         ready.run.dir.mkdir(parents=True, exist_ok=True)
@@ -144,11 +155,10 @@ def submit_all(ctx: RunContext, settings: RaySettings, todo: list[Ready]) -> lis
             resources=wanted or None,
             max_retries=0,
             runtime_env=runtime_env(),
-        ).remote(e, layout.run(e.experiment_id), layout, ctx.options, ready.attempt, cwd)
+        ).remote(e, layout.run(e.experiment_id), layout, ctx.options, ready.attempt, cwd, threads)
         task_id = _task_id(ref)
         submitted.append(Submitted(ready, ref, task_id))
         ctx.progress.message(f"submitted {e.experiment_id} as Ray task {task_id}")
-    return submitted
 
 
 def _task_id(ref: Any) -> str:
@@ -170,7 +180,7 @@ def run_on_ray(ctx: RunContext, settings: RaySettings) -> None:
     ]
     submitted: list[Submitted] = []
     try:
-        submitted = submit_all(ctx, settings, todo)
+        submit_all(ctx, settings, todo, submitted)
         _wait(ctx, submitted)
     except (KeyboardInterrupt, Interrupted):
         cancel(ctx, submitted)
@@ -200,17 +210,27 @@ def beside(eid: str, spans: Mapping[str, Span]) -> list[str]:
     )
 
 
+def span(record: Mapping[str, Any], seen_ended: float | None) -> Span:
+    """A task's span from its ``ray.json``: start and end by its node's clock; where the task
+    recorded no end (it did not return), ``seen_ended``, when the driver saw it end (pure)."""
+
+    def number(key: str) -> float | None:
+        value = record.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        return float(value)
+
+    node = record.get("node_id")
+    ended = number("ended_at")
+    return (
+        str(node) if node else None,
+        number("started_at"),
+        ended if ended is not None else seen_ended,
+    )
+
+
 def _spans(submitted: list[Submitted], ended: Mapping[str, float]) -> dict[str, Span]:
-    spans: dict[str, Span] = {}
-    for s in submitted:
-        record = read_record(s.run)
-        started = record.get("started_at")
-        spans[s.eid] = (
-            record.get("node_id"),
-            float(started) if isinstance(started, (int, float)) else None,
-            ended.get(s.eid),
-        )
-    return spans
+    return {s.eid: span(read_record(s.run), ended.get(s.eid)) for s in submitted}
 
 
 def _mark_packed(s: Submitted, outcome: Outcome, partners: list[str]) -> None:

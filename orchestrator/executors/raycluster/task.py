@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -72,7 +72,7 @@ def where_here() -> dict[str, Any]:
 
 
 def record_start(run: RunPaths, where: dict[str, Any]) -> None:
-    """Add where the task runs to ``ray.json`` (written at submission)."""
+    """Add to ``ray.json`` (written at submission): where the task runs, later its end."""
     path = run.job_record(NAME)
     try:
         record = json.loads(path.read_text())
@@ -110,6 +110,19 @@ def devices_here(experiment: Experiment) -> list[str]:
     return [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
 
 
+def driver_threads(environ: MutableMapping[str, str], threads: str | None) -> None:
+    """Give ``environ`` the driver's ``OMP_NUM_THREADS`` (``threads``; None: it had none).
+
+    Ray sets ``OMP_NUM_THREADS`` in a worker to the task's CPUs where the raylet's
+    environment has none, and the job's child keeps a value it finds: without this a
+    Ray run's threads would differ from the same experiment run from the driver.
+    """
+    if threads is None:
+        environ.pop("OMP_NUM_THREADS", None)
+    else:
+        environ["OMP_NUM_THREADS"] = threads
+
+
 def ray_task(
     experiment: Experiment,
     run: RunPaths,
@@ -117,10 +130,15 @@ def ray_task(
     options: RunOptions,
     attempt: int,
     cwd: str,
+    threads: str | None,
 ) -> str:
-    """What the Ray task runs (on the node Ray chose); returns the status."""
+    """What the Ray task runs (on the node Ray chose); returns the status.
+
+    ``threads``: the driver's ``OMP_NUM_THREADS`` (None where it had none).
+    """
     if os.path.isdir(cwd):
         os.chdir(cwd)  # relative paths of the plan mean the driver's folder, as in a SLURM job
+    driver_threads(os.environ, threads)
     where = where_here()
     record_start(run, where)
     launch_id = f"{NAME}-{where['task_id']}-{attempt}"
@@ -132,4 +150,6 @@ def ray_task(
     )
     with watchdog(launch_id):
         outcome = run_experiment(experiment, run, layout, options, placement, attempt=attempt)
+    # the end by this node's clock, as the start: what packed marking compares
+    record_start(run, {"ended_at": time.time()})
     return outcome.status

@@ -14,6 +14,7 @@ results folder's ``slurm/<job id>/``.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,7 @@ from orchestrator.executors.slurm.settings import (
     settings_from,
 )
 from orchestrator.executors.slurm.submit import run_on_slurm
+from orchestrator.executors.slurm.visible import check_shared
 from orchestrator.running.needs import Need
 
 __all__ = [
@@ -64,6 +66,10 @@ __all__ = [
     "shape",
     "states",
 ]
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 class SlurmExecutor(Executor):
@@ -141,6 +147,10 @@ class SlurmExecutor(Executor):
 
     def check(self, preflight: Preflight) -> None:
         self.cluster = check_cluster(preflight, self.settings)
+        if preflight.experiments:
+            # before the results folder is opened: a folder the nodes cannot see is
+            # refused in one line, and nothing is moved aside or submitted
+            check_shared(preflight.layout.root, self.settings, _say)
 
     def run(self, ctx: RunContext) -> None:
         if self.cluster is None:

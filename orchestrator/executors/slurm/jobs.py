@@ -152,24 +152,40 @@ def final_outcome(run: RunPaths, layout: ResultsLayout, job_id: str, state: str 
         if (layout.root / log).is_file():
             outcome.log = log
     write_outcome(run, outcome)
+    mark_collected(run)
     return outcome
 
 
 def record_submission(run: RunPaths, job_id: str, array: bool) -> None:
-    """``slurm.json``: the job that will write this run's outcome."""
-    record = {"job_id": job_id, "submitted_at": time.time(), "array": array}
+    """``slurm.json``: the job that will write this run's outcome, not collected yet."""
+    record = {"job_id": job_id, "submitted_at": time.time(), "array": array, "collected": False}
     write_atomic(run.job_record(NAME), json.dumps(record) + "\n")
 
 
+def mark_collected(run: RunPaths) -> None:
+    """``slurm.json`` says the job's outcome is final (SLURM's ending and every node's
+    verdict merged in)."""
+    record = read_result(run.job_record(NAME))
+    if record:
+        write_atomic(run.job_record(NAME), json.dumps({**record, "collected": True}) + "\n")
+
+
 def submitted_without_outcome(layout: ResultsLayout) -> dict[str, RunPaths]:
-    """Job id -> run folder, for every submitted job whose run has no outcome yet."""
+    """Job id -> run folder, for every submitted job not collected yet.
+
+    Node 0 writes ``outcome.json`` as its part of the job ends; the job is
+    collected only once SLURM says it ended (its ending, and the other nodes'
+    verdicts, may change that outcome). Folders from before ``collected`` was
+    recorded count a run with an ``outcome.json`` as collected.
+    """
     pending: dict[str, RunPaths] = {}
     for run in layout.run_folders():
-        if run.outcome.exists():
-            continue
         record = read_result(run.job_record(NAME))
-        if record and record.get("job_id"):
-            pending[str(record["job_id"])] = run
+        if not record or not record.get("job_id"):
+            continue
+        if record.get("collected") is not False and run.outcome.exists():
+            continue
+        pending[str(record["job_id"])] = run
     return pending
 
 

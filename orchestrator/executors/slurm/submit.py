@@ -28,7 +28,6 @@ from orchestrator.executors.slurm.jobs import (
 )
 from orchestrator.executors.slurm.settings import NAME, SlurmSettings
 from orchestrator.executors.slurm.task import slurm_task
-from orchestrator.executors.slurm.visible import check_shared
 from orchestrator.job import nodes
 from orchestrator.job.execute import Interrupted, timeout_for, write_experiment_spec
 from orchestrator.matrix.experiment import Experiment
@@ -92,9 +91,6 @@ def _submitit_executor(
 
 def run_on_slurm(ctx: RunContext, settings: SlurmSettings, cluster: ClusterInfo) -> None:
     """Submit every experiment of the plan, then wait (or return, with ``--no-wait``)."""
-    if ctx.plan.experiments:
-        # nothing is submitted yet: a folder the nodes cannot see is refused in one line
-        check_shared(ctx.layout.root, settings, ctx.progress.message)
     todo = [
         ready
         for experiment in ctx.plan.experiments

@@ -46,6 +46,10 @@ def check_argv(settings: SlurmSettings, path: str, content: str) -> list[str]:
         argv.append(f"--partition={settings.partition}")
     if settings.account:
         argv.append(f"--account={settings.account}")
+    # the jobs' own constraints (qos, reservation, constraint, ...): the check lands
+    # where they would, and is refused where they would be
+    for name, value in settings.options.items():
+        argv.append(f"--{name.replace('_', '-')}={value}")
     argv += ["--", sys.executable, "-c", _CHECK, str(PROJECT_ROOT), path, content]
     return argv
 
