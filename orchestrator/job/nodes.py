@@ -5,7 +5,8 @@ verdict as ``outcome.node<k>.json`` next to its logs (``stderr.node<k>.log``).
 When the executor collects the finished job, ``merge`` decides which node
 explains the run: a node whose own rank died first (killed by the kernel's
 OOM killer, or by a signal) is the root cause over node 0's "a peer went away"
-failure. Node 0's figures (memory, times, the result) stay.
+failure. Memory peaks are the largest over the nodes; node 0's other figures
+(times, utilisation, the result) stay.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from orchestrator.contract.layout import RunPaths, write_atomic
 from orchestrator.contract.outcome import Outcome, Status, outcome_from_record
@@ -65,15 +67,50 @@ def died_first(outcome: Outcome) -> bool:
     return outcome.status == "failed" and bool(outcome.error and _KILLED.search(outcome.error))
 
 
+#: the sidecar's per-device NVML peaks (device index -> bytes): every node numbers its own
+_PER_DEVICE = "mem_nvidia_peak_bytes_per_device"
+
+
+def fold_memory(primary: dict[str, Any], others: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The job's memory figures over all its nodes (pure): each peak the largest any node
+    saw, the GPUs of node k as ``node<k>:<index>``, the mean over every GPU; the
+    rest (utilisation, how the peak was measured) stays node 0's."""
+    folded = dict(primary)
+    for rank in sorted(others):
+        memory = others[rank]
+        for key, value in memory.items():
+            if key == _PER_DEVICE and isinstance(value, dict):
+                devices = dict(folded.get(_PER_DEVICE) or {})
+                devices.update({f"node{rank}:{d}": v for d, v in value.items()})
+                folded[_PER_DEVICE] = devices
+            elif key == "mem_sidecar_samples" and isinstance(value, int):
+                folded[key] = int(folded.get(key) or 0) + value
+            elif "peak" in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+                mine = folded.get(key)
+                if not isinstance(mine, (int, float)) or value > mine:
+                    folded[key] = value
+    every_gpu = folded.get(_PER_DEVICE)
+    if isinstance(every_gpu, dict) and every_gpu and others:
+        mean = sum(every_gpu.values()) / len(every_gpu)
+        folded["mem_nvidia_peak_bytes_mean"] = mean
+        folded["mem_nvidia_mem_reserved"] = mean / 2**20
+    return folded
+
+
 def merge(primary: Outcome, others: dict[int, Outcome]) -> Outcome:
     """The run's outcome from node 0's and the other nodes' verdicts (pure).
 
-    Node 0's own verdict stands where it is the root cause itself (its rank
-    died first), where the run is ok, timed out on its own or was interrupted.
+    The memory figures are folded over every node (``fold_memory``). Node 0's
+    own verdict stands where it is the root cause itself (its rank died
+    first), where the run is ok, timed out on its own or was interrupted.
     Otherwise the lowest-ranked node whose own rank died first explains the
-    run: its status, its error (naming the node) and its log; node 0's figures
-    stay.
+    run: its status, its error (naming the node) and its log; node 0's other
+    figures stay.
     """
+    if others and any(o.memory for o in others.values()):
+        primary = primary.model_copy(
+            update={"memory": fold_memory(primary.memory, {k: o.memory for k, o in others.items()})}
+        )
     if primary.status not in _EXPLAINABLE or died_first(primary):
         return primary
     for rank in sorted(others):

@@ -240,3 +240,45 @@ def test_report_after_no_wait_merges_the_node_verdicts_once_the_job_ended(
     assert final is not None and (final.status, final.log) == ("oom", NODE1_LOG)
     # collected once: a later report leaves it alone
     assert settle(layout) == (0, [])
+
+
+def test_memory_peaks_are_the_largest_over_the_nodes() -> None:
+    node0 = Outcome(
+        status="ok",
+        memory={
+            "mem_tree_peak_rss_bytes": 100,
+            "mem_tree_peak_measure": "pss",
+            "mem_nvidia_peak_bytes_per_device": {"0": 10, "1": 30},
+            "mem_nvidia_peak_bytes_max": 30,
+            "mem_nvidia_peak_bytes_mean": 20,
+            "mem_sidecar_samples": 5,
+            "cpu_util_mean_pct": 50.0,
+        },
+    )
+    node1 = Outcome(
+        status="ok",
+        memory={
+            "mem_tree_peak_rss_bytes": 300,
+            "mem_tree_peak_measure": "rss",
+            "mem_nvidia_peak_bytes_per_device": {"0": 50, "1": 10},
+            "mem_nvidia_peak_bytes_max": 50,
+            "mem_sidecar_samples": 4,
+            "cpu_util_mean_pct": 90.0,
+        },
+    )
+    merged = nodes.merge(node0, {1: node1})
+    assert merged.status == "ok"
+    memory = merged.memory
+    assert memory["mem_tree_peak_rss_bytes"] == 300  # node 1's tree was the fuller one
+    assert memory["mem_nvidia_peak_bytes_max"] == 50
+    assert memory["mem_nvidia_peak_bytes_per_device"] == {
+        "0": 10,
+        "1": 30,
+        "node1:0": 50,
+        "node1:1": 10,
+    }
+    assert memory["mem_nvidia_peak_bytes_mean"] == 25  # over all four GPUs
+    assert memory["mem_sidecar_samples"] == 9
+    # how it was measured and the utilisation stay node 0's
+    assert memory["mem_tree_peak_measure"] == "pss" and memory["cpu_util_mean_pct"] == 50.0
+    assert node0.memory["mem_tree_peak_rss_bytes"] == 100  # the input is left as it was
