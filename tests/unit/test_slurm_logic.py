@@ -316,6 +316,7 @@ def test_slurm_section_of_the_scenarios_file_is_checked(load) -> None:
     assert config.executors["slurm"].model_dump(exclude_none=True) == {
         "partition": "gpu",
         "time": "2:00:00",
+        "exclusive": False,
         "options": {"qos": "high"},
         "array": False,
     }

@@ -282,3 +282,42 @@ def test_memory_peaks_are_the_largest_over_the_nodes() -> None:
     # how it was measured and the utilisation stay node 0's
     assert memory["mem_tree_peak_measure"] == "pss" and memory["cpu_util_mean_pct"] == 50.0
     assert node0.memory["mem_tree_peak_rss_bytes"] == 100  # the input is left as it was
+
+
+def test_exclusive_nodes_from_the_flag_or_the_file(tmp_path, plan) -> None:
+    import argparse
+
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    from orchestrator.executors.slurm.settings import SlurmModel, settings_from
+    from orchestrator.executors.slurm.submit import _submitit_executor
+
+    def args(*flags: str) -> argparse.Namespace:
+        values = {
+            "slurm_option": [],
+            "slurm_time": None,
+            "slurm_partition": None,
+            "slurm_account": None,
+            "slurm_gpus_per_node": None,
+            "slurm_cpus_per_task": None,
+            "slurm_mem": None,
+            "array": False,
+            "array_parallelism": None,
+            "no_wait": False,
+            "slurm_exclusive": "--slurm-exclusive" in flags,
+        }
+        return argparse.Namespace(**values)
+
+    assert not settings_from(args(), None).exclusive
+    assert settings_from(args("--slurm-exclusive"), None).exclusive
+    assert settings_from(args(), SlurmModel(exclusive=True)).exclusive
+    experiment = cpu_experiment(plan, 2)
+    layout = ResultsLayout(tmp_path)
+    ex = _submitit_executor(
+        layout, settings_from(args("--slurm-exclusive"), None), experiment, (1, None, 2), 5
+    )
+    assert ex.parameters["exclusive"] is True
+    script = _make_sbatch_string(command="true", folder=str(tmp_path), **ex.parameters)
+    assert "#SBATCH --exclusive\n" in script
+    plain = _submitit_executor(layout, settings_from(args(), None), experiment, (1, None, 2), 5)
+    assert "exclusive" not in plain.parameters

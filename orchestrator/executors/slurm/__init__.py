@@ -116,6 +116,11 @@ class SlurmExecutor(Executor):
         )
         flags.add_argument("--slurm-mem", metavar="SIZE", help="memory per node, e.g. 200G")
         flags.add_argument(
+            "--slurm-exclusive",
+            action="store_true",
+            help="whole nodes for each job (sbatch --exclusive): no other job beside it",
+        )
+        flags.add_argument(
             "--slurm-option",
             action="append",
             default=[],

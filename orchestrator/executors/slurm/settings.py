@@ -31,6 +31,8 @@ class SlurmModel(ExecutorSection):
     gpus_per_node: PositiveInt | None = None
     cpus_per_task: PositiveInt | None = None
     mem: str | None = None
+    #: whole nodes for each job (sbatch --exclusive): no other job shares them
+    exclusive: bool = False
     #: further sbatch options, e.g. {qos: high, constraint: a100}
     options: dict[str, str] = Field(default_factory=dict)
     #: submit job arrays (one per resource shape) with at most this many tasks at once
@@ -49,6 +51,8 @@ class SlurmSettings:
     gpus_per_node: int | None = None
     cpus_per_task: int | None = None
     mem: str | None = None
+    #: whole nodes for each job (``sbatch --exclusive``)
+    exclusive: bool = False
     #: further sbatch options, name -> value (``{"qos": "high"}`` -> ``--qos=high``)
     options: Mapping[str, str] = field(default_factory=dict)
     #: submit the matrix as job arrays (one per resource shape), at most this many at once
@@ -94,6 +98,7 @@ def settings_from(args: argparse.Namespace, section: SlurmModel | None) -> Slurm
         gpus_per_node=args.slurm_gpus_per_node or file.gpus_per_node,
         cpus_per_task=args.slurm_cpus_per_task or file.cpus_per_task,
         mem=args.slurm_mem or file.mem,
+        exclusive=bool(getattr(args, "slurm_exclusive", False)) or file.exclusive,
         options=options,
         array=args.array or file.array,
         array_parallelism=args.array_parallelism or file.array_parallelism or 256,

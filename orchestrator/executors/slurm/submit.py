@@ -83,6 +83,8 @@ def _submitit_executor(
     ):
         if value:
             params[name] = value
+    if settings.exclusive:
+        params["exclusive"] = True
     if settings.options:
         params["additional_parameters"] = dict(settings.options)
     ex.update_parameters(**params)
