@@ -166,7 +166,7 @@ def alive_nodes() -> list[NodeInfo]:
     import ray
 
     found = []
-    listed: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    listed: list[dict[str, Any]] = ray.nodes()
     for node in listed:
         if not node.get("Alive"):
             continue

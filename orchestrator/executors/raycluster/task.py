@@ -63,7 +63,7 @@ def where_here() -> dict[str, Any]:
     return {
         "task_id": context.get_task_id(),
         "node_id": context.get_node_id(),
-        "node_ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+        "node_ip": ray.util.get_node_ip_address(),
         "hostname": os.uname().nodename,
         "worker_pid": os.getpid(),
         "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
