@@ -131,6 +131,23 @@ def status_text(cell: Mapping[Any, Any], capacity: Capacity | None) -> str:
     return status
 
 
+def packed_note(rows: pd.DataFrame) -> list[str]:
+    """A paragraph when runs shared their machine or node with other jobs (``--pack``, or a
+    Ray node running several tasks): their figures are not an exclusive machine's."""
+    if "run_mode" not in rows.columns:
+        return []
+    packed = int((rows["run_mode"].astype(str) == "packed").sum())
+    if not packed:
+        return []
+    return [
+        f"**Packed**: {packed} of {len(rows)} experiment(s) ran beside other jobs on the same "
+        "machine or node (`run_mode` packed, with whom in `packed_with`, raw_summary.csv): "
+        "they shared its CPUs, memory bandwidth and PCIe, so their tokens/s and times are "
+        "not an exclusive machine's.",
+        "",
+    ]
+
+
 def status_counts(rows: pd.DataFrame) -> str:
     """``failed 39 (36 likely OOM), ok 85``: the rows' statuses, likely OOMs among the failed."""
     counts = rows["status"].where(~pruned(rows), PRUNED).value_counts().to_dict()
@@ -220,6 +237,7 @@ def summary_markdown(
         f"Source: `{source}` — {len(rows)} experiment(s) in {len(cells)} cell(s); "
         + status_counts(rows),
         "",
+        *packed_note(rows),
     ]
     if has_figures(cells, "tokens_per_second_global"):
         lines.append(

@@ -97,3 +97,6 @@ def test_two_jobs_on_two_slots_beat_one_at_a_time(tmp_path) -> None:
     assert len(ports) == 2
     env = json.loads((tmp_path / "packed" / "env.json").read_text())
     assert env["mode"] == "packed"
+    # summary.md says so too; the exclusive run's does not
+    assert "**Packed**: 2 of 2 experiment(s)" in (tmp_path / "packed" / "summary.md").read_text()
+    assert "**Packed**" not in (tmp_path / "exclusive" / "summary.md").read_text()

@@ -211,3 +211,15 @@ def test_classification_tables_show_samples_per_second(tmp_path: Path) -> None:
     assert list(vit)[4:7] == ["tokens/s", "tokens/s/GPU", "images/s"] and vit["images/s"] == "25"
     assert "samples/s" not in llama and "images/s" not in llama
     assert "For image classification a token is an image patch" in markdown
+
+
+def test_packed_runs_are_said_in_one_paragraph() -> None:
+    import pandas as pd
+
+    from orchestrator.results.markdown import packed_note
+
+    assert packed_note(pd.DataFrame({"run_mode": ["alone", "alone"]})) == []
+    assert packed_note(pd.DataFrame({"status": ["ok"]})) == []  # older tables: no column
+    (line, blank) = packed_note(pd.DataFrame({"run_mode": ["packed", "alone", "packed"]}))
+    assert line.startswith("**Packed**: 2 of 3 experiment(s) ran beside other jobs")
+    assert "not an exclusive machine's" in line and blank == ""
