@@ -22,7 +22,9 @@ import pytest
 
 from orchestrator.results import history
 
-pytestmark = pytest.mark.e2e
+# with the cluster tests (tox -e cluster): a real SLURM cluster, and over a minute of
+# waiting for SLURM's own time limit
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -172,8 +174,6 @@ def test_two_experiments_run_as_slurm_jobs(tmp_path, slurm_cluster) -> None:
         assert outcome.executor == "slurm" and outcome.job_id in job_ids
 
 
-# SLURM's limits are whole minutes: over a minute of waiting, so with the cluster tests
-@pytest.mark.cluster
 def test_a_job_past_its_slurm_time_limit_is_a_timeout(tmp_path, slurm_cluster) -> None:
     (tmp_path / "scenarios.yaml").write_text(scenarios(max_steps=1_000_000, rates="[1e-4]"))
     started = time.monotonic()
