@@ -12,6 +12,7 @@ node: it imports nothing beyond the standard library.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -66,6 +67,16 @@ def seen(path: str, content: str) -> bool:
 def where_am_i() -> str:
     """A name for the node a check ran on (its host name)."""
     return os.uname().nodename
+
+
+def skipped(root: Path, where: str, why: str) -> str:
+    """The one line when a check could not run (a busy cluster): the run goes on."""
+    return f"could not check that {root} is shared with {where} ({why}); skipped"
+
+
+def say_stderr(line: str) -> None:
+    """Say a line of a check where no progress display runs yet (before the run starts)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def not_shared(executor: str, root: Path, node: str) -> UserError:

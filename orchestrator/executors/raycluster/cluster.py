@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,11 +228,7 @@ def _describe(node_id: str, nodes: Sequence[NodeInfo]) -> str:
     return f"Ray node {node_id[:12]}"
 
 
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def check_shared(root: Path, say: Callable[[str], None] = _stderr) -> None:
+def check_shared(root: Path, say: Callable[[str], None] = shared.say_stderr) -> None:
     """A token in the results folder, looked for by a zero-CPU task pinned to each alive node;
     refuse in one line (``shared.not_shared``) where a node does not see it. A node that gives
     no answer within ``SHARED_TIMEOUT_S`` (busy, short of workers) is skipped, said in one
@@ -272,6 +267,9 @@ def check_shared(root: Path, say: Callable[[str], None] = _stderr) -> None:
                 raise shared.not_shared(NAME, root, where)
     for ref in pending:
         say(
-            f"could not check that {root} is shared with {_describe(refs[ref], nodes)} "
-            f"(no answer in {SHARED_TIMEOUT_S:g} s: busy, or short of workers?); skipped"
+            shared.skipped(
+                root,
+                _describe(refs[ref], nodes),
+                f"no answer in {SHARED_TIMEOUT_S:g} s: busy, or short of workers?",
+            )
         )

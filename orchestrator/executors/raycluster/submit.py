@@ -20,6 +20,7 @@ from orchestrator.contract.layout import ResultsLayout, RunPaths, write_atomic
 from orchestrator.contract.outcome import Outcome, Status, read_outcome, write_outcome
 from orchestrator.executors.base import Ready, RunContext
 from orchestrator.executors.raycluster.cluster import (
+    NodeInfo,
     alive_nodes,
     reason,
     requests,
@@ -69,7 +70,12 @@ def where_it_ran(run: RunPaths) -> str:
     """The node a task ran on, from what it recorded in ``ray.json``."""
     record = read_record(run)
     if record.get("node_ip"):
-        return f"Ray node {record['node_ip']} ({record.get('hostname', '?')}, id {str(record.get('node_id', '?'))[:12]})"
+        node = NodeInfo(
+            str(record.get("node_id", "?")),
+            str(record["node_ip"]),
+            str(record.get("hostname", "?")),
+        )
+        return node.describe()
     return "a Ray node (the task never started)"
 
 

@@ -14,11 +14,11 @@ results folder's ``slurm/<job id>/``.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from orchestrator.contract.layout import ResultsLayout
+from orchestrator.executors import shared
 from orchestrator.executors.base import (
     Executor,
     ExecutorSection,
@@ -66,10 +66,6 @@ __all__ = [
     "shape",
     "states",
 ]
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 class SlurmExecutor(Executor):
@@ -155,7 +151,7 @@ class SlurmExecutor(Executor):
         if preflight.experiments:
             # before the results folder is opened: a folder the nodes cannot see is
             # refused in one line, and nothing is moved aside or submitted
-            check_shared(preflight.layout.root, self.settings, _say)
+            check_shared(preflight.layout.root, self.settings, shared.say_stderr)
 
     def run(self, ctx: RunContext) -> None:
         if self.cluster is None:

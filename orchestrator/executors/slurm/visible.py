@@ -71,13 +71,13 @@ def check_shared(root: Path, settings: SlurmSettings, say: Callable[[str], None]
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=IMMEDIATE_S + 60)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            say(f"could not check that {root} is shared with the SLURM nodes ({exc}); skipped")
+            say(shared.skipped(root, "the SLURM nodes", str(exc)))
             return
     found = answer(proc.stdout)
     if found is None:
         lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
         why = lines[-1][:200] if lines else f"srun exit code {proc.returncode}"
-        say(f"could not check that {root} is shared with the SLURM nodes ({why}); skipped")
+        say(shared.skipped(root, "the SLURM nodes", why))
         return
     visible, node = found
     if not visible:
