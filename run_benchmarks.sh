@@ -24,6 +24,11 @@
 #   PRUNE=false               launch every experiment (as --no-prune); by default one
 #                             certain to run out of memory after a smaller one of its
 #                             family did is recorded as pruned, not launched
+#   CHECK=false               launch without checking every cell against the installed
+#                             libraries and finding every model first (as --no-check)
+#   STOP_EARLY=false          launch every experiment (as --no-stop-early); by default,
+#                             once two cells of one model, trainer and framework failed
+#                             with the same error, the others like them are spared
 #   PROFILE=true              profile every cell (as --profile): a trace per rank in
 #                             runs/<id>/profile/ and the communication columns
 #   MEASURE_UNTIL=steps|steady  how long each cell runs (as --until): its fixed max_steps
@@ -154,4 +159,6 @@ run_args=(--memory-logging "${MEMORY_LOGGING:-all}" --executor "${EXECUTOR:-loca
 if flag NO_OVERWRITE; then run_args+=(--resume); fi
 if flag NO_DATA_PROCESSING; then run_args+=(--no-data-processing); fi
 if [ -n "${PRUNE:-}" ] && ! flag PRUNE; then run_args+=(--no-prune); fi
+if [ -n "${STOP_EARLY:-}" ] && ! flag STOP_EARLY; then run_args+=(--no-stop-early); fi
+if [ -n "${CHECK:-}" ] && ! flag CHECK; then run_args+=(--no-check); fi
 exec "$PYTHON" -m orchestrator run "${args[@]}" "${run_args[@]}"

@@ -254,6 +254,8 @@ def run(
     report: bool = True,
     executor: str = "local",
     prune: bool = True,
+    stop_early: bool = True,
+    check: bool = True,
     **plan_options: Any,
 ) -> RunResult:
     """Run a plan (or plan ``scenarios`` first, with ``plan_options``) into ``results``.
@@ -265,7 +267,10 @@ def run(
     never deleted. Runs here; ``executor`` names another registered executor
     (``orchestrator.executors.registry``; its flags and file section are the
     command line's: ``tunematrix run --executor NAME``). ``prune=False``: launch every
-    experiment, even one certain to run out of memory (``--no-prune``).
+    experiment, even one certain to run out of memory (``--no-prune``). ``stop_early=False``:
+    launch every experiment like two cells that already failed with the same error
+    (``--no-stop-early``). ``check=False``: launch without checking every cell against the
+    installed libraries first (``--no-check``).
     """
     from orchestrator.config.values import MEMORY_LOGGING
     from orchestrator.executors import registry
@@ -273,6 +278,7 @@ def run(
     from orchestrator.job.execute import RunOptions
     from orchestrator.running.needs import require
     from orchestrator.running.runner import preflight, run_plan
+    from orchestrator.running.stackcheck import check_stack
 
     if memory_logging not in MEMORY_LOGGING:
         raise UserError(
@@ -302,10 +308,15 @@ def run(
         tokens=tokens,
         report=report,
         prune=prune,
+        stop_early=stop_early,
     )
     root = Path(results)
     preflight(chosen, the_plan, ResultsLayout(root), options)
     settle_earlier_jobs(ResultsLayout(root))
+    checked = check_stack(the_plan, skip=not check)
+    the_plan = checked.plan
+    for line in checked.lines():
+        print(line, file=sys.stderr)
     done = run_plan(
         the_plan,
         root,
@@ -359,10 +370,15 @@ def fit(
     from orchestrator.job.execute import RunOptions
     from orchestrator.running.fit import FitOptions, run_fit
     from orchestrator.running.needs import require
+    from orchestrator.running.stackcheck import check_stack
 
     config, the_plan = _load_and_plan(scenarios, plan_options)
     chosen = registry.get(executor).default()
     require(the_plan.experiments, chosen.name)
+    checked = check_stack(the_plan)
+    for line in checked.lines():
+        print(line, file=sys.stderr)
+    the_plan = checked.plan
     return run_fit(
         config,
         the_plan,

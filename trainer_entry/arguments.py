@@ -174,9 +174,9 @@ def parse_arguments(
     notes: list[str] = []
     for old, new in RENAMED.items():
         if old in args:
-            value = args.pop(old)
-            if new not in args:
-                args[new] = value
+            if new in args:
+                raise SpecError(f"'{old}' is the old name of '{new}', which is set too; keep one")
+            args[new] = args.pop(old)
             notes.append(f"argument '{old}' is the old name of '{new}'")
     for old, why in DROPPED.items():
         if old in args:

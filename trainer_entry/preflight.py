@@ -8,7 +8,6 @@ offline should fail in a fraction of that, with the same one-line error.
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 from orchestrator.contract.spec import RunSpec
@@ -17,32 +16,12 @@ from trainer_entry.data.load import LOCAL_SUFFIXES
 from trainer_entry.errors import SpecError
 from trainer_entry.models.custom import check_findable
 from trainer_entry.models.kinds import model_kind
-from trainer_entry.models.tiny import TINY_NAME
+from trainer_entry.models.resolve import hub_offline, resolve
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get(
-        "TRANSFORMERS_OFFLINE", ""
-    ) not in ("", "0")
-
-
-def _model_is_reachable(name: str) -> bool:
-    """False only when the model is certainly not loadable: offline and in no cache."""
-    if model_kind(name) != "pretrained" or Path(name).expanduser().exists():
-        return True
-    if not _offline():
-        return True  # the hub will answer; let the loader say what it says
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return True
-    try:
-        return isinstance(try_to_load_from_cache(name, "config.json"), str)
-    except Exception:  # an invalid repo id, for instance; the loader reports it
-        return True
-
-
-def preflight(spec: RunSpec) -> ParsedArguments:
+def preflight(spec: RunSpec, *, models: bool = True) -> ParsedArguments:
+    """The checks; ``models=False`` leaves the model to the caller (the check before
+    launch resolves each model once, ``trainer_entry.models.resolve``)."""
     parsed = parse_arguments(spec, check_names=False)
     if parsed.backend == "sft" and importlib.util.find_spec("trl") is None:
         raise SpecError("trainer sft needs trl: pip install trl, or set trainer: hf")
@@ -56,12 +35,10 @@ def preflight(spec: RunSpec) -> ParsedArguments:
         looks_local = path.suffix.lower() in LOCAL_SUFFIXES or dataset.startswith(("/", ".", "~"))
         if looks_local and not path.is_file():
             raise SpecError(f"dataset file not found: {path}")
-    if not _model_is_reachable(parsed.model.name):
-        raise SpecError(
-            f"model '{parsed.model.name}' is not a local folder, not in the Hugging Face cache, "
-            f"and the hub is offline (HF_HUB_OFFLINE=1); use {TINY_NAME}, "
-            "config:<architecture>, a local folder, or a hub id when online"
-        )
+    if models and hub_offline():
+        # offline, the name is resolved without the hub: a name that leads nowhere
+        # fails here rather than after the imports
+        resolve(parsed.model.name, revision=parsed.model.revision, python_path=spec.python_path)
     _check_python_model(spec, parsed)
     return parsed
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from orchestrator.contract.result import (
     timestamp,
 )
 from orchestrator.contract.spec import RunSpec
+from trainer_entry import installed
 from trainer_entry.arguments import ParsedArguments
 from trainer_entry.backends.base import TrainSettings
 from trainer_entry.engine import EngineRecord, partitioned_flops_problem, zero3_build_note
@@ -157,6 +159,25 @@ def _masked_head_note(model: Any, flops_per_token: float) -> str:
     )
 
 
+def checkpointing_read_back(model: Any, settings: TrainSettings) -> tuple[TrainSettings, list[str]]:
+    """``settings`` with activation checkpointing as the trained model reports it.
+
+    The setting's name changed between releases (``trainer_entry.installed``), and
+    the FLOPs per token count the recompute: what the row says is what the model did
+    (``is_activation_checkpointing``), with a note where that is not what was asked.
+    A model that does not say (a ``python:`` model's own class) keeps the setting.
+    """
+    did = installed.read(model, "is_activation_checkpointing")
+    if not isinstance(did, bool) or did == settings.activation_checkpointing:
+        return settings, []
+    asked = "asked for" if settings.activation_checkpointing else "not asked for"
+    done = "recomputed its activations" if did else "did not recompute its activations"
+    return dataclasses.replace(settings, activation_checkpointing=did), [
+        f"activation checkpointing was {asked}, but the model {done}: the row (and its "
+        "FLOPs) say what the model did"
+    ]
+
+
 def build_result(
     *,
     spec: RunSpec,
@@ -187,6 +208,7 @@ def build_result(
     """
     world = len(ranks)
     devices = world * (engine.devices_per_process if engine else 1)
+    settings, checkpointing_notes = checkpointing_read_back(model, settings)
     pd = settings.per_device_train_batch_size
     ga = settings.gradient_accumulation_steps
     profile = profile or ProfileOutcome()
@@ -251,7 +273,12 @@ def build_result(
         torch_max_memory_reserved_bytes=_max(r.cuda_max_reserved_bytes for r in ranks),
         mem_peak_rss_bytes=_max(r.peak_rss_bytes for r in ranks),
     )
-    notes = [*parsed.notes, *flops_notes, *(evaluation.notes if evaluation else [])]
+    notes = [
+        *parsed.notes,
+        *checkpointing_notes,
+        *flops_notes,
+        *(evaluation.notes if evaluation else []),
+    ]
     notes.extend(profile.notes)
     notes.extend(measure_notes)
     if engine is not None:

@@ -61,6 +61,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from orchestrator.results.mdtable import md_table
     from orchestrator.running.fit import FitOptions, run_fit
     from orchestrator.running.needs import require
+    from orchestrator.running.stackcheck import check_stack
 
     if args.min is not None and args.limit is not None and args.min > args.limit:
         raise UserError(f"--min {args.min} is above --limit {args.limit}")
@@ -68,6 +69,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     planned = plan_from_args(args, gpu_counter=lambda config: executor_for(config).gpu_counter())
     executor = executor_for(planned.config)
     require(planned.plan.experiments, executor.name)
+    checked = check_stack(planned.plan)
+    for line in checked.lines():
+        print(line, file=sys.stderr)
     run_options = RunOptions(
         timeout_s=args.timeout,
         resume=args.resume,
@@ -85,7 +89,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     )
     report = run_fit(
         planned.config,
-        planned.plan,
+        checked.plan,
         Path(args.results),
         run_options,
         options,

@@ -18,7 +18,12 @@ from orchestrator.cli.common import (
 )
 from orchestrator.config.scenarios import BenchConfig
 from orchestrator.config.values import MEMORY_LOGGING
-from orchestrator.contract.outcome import PRUNED_PREFIX, is_pruned
+from orchestrator.contract.outcome import (
+    NOT_LAUNCHED_PREFIX,
+    PRUNED_PREFIX,
+    is_not_launched,
+    is_pruned,
+)
 from orchestrator.executors import registry
 from orchestrator.executors.base import Executor, ExecutorSection, positive_int
 
@@ -71,6 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.running.fit import check_searches, search_after_run
     from orchestrator.running.needs import require
     from orchestrator.running.runner import RunOptions, preflight, run_plan
+    from orchestrator.running.stackcheck import check_stack
 
     executor_for = _Once(choose_executor(args), args)
     planned = plan_from_args(args, gpu_counter=lambda config: executor_for(config).gpu_counter())
@@ -90,15 +96,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         tokens=args.tokens,
         report=not args.no_report,
         prune=not args.no_prune,
+        stop_early=not args.no_stop_early,
     )
     # everything the executor would refuse later, refused here, before a folder is touched
     preflight(executor, plan, planned.layout, options)
     settle_earlier_jobs(planned.layout)
+    # every cell's settings against the installed stack, each model found, once
+    checked = check_stack(plan, skip=args.no_check)
+    plan = checked.plan
     print(
         format_header(
             plan, planned.config.scenarios_file, planned.config.defaults_file, notes=args.note
         )
     )
+    for line in checked.lines():
+        print(f"  {line}")
     print()
     print(format_table(plan), flush=True)
     print()
@@ -129,6 +141,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     for eid, outcome in report.outcomes.items():
         if is_pruned(outcome.status, outcome.error):
             print(f"  pruned: {eid} ({(outcome.error or '').removeprefix(PRUNED_PREFIX)})")
+        elif is_not_launched(outcome.status, outcome.error):
+            print(
+                f"  not launched: {eid} ({(outcome.error or '').removeprefix(NOT_LAUNCHED_PREFIX)})"
+            )
         elif outcome.status not in ("ok", "skipped", "planned"):
             print(f"  {outcome.status}: {eid}: {outcome.error}")
             if outcome.log:
@@ -182,6 +198,20 @@ def add_parser(sub: Any) -> None:
         help="launch every experiment; by default, once one runs out of memory, those of its "
         "family that need at least as much memory are recorded as pruned, not launched "
         "(PRUNE=false)",
+    )
+    g.add_argument(
+        "--no-check",
+        action="store_true",
+        help="launch without checking every cell against the installed libraries first "
+        "(each cell then finds a refused setting or a missing model on its own, after its "
+        "imports; CHECK=false)",
+    )
+    g.add_argument(
+        "--no-stop-early",
+        action="store_true",
+        help="launch every experiment; by default, once two cells of one model, trainer and "
+        "framework fail with the same error (not out of memory, not a time limit), the others "
+        "like them are recorded as spared, not launched (STOP_EARLY=false)",
     )
     g.add_argument(
         "--no-report",

@@ -47,9 +47,11 @@ from orchestrator.contract.argnames import (
     BACKEND_KEY,
     BACKEND_NAMES,
     BATCH_SHARING_SIZES,
+    RENAMED,
     TASK_KEY,
     TASKS,
     batch_sharing_problem,
+    canonical_name,
     predecessor_argument,
     refused_argument,
     unknown_argument,
@@ -139,6 +141,10 @@ class BenchConfig:
     executors: Mapping[str, BaseModel] = field(default_factory=dict)
     #: ``environments:`` as written (probed at plan time); empty: the running interpreter
     environments: tuple[EnvironmentEntry, ...] = ()
+    #: the line of each argument of the defaults file, and of each key of the scenarios
+    #: file's data_processing stanza (where a setting is refused after planning)
+    defaults_lines: Mapping[str, int | None] = field(default_factory=dict)
+    data_lines: Mapping[str, int | None] = field(default_factory=dict)
 
     def section(self, executor: str) -> BaseModel | None:
         """The file's section for ``executor``, where it has one."""
@@ -163,6 +169,11 @@ class BenchConfig:
 
 def _check_arguments(doc: YamlDoc, arguments: Mapping[str, Any], loc: Loc) -> None:
     for key, value in arguments.items():
+        new = RENAMED.get(key)
+        if new is not None and new in arguments:
+            raise doc.error(
+                f"'{key}' is the old name of '{new}', which is set too; keep one", (*loc, key)
+            )
         if key in RESERVED_ARGUMENTS:
             hint = (
                 "set num_gpus at the scenario level or under matrix:"
@@ -356,8 +367,11 @@ def _resolve_scenario(
         sl: Loc = (*loc, "sweep", key)
         if key in RESERVED_ARGUMENTS:
             raise doc.error(f"'{key}' cannot be swept; set it at the scenario level", sl)
-        if key in arguments:
+        if canonical_name(key) in {canonical_name(a) for a in arguments}:
             raise doc.error(f"'{key}' is both a constant in arguments and swept; keep one", sl)
+        twin = next((k for k in sweep if canonical_name(k) == canonical_name(key)), None)
+        if twin is not None:
+            raise doc.error(f"'{twin}' and '{key}' name one setting, swept twice; keep one", sl)
         unknown = None if key in AXES else unknown_argument(key)
         if unknown:
             raise doc.error(unknown, sl)
@@ -372,7 +386,9 @@ def _resolve_scenario(
             if refused:
                 raise doc.error(refused, (*sl, i))
         for fname in fw_names:
-            if fname is not None and key in frameworks[fname].arguments:
+            if fname is not None and canonical_name(key) in {
+                canonical_name(a) for a in frameworks[fname].arguments
+            }:
                 raise doc.error(
                     f"'{key}' is swept here but framework '{fname}' sets it; keep one", sl
                 )
@@ -418,13 +434,14 @@ def _resolve_scenario(
     )
 
 
-def load_defaults(path: Path | None) -> dict[str, Any]:
-    """defaults.yaml: trainer arguments shared by all scenarios (empty if no file)."""
+def load_defaults(path: Path | None) -> tuple[dict[str, Any], dict[str, int | None]]:
+    """defaults.yaml: trainer arguments shared by all scenarios (empty if no file), and
+    the line of each."""
     if path is None:
-        return {}
+        return {}, {}
     doc = load_yaml(path, "defaults file")
     if doc.data is None:
-        return {}
+        return {}, {}
     if not isinstance(doc.data, dict):
         raise ConfigError(
             f"a defaults file must be a mapping of trainer arguments, got {type_name(doc.data)}",
@@ -446,7 +463,7 @@ def load_defaults(path: Path | None) -> dict[str, Any]:
             problem = check_model_name(model)
             if problem:
                 raise doc.error(problem, ("model_name_or_path", i))
-    return dict(doc.data)
+    return dict(doc.data), {key: doc.line_of((key,)) for key in doc.data}
 
 
 def load_config(
@@ -491,7 +508,7 @@ def load_config(
     for axis in ("num_gpus", "effective_batch_size", "max_seq_len", "packing"):
         _check_axis_list(doc, getattr(m, axis), ("matrix", axis))
 
-    defaults = load_defaults(defaults_file)
+    defaults, defaults_lines = load_defaults(defaults_file)
     default_models = defaults.pop("model_name_or_path", None)
     if isinstance(default_models, str):
         default_models = [default_models]
@@ -554,4 +571,6 @@ def load_config(
         environments=(
             load_environments(doc, model.environments) if model.environments is not None else ()
         ),
+        defaults_lines=defaults_lines,
+        data_lines={key: doc.line_of(("data_processing", key)) for key in data or {}},
     )

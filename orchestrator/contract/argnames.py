@@ -114,13 +114,48 @@ FORMATTER_TEMPLATE_KEY = "data_formatter_template"
 DATA_OTHER = frozenset({"pad_to_multiple_of", "tokenize", FORMATTER_TEMPLATE_KEY})
 DATA_KEYS = frozenset({a for aliases in DATA_ALIASES.values() for a in aliases} | DATA_OTHER)
 
-#: old names, translated with a note
+#: settings the libraries renamed between the releases tunematrix supports: the name
+#: tunematrix uses (the newest release's: scenarios, specs and rows spell it so) -> the
+#: names older releases take it under. The child passes each under the name the
+#: installed class or function accepts, read from its fields (``trainer_entry.installed``)
+SPELLINGS: dict[str, tuple[str, ...]] = {
+    # TrainingArguments (transformers ≥ 5.23 renamed them; 5.17–5.22 know only the old names)
+    "activation_checkpointing": ("gradient_checkpointing",),
+    "activation_checkpointing_kwargs": ("gradient_checkpointing_kwargs",),
+    "eval_strategy": ("evaluation_strategy",),
+    "use_cpu": ("no_cuda",),
+    # TRL's SFTConfig: the length sequences are cut to (our max_seq_len)
+    "max_length": ("max_seq_length",),
+    # Trainer(...): what tokenizes the data
+    "processing_class": ("tokenizer",),
+    # from_pretrained / from_config: the weights' dtype (our torch_dtype)
+    "dtype": ("torch_dtype",),
+    # a model's own word on whether it recomputes its blocks' activations
+    "is_activation_checkpointing": ("is_gradient_checkpointing",),
+}
+#: old names a scenario may write, taken as tunematrix's (rows and ids show one spelling)
 RENAMED = {
-    "evaluation_strategy": "eval_strategy",
-    "gradient_checkpointing": "activation_checkpointing",
+    **{
+        old: new
+        for new in (
+            "activation_checkpointing",
+            "activation_checkpointing_kwargs",
+            "eval_strategy",
+            "use_cpu",
+        )
+        for old in SPELLINGS[new]
+    },
     # the predecessor's LoRA bias (peft's LoraConfig.bias)
     "bias": "lora_bias",
 }
+
+
+def canonical_name(key: str) -> str:
+    """The name tunematrix uses for argument ``key`` (``gradient_checkpointing`` ->
+    ``activation_checkpointing``); other names are their own."""
+    return RENAMED.get(key, key)
+
+
 #: old names that no longer mean anything here, dropped with a note
 DROPPED = {
     "include_tokens_per_second": "tokens per second are always measured (real tokens, global and per device)",
@@ -197,9 +232,19 @@ def training_fields() -> frozenset[str]:
     return frozenset(json.loads(FIELDS_FILE.read_text())["fields"])
 
 
+def training_fields_version() -> str:
+    """The transformers whose ``TrainingArguments`` fields ``FIELDS_FILE`` saved."""
+    return str(json.loads(FIELDS_FILE.read_text()).get("transformers", "?"))
+
+
 def sft_fields() -> frozenset[str]:
     """``SFTConfig`` field names that ``TrainingArguments`` lacks, as saved in ``SFT_FIELDS_FILE``."""
     return frozenset(json.loads(SFT_FIELDS_FILE.read_text())["fields"])
+
+
+def sft_fields_version() -> str:
+    """The trl whose ``SFTConfig`` fields ``SFT_FIELDS_FILE`` saved."""
+    return str(json.loads(SFT_FIELDS_FILE.read_text()).get("trl", "?"))
 
 
 def unknown_argument(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -34,3 +35,16 @@ class ConfigError(UserError):
         if self.key:
             where += f"{self.key}: "
         return f"{where}{self.message}"
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a setting was written: a file, its line, and the key path in it."""
+
+    file: str | None = None
+    line: int | None = None
+    key: str | None = None
+
+    def error(self, message: str) -> ConfigError:
+        """``message`` as a ``ConfigError`` at this place."""
+        return ConfigError(message, file=self.file, line=self.line, key=self.key)

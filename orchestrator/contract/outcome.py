@@ -47,6 +47,40 @@ def is_pruned(status: Any, error: Any) -> bool:
     return status == "skipped" and isinstance(error, str) and error.startswith(PRUNED_PREFIX)
 
 
+#: the error of an experiment not launched because two of its model's experiments had
+#: failed with the same error (status ``skipped``): ``not launched: same error as <id>``
+NOT_LAUNCHED_PREFIX = "not launched: "
+#: how tables show such an experiment's status (one word: a cell of repeats shows
+#: ``failed×2 spared×1``)
+NOT_LAUNCHED = "spared"
+
+
+def not_launched_error(first_id: str) -> str:
+    """The error of an experiment spared because its model fails as ``first_id`` did."""
+    return f"{NOT_LAUNCHED_PREFIX}same error as {first_id}"
+
+
+def is_not_launched(status: Any, error: Any) -> bool:
+    """Whether a row (or outcome) was spared after its model's repeated failure."""
+    return status == "skipped" and isinstance(error, str) and error.startswith(NOT_LAUNCHED_PREFIX)
+
+
+def never_launched(status: Any, error: Any) -> bool:
+    """``skipped`` without running (pruned, or spared): no measurement, and decided afresh
+    by a resumed run."""
+    return is_pruned(status, error) or is_not_launched(status, error)
+
+
+def shown(status: Any, error: Any) -> str:
+    """A status as tables show it: ``pruned`` and ``spared`` for the experiments skipped
+    without running, else the status itself."""
+    if is_pruned(status, error):
+        return PRUNED
+    if is_not_launched(status, error):
+        return NOT_LAUNCHED
+    return str(status)
+
+
 OOM_PATTERNS = (
     re.compile(r"CUDA out of memory", re.IGNORECASE),
     re.compile(r"HIP out of memory", re.IGNORECASE),

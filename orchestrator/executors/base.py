@@ -21,6 +21,7 @@ Nothing outside an executor's own module branches on its name.
 from __future__ import annotations
 
 import argparse
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ from orchestrator.contract.layout import ResultsLayout, RunPaths
 from orchestrator.contract.outcome import (
     ACCEPTABLE,
     Outcome,
-    is_pruned,
+    never_launched,
+    not_launched_error,
     pruned_error,
     read_outcome,
     write_outcome,
@@ -157,6 +159,10 @@ class RunContext:
         self._out_of_memory: list[prune.Footprint] = []
         #: and those that ran ok: an ok run at least as large contradicts an OOM
         self._fitted: list[prune.Footprint] = []
+        #: per kind of cell (``_alike``), its cells that failed in this run: cell id ->
+        #: (the first failed experiment's id, its error as compared, ``same_error``); two
+        #: cells failed alike spare the others
+        self._failed: dict[tuple[str, ...], dict[str, tuple[str, str]]] = {}
         self._planned = {e.experiment_id: e for e in plan.experiments}
 
     @property
@@ -174,7 +180,9 @@ class RunContext:
         ``failed`` without running. With ``prune``, an experiment that needs at least
         the memory of one that ran out of memory in this run
         (``orchestrator.matrix.prune``) is ``skipped`` as pruned, with only its
-        ``outcome.json``; a resumed run decides that afresh.
+        ``outcome.json``; with ``stop_early``, one like two cells that already failed
+        with the same error in this run (``failed_alike``) is ``skipped`` as not
+        launched. A resumed run decides both afresh.
         """
         eid = experiment.experiment_id
         run = self.layout.run(eid)
@@ -183,7 +191,7 @@ class RunContext:
             if skipped is not None:
                 self.record(eid, skipped, counted=False)
                 return None
-        _drop_pruned_record(run)
+        _drop_unlaunched_record(run)
         attempt = 1
         kept = keep_previous_attempt(run.dir)
         if kept is not None:
@@ -198,18 +206,49 @@ class RunContext:
             write_outcome(run, outcome)
             self.record(eid, outcome, counted=False)
             return None
+        ready = Ready(experiment=experiment, run=run, attempt=attempt)
+        return None if self.skipped_unlaunched(ready) else ready
+
+    def skipped_unlaunched(self, ready: Ready) -> bool:
+        """Record ``ready`` as ``skipped`` without launching it, and say so, when this run
+        already shows it need not run: pruned (``prune``: a cell of its family that needs
+        no more memory ran out of it) or spared (``stop_early``: ``failed_alike``).
+
+        ``prepare`` asks it; an executor that prepares everything before launching
+        anything (``--pack``) asks again just before it launches each one.
+        """
+        experiment = ready.experiment
         culprit = (
             prune.pruned_by(prune.footprint(experiment), self._out_of_memory, self._fitted)
             if self.options.prune and self._out_of_memory
             else None
         )
-        if culprit is not None:
-            outcome = Outcome(status="skipped", error=pruned_error(culprit), attempt=attempt)
-            run.dir.mkdir(parents=True, exist_ok=True)
-            write_outcome(run, outcome)
-            self.record(eid, outcome, counted=False)
-            return None
-        return Ready(experiment=experiment, run=run, attempt=attempt)
+        error = pruned_error(culprit) if culprit is not None else None
+        first = self.failed_alike(experiment) if error is None and self.options.stop_early else None
+        if first is not None:
+            error = not_launched_error(first)
+        if error is None:
+            return False
+        outcome = Outcome(status="skipped", error=error, attempt=ready.attempt)
+        ready.run.dir.mkdir(parents=True, exist_ok=True)
+        write_outcome(ready.run, outcome)
+        self.record(experiment.experiment_id, outcome, counted=False)
+        return True
+
+    def failed_alike(self, experiment: Experiment) -> str | None:
+        """The first of two cells like ``experiment``'s (same model, trainer, framework
+        and interpreter) that failed with the same error in this run, or None: with
+        ``stop_early`` the others would fail the same way, so they are not launched.
+
+        Two repeats of one cell count once; errors that may be memory or say nothing
+        (``comparable``) never count."""
+        failures = self._failed.get(_alike(experiment), {})
+        seen: dict[str, str] = {}
+        for first, error in failures.values():
+            if error in seen:
+                return seen[error]
+            seen[error] = first
+        return None
 
     def record(self, eid: str, outcome: Outcome, counted: bool = True) -> None:
         """Keep an experiment's outcome; ``counted``: it ran (for the progress and ETA)."""
@@ -218,6 +257,12 @@ class RunContext:
             self._out_of_memory.append(prune.footprint(self._planned[eid]))
         elif outcome.status == "ok" and eid in self._planned:
             self._fitted.append(prune.footprint(self._planned[eid]))
+        elif outcome.status == "failed" and counted and eid in self._planned:
+            experiment = self._planned[eid]
+            if comparable(outcome.error):
+                self._failed.setdefault(_alike(experiment), {}).setdefault(
+                    experiment.cell_id, (eid, same_error(outcome.error, experiment))
+                )
         note = outcome.error or ("already ok" if outcome.status == "skipped" else "")
         self.progress.finish(eid, outcome.status, outcome.wall_s or 0.0, note, counted=counted)
         self._on_record(self.outcomes)
@@ -236,11 +281,48 @@ class RunContext:
             self.outcomes.setdefault(e.experiment_id, Outcome(status="interrupted", error=why))
 
 
-def _drop_pruned_record(run: RunPaths) -> None:
-    """Remove the record of an earlier pruning (a folder with only that ``outcome.json``):
-    nothing ran, so it is no attempt to keep."""
+def _alike(experiment: Experiment) -> tuple[str, ...]:
+    """What failures are compared within: one model, trained by one trainer under one
+    framework and interpreter (an error of TRL's or of FSDP's spares no other cell)."""
+    env = experiment.environment
+    return (
+        experiment.model_name_or_path,
+        experiment.trainer,
+        experiment.framework,
+        env.name if env is not None else "",
+    )
+
+
+#: what differs between two reports of one error: memory addresses
+_ADDRESSES = re.compile(r"0x[0-9a-fA-F]+")
+#: failures whose error may be memory, or says too little to tell two apart
+#: (``orchestrator.job.classify``): they never spare another cell
+_AMBIGUOUS = (
+    "whether by the out-of-memory killer is unknown",
+    "was killed by SIGKILL",
+    "no error output",
+    "no error recorded",
+)
+
+
+def comparable(error: str | None) -> bool:
+    """Whether a failure's error says enough to stand for another cell's."""
+    return bool(error) and not any(part in str(error) for part in _AMBIGUOUS)
+
+
+def same_error(error: str | None, experiment: Experiment) -> str:
+    """``error`` as compared between experiments: its experiment's own ids and memory
+    addresses taken out, so the same fault in two cells reads the same."""
+    text = (error or "no error recorded").replace(experiment.experiment_id, "<experiment>")
+    text = text.replace(experiment.cell_id, "<experiment>")
+    return _ADDRESSES.sub("0x…", text)
+
+
+def _drop_unlaunched_record(run: RunPaths) -> None:
+    """Remove the record of an earlier pruning or sparing (a folder with only that
+    ``outcome.json``): nothing ran, so it is no attempt to keep."""
     previous = read_outcome(run)
-    if previous is None or not is_pruned(previous.status, previous.error):
+    if previous is None or not never_launched(previous.status, previous.error):
         return
     if [p.name for p in run.dir.iterdir()] == [run.outcome.name]:
         run.outcome.unlink()

@@ -107,6 +107,10 @@ class PackedExecutor(Executor):
                     if not failed_fast:
                         for queue in (gpu_queue, cpu_queue):
                             for ready, devices in queue.start():
+                                if ctx.skipped_unlaunched(ready):
+                                    # pruned or spared by what ran since it was queued
+                                    queue.pool.give(devices)
+                                    continue
                                 eid = ready.experiment.experiment_id
                                 together: set[str] = set()
                                 for other, _, _, other_with in running.values():

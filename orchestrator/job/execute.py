@@ -93,6 +93,9 @@ class RunOptions:
     #: once an experiment ran out of memory, record the experiments of its family that
     #: need at least as much as pruned instead of launching them (``--no-prune``: off)
     prune: bool = True
+    #: once two experiments of one model failed with the same error (not out of memory,
+    #: not a time limit), record the model's others as not launched (``--no-stop-early``)
+    stop_early: bool = True
 
 
 class Interrupted(Exception):
@@ -275,8 +278,10 @@ def child_environment(
     if experiment.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         cores = (os.cpu_count() or 1) // max(1, cpu_share)
         overlay["OMP_NUM_THREADS"] = str(max(1, cores // experiment.processes))
-    if _hub_free(experiment.model_name_or_path):
-        # the built-in models never need the hub: fail in seconds if anything asks
+    if _hub_free(experiment.model_name_or_path) or experiment.hub_offline:
+        # the built-in models never need the hub: fail in seconds if anything asks; a
+        # model found in the cache while the hub did not answer loads from the cache
+        # rather than after the hub's retries (orchestrator.running.stackcheck)
         overlay["HF_HUB_OFFLINE"] = "1"
     # not in command.sh: a run by hand is a launch of its own
     return overlay, {**os.environ, **overlay, LAUNCH_ID_ENV: launch_id or uuid.uuid4().hex}

@@ -22,6 +22,7 @@ task stay empty), with a note in the plan.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import functools
 import itertools
@@ -42,11 +43,12 @@ from orchestrator.contract.argnames import (
     LORA_KEYS,
     RENAMED,
     TASK_KEY,
+    canonical_name,
     default_backend,
     inapplicable_argument,
     sft_only_fields,
 )
-from orchestrator.contract.errors import ConfigError, UserError
+from orchestrator.contract.errors import ConfigError, Place, UserError
 from orchestrator.contract.modelnames import is_python_model
 from orchestrator.matrix import frameworks
 from orchestrator.matrix.experiment import Experiment
@@ -280,7 +282,8 @@ def _merge(
     merged: dict[str, Any] = {}
     provenance: dict[str, int] = {}
     for layer, values in layers:
-        for key, value in values.items():
+        for written, value in values.items():
+            key = canonical_name(written)  # one spelling: an old name sets the new one
             if value is None:
                 merged.pop(key, None)
                 provenance.pop(key, None)
@@ -370,7 +373,7 @@ def build_plan(
                 continue
         if scenario.device == "gpu" and device == "cpu":
             notes.append(f"scenario '{scenario.name}' needs GPUs; planned on the CPU as processes")
-        swept_keys.update(dict.fromkeys(scenario.sweep))
+        swept_keys.update(dict.fromkeys(canonical_name(key) for key in scenario.sweep))
         profile = profile_steps(scenario, selection.profile, selection.profile_steps)
         if profile:
             notes.append(profile_note(scenario, profile))
@@ -395,6 +398,7 @@ def build_plan(
         checks.settle(scenario.name)
 
     notes.extend(checks.notes())
+    notes.extend(_old_names_note(config, scenarios))
     if not experiments:
         raise UserError(
             "the matrix is empty: "
@@ -412,6 +416,21 @@ def build_plan(
         notes=tuple(notes),
         environments=tuple(e for e in envs if e is not None),
     )
+
+
+def _old_names_note(config: BenchConfig, scenarios: Sequence[Scenario]) -> list[str]:
+    """One line naming the old argument names the plan read as tunematrix's (``RENAMED``)."""
+    written = [*config.defaults]
+    for scenario in scenarios:
+        written += [*scenario.arguments, *scenario.sweep]
+        for name in scenario.frameworks:
+            if name is not None and name in config.frameworks:
+                written += [*config.frameworks[name].arguments]
+    old = [key for key in dict.fromkeys(written) if key in RENAMED]
+    if not old:
+        return []
+    pairs = ", ".join(f"{key} as {RENAMED[key]}" for key in old)
+    return [f"old argument names read as the ones rows and ids use: {pairs}"]
 
 
 def _once(gpu_count: GpuCount) -> Callable[[], int]:
@@ -517,6 +536,8 @@ class _Variant:
     data_processing: Mapping[str, Any] | None
     #: SHA-256 of what the cell ids share: scenario, framework, arguments, data, accelerate, env
     base_digest: str
+    #: where each setting was written (``_places``)
+    places: Mapping[str, Place] = field(default_factory=dict)
 
 
 @dataclass
@@ -557,12 +578,19 @@ class _Applicability:
         ] + list(self.refused)
 
 
+def _written(values: Mapping[str, Any], key: str) -> str:
+    """How ``values`` spells argument ``key`` (its old name, ``RENAMED``, or the key)."""
+    return next((k for k in values if canonical_name(k) == key and k != key), key)
+
+
 def _place(
     config: BenchConfig, scenario: Scenario, overlay: _Overlay, key: str, layer: int
 ) -> dict[str, Any]:
-    """Keyword arguments of ``ConfigError`` pointing at the line that set ``key``."""
+    """Keyword arguments of ``ConfigError`` pointing at the line that set ``key`` (as the
+    line spells it)."""
     if layer == _FRAMEWORK and overlay.label in config.frameworks:
         framework = config.frameworks[overlay.label]
+        key = _written(framework.arguments, key)
         line = framework.argument_lines.get(key)
         return {
             "file": framework.file,
@@ -570,10 +598,45 @@ def _place(
             "key": f"frameworks.{framework.name}.arguments.{key}",
         }
     if layer == _SWEEP:
-        return config.where(scenario, f"sweep.{key}")
+        return config.where(scenario, f"sweep.{_written(scenario.sweep, key)}")
     if layer == _DEFAULTS:
-        return {"file": config.defaults_file, "key": key}
-    return config.where(scenario, f"arguments.{key}")
+        key = _written(config.defaults, key)
+        return {"file": config.defaults_file, "line": config.defaults_lines.get(key), "key": key}
+    return config.where(scenario, f"arguments.{_written(scenario.arguments, key)}")
+
+
+def _places(
+    config: BenchConfig, variant: _Variant, data_processing: Mapping[str, Any] | None
+) -> dict[str, Place]:
+    """Where each of a variant's settings was written: its arguments, the data stanza's
+    keys, and the scenario itself (``""``: what a setting without a line of its own names)."""
+
+    def place(where: Mapping[str, Any]) -> Place:
+        file = where.get("file")
+        return Place(str(file) if file is not None else None, where.get("line"), where.get("key"))
+
+    places = {"": place(config.where(variant.scenario))}
+    for key in data_processing or {}:
+        places[key] = Place(
+            str(config.scenarios_file), config.data_lines.get(key), f"data_processing.{key}"
+        )
+    for key, layer in variant.provenance.items():
+        places[key] = place(_place(config, variant.scenario, variant.overlay, key, layer))
+    # the model: a scenario's list (or sweep), else the defaults'
+    model = [
+        k
+        for k in ("sweep.model_name_or_path", "arguments.model_name_or_path")
+        if k in variant.scenario.lines
+    ]
+    if model:
+        places["model_name_or_path"] = place(config.where(variant.scenario, model[0]))
+    elif "model_name_or_path" in config.defaults_lines:
+        places["model_name_or_path"] = Place(
+            str(config.defaults_file),
+            config.defaults_lines["model_name_or_path"],
+            "model_name_or_path",
+        )
+    return places
 
 
 def _why(problem: str) -> str:
@@ -742,7 +805,7 @@ def _variant(
         "accelerate_config": overlay.accelerate.digest if overlay.accelerate is not None else None,
         "env": overlay.env_identity,
     }
-    return _Variant(
+    variant = _Variant(
         scenario=scenario,
         overlay=overlay,
         model=model,
@@ -755,6 +818,7 @@ def _variant(
         data_processing=data_processing,
         base_digest=spec_digest(base),
     )
+    return dataclasses.replace(variant, places=_places(config, variant, data_processing))
 
 
 def _batch_split(
@@ -847,6 +911,7 @@ def _cell_experiments(
             if is_python_model(variant.model)
             else (),
             environment=environment,
+            places=variant.places,
         )
 
 
@@ -871,7 +936,9 @@ def _expand_scenario(
             ] = None
             continue
         for model in scenario.models:
-            for swept in _sweep_combos(scenario.sweep):
+            for written in _sweep_combos(scenario.sweep):
+                # one spelling: a swept old name is the setting rows and ids name
+                swept = {canonical_name(key): value for key, value in written.items()}
                 variant = _variant(config, scenario, overlay, model, swept, axes, checks)
                 # the environments of a cell next to each other (then its repeats)
                 for n, eb, seq, pack, env in itertools.product(

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.environments import Environment
 from orchestrator.config.scenarios import AccelerateConfig
-from orchestrator.contract.argnames import BACKEND_KEY, DEFAULT_TASK, TASK_KEY, default_backend
+from orchestrator.contract.argnames import (
+    BACKEND_KEY,
+    DEFAULT_TASK,
+    TASK_KEY,
+    canonical_name,
+    default_backend,
+)
+from orchestrator.contract.errors import Place
 from orchestrator.contract.steady import SteadyMeasure
 from orchestrator.matrix import frameworks
 
@@ -61,6 +68,23 @@ class Experiment:
     #: steady-state measuring (``measure: {until: steady}``, ``--until steady``); None:
     #: the fixed max_steps. Part of the id only when set, so other ids stay as they were
     measure: SteadyMeasure | None = None
+    #: where each of its settings was written (not part of the id): an argument's name
+    #: (as tunematrix spells it) or a data_processing key -> its file, line and key
+    #: path; ``""``: the scenario
+    places: Mapping[str, Place] = field(default_factory=dict, compare=False, repr=False)
+    #: its model was found in the hub cache while the hub could not be reached
+    #: (``orchestrator.running.stackcheck``): the job runs with ``HF_HUB_OFFLINE=1`` rather
+    #: than wait out the hub's retries (not part of the id)
+    hub_offline: bool = False
+
+    def has_place(self, key: str) -> bool:
+        """Whether setting ``key`` was written somewhere (rather than set by tunematrix)."""
+        return canonical_name(key) in self.places
+
+    def place(self, key: str | None = None) -> Place:
+        """Where setting ``key`` was written (the scenario, where it has no line of its own)."""
+        found = self.places.get(canonical_name(key)) if key else None
+        return found or self.places.get("") or Place(key=f"scenario '{self.scenario}'")
 
     @property
     def python(self) -> str | None:

@@ -10,12 +10,13 @@ same way.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
 from orchestrator.contract import metrics
-from orchestrator.contract.outcome import MEASURED, PRUNED, is_pruned
+from orchestrator.contract.outcome import MEASURED, never_launched, shown
 
 #: columns a cell has besides the declared ones: how many repeats, how many ok
 CELL_COUNTS = ("repeats", "repeats_ok")
@@ -102,26 +103,33 @@ def other_outputs(df: pd.DataFrame) -> list[str]:
     return [c for c in argument_columns(df) if is_output(c)]
 
 
-def pruned(rows: pd.DataFrame) -> pd.Series:
-    """Which rows are pruned experiments (``is_pruned``): never run, never a measurement."""
+def _by_status(rows: pd.DataFrame, test: Callable[[Any, Any], Any]) -> pd.Series:
     errors = rows["error"] if "error" in rows.columns else pd.Series(None, index=rows.index)
     return pd.Series(
-        [is_pruned(s, e) for s, e in zip(rows["status"], errors, strict=True)],
+        [test(s, e) for s, e in zip(rows["status"], errors, strict=True)],
         index=rows.index,
-        dtype=bool,
+        dtype=object,
     )
 
 
 def measured(rows: pd.DataFrame) -> pd.Series:
-    """Which rows' figures count: ok, or kept from an earlier ok run on resume (not pruned)."""
-    return rows["status"].isin(MEASURED) & ~pruned(rows)
+    """Which rows' figures count: ok, or kept from an earlier ok run on resume (not pruned,
+    not spared after its model's repeated failure)."""
+    return rows["status"].isin(MEASURED) & ~_by_status(rows, never_launched).astype(bool)
+
+
+def status_labels(rows: pd.DataFrame) -> pd.Series:
+    """Each row's status, with the experiments skipped without running named for why
+    (``pruned``, ``spared``; ``outcome.shown``); a row without a status stays empty."""
+    return _by_status(rows, lambda s, e: shown(s, e) if isinstance(s, str) else None)
 
 
 def shown_status(rows: pd.DataFrame) -> pd.Series:
     """Each row's status as tables show it: ``skipped`` (kept from an earlier run) as ok,
-    a pruned one as ``pruned``."""
+    a pruned one as ``pruned``, a spared one as ``spared``."""
     status = rows["status"].fillna("unknown").astype(str).replace({"skipped": "ok"})
-    return status.where(~pruned(rows), PRUNED)
+    never = _by_status(rows, never_launched).astype(bool)
+    return status.where(~never, status_labels(rows))
 
 
 def numeric(df: pd.DataFrame, column: str) -> pd.Series:

@@ -38,7 +38,7 @@ import pandas as pd
 from orchestrator.contract import metrics as registry
 from orchestrator.contract.argnames import DEFAULT_TASK
 from orchestrator.contract.layout import ResultsLayout, write_atomic
-from orchestrator.contract.outcome import LOST, PRUNED
+from orchestrator.contract.outcome import LOST, NOT_LAUNCHED, PRUNED
 from orchestrator.results.columns import argument_columns, is_output, measured, shown_status
 from orchestrator.results.environments import match_on_environment
 from orchestrator.results.mdtable import md_table
@@ -360,7 +360,7 @@ def _status_regressions(cells: _Cells, keys: list[str]) -> pd.DataFrame | None:
     ok_ref = r[measured(r)].groupby(keys, sort=False).size()
     lost = n.assign(status=shown_status(n))
     bad_new = (
-        lost[lost["status"].isin((*LOST, PRUNED))]
+        lost[lost["status"].isin((*LOST, PRUNED, NOT_LAUNCHED))]
         .groupby(keys, sort=False)
         .agg(status=("status", "first"), error=("error", "first"))
     )

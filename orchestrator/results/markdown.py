@@ -21,7 +21,7 @@ import pandas as pd
 
 from orchestrator.contract import metrics
 from orchestrator.contract.argnames import CLASSIFICATION_TASKS
-from orchestrator.contract.outcome import PRUNED, PRUNED_PREFIX
+from orchestrator.contract.outcome import NOT_LAUNCHED, NOT_LAUNCHED_PREFIX, PRUNED_PREFIX
 from orchestrator.results import equivalence, fitreport, quality, recommend
 from orchestrator.results.aggregate import (
     PEAK_MEMORY_SOURCES,
@@ -32,7 +32,7 @@ from orchestrator.results.aggregate import (
     shows_hf_estimate,
 )
 from orchestrator.results.capacity import GIB, LIKELY_OOM_FRACTION, Capacity, gib
-from orchestrator.results.columns import CELL_ORDER, config_columns, pruned
+from orchestrator.results.columns import CELL_ORDER, config_columns, status_labels
 from orchestrator.results.communication import communication_markdown
 from orchestrator.results.drift import drift_markdown
 from orchestrator.results.environments import side_by_side_markdown
@@ -148,9 +148,36 @@ def packed_note(rows: pd.DataFrame) -> list[str]:
     ]
 
 
+def not_launched_note(rows: pd.DataFrame) -> list[str]:
+    """A paragraph when experiments were spared: how many, and the error that spared them."""
+    labels = status_labels(rows)
+    spared = rows[labels == NOT_LAUNCHED]
+    if spared.empty:
+        return []
+    errors = (
+        dict(zip(rows["experiment_id"].astype(str), rows["error"], strict=True))
+        if "experiment_id" in rows.columns
+        else {}
+    )
+    causes = []
+    for first in dict.fromkeys(
+        str(e).removeprefix(NOT_LAUNCHED_PREFIX).removeprefix("same error as ")
+        for e in spared["error"]
+    ):
+        error = errors.get(first)
+        causes.append(f"`{first}`" + (f" ({error})" if isinstance(error, str) else ""))
+    return [
+        f"**Spared**: {len(spared)} experiment(s) were not launched: two cells of their "
+        "model, trainer and framework had failed with the same error, which was not about "
+        f"memory or time, so they would have failed alike. First failure: {'; '.join(causes)}. "
+        "`tunematrix run --no-stop-early` (STOP_EARLY=false) launches them.",
+        "",
+    ]
+
+
 def status_counts(rows: pd.DataFrame) -> str:
     """``failed 39 (36 likely OOM), ok 85``: the rows' statuses, likely OOMs among the failed."""
-    counts = rows["status"].where(~pruned(rows), PRUNED).value_counts().to_dict()
+    counts = status_labels(rows).value_counts().to_dict()
     likely = (
         int(rows.loc[rows["status"] == "failed", "likely_oom"].fillna(False).astype(bool).sum())
         if "likely_oom" in rows.columns
@@ -238,6 +265,7 @@ def summary_markdown(
         + status_counts(rows),
         "",
         *packed_note(rows),
+        *not_launched_note(rows),
     ]
     if has_figures(cells, "tokens_per_second_global"):
         lines.append(
@@ -318,8 +346,9 @@ def summary_markdown(
             lines += ["", "Not ok:"]
             for c in problems.to_dict("records"):
                 where = f" (log: `{c['log']}`)" if c.get("log") else ""
-                # a pruned cell's error says "pruned: ..." itself
-                error = str(c.get("error") or "no error recorded").removeprefix(PRUNED_PREFIX)
+                # a pruned (or spared) cell's error says "pruned: ..." itself
+                error = str(c.get("error") or "no error recorded")
+                error = error.removeprefix(PRUNED_PREFIX).removeprefix(NOT_LAUNCHED_PREFIX)
                 lines.append(
                     f"- {c['status']}: {c.get('model_name_or_path')}, {c.get('framework_config')}, {_fmt(c.get('num_gpus'), 'int')} GPU(s): {error}{where}"
                 )

@@ -70,6 +70,7 @@ STATUS_COLORS = {
     "interrupted": "#757575",
     "planned": "#90a4ae",
     "pruned": "#bcaaa4",
+    "spared": "#bcaaa4",
 }
 UNKNOWN_STATUS_COLOR = "#616161"
 #: a status by its bar; the legend says more (``STATUS_LEGEND``)
@@ -79,6 +80,7 @@ STATUS_LABELS = {
     "likely_oom": "likely OOM",
     "oom": "OOM",
     "pruned": "pruned",
+    "spared": "spared",
 }
 STATUS_LEGEND = {
     **STATUS_LABELS,
@@ -86,9 +88,10 @@ STATUS_LEGEND = {
     "of the device",
     "oom": "OOM: out of memory",
     "pruned": "pruned: not run, a cell of its family that needs no more memory ran out",
+    "spared": "spared: not run, two cells like it failed with the same error",
 }
 #: a mix of repeats' statuses takes the colour of the first of these it has
-_SEVERITY = ("oom", "failed", "timeout", "interrupted", "planned", "pruned")
+_SEVERITY = ("oom", "failed", "timeout", "interrupted", "planned", "pruned", "spared")
 #: a label's lines, in characters
 WRAP = 56
 #: the width of the bars' axes, inches

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.layout import ResultsLayout
-from orchestrator.contract.outcome import ACCEPTABLE, PRUNED, Outcome, is_pruned
+from orchestrator.contract.outcome import ACCEPTABLE, Outcome, shown
 from orchestrator.contract.result import read_result
 from orchestrator.executors.base import Executor, Preflight, RunContext
 from orchestrator.job.execute import DEFAULT_TIMEOUT_S, Interrupted, RunOptions
@@ -44,7 +44,7 @@ class RunReport:
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for o in self.outcomes.values():
-            status = PRUNED if is_pruned(o.status, o.error) else o.status
+            status = shown(o.status, o.error)
             out[status] = out.get(status, 0) + 1
         return out
 

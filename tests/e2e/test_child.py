@@ -213,7 +213,7 @@ def test_packed_run_counts_full_blocks_and_reuses_the_prepared_data(tmp_path) ->
     [
         (
             {"model_name_or_path": "no-such-org/no-such-model"},
-            "model 'no-such-org/no-such-model' is not a local folder, not in the Hugging Face cache, and the hub is offline",
+            "model 'no-such-org/no-such-model' is neither a local folder nor in the hub cache, and the hub is offline",
         ),
         ({"dataset": "/no/such/data.jsonl"}, "dataset file not found: /no/such/data.jsonl"),
         (

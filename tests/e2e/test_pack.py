@@ -42,6 +42,7 @@ def _run(tmp: Path, results: str, *extra: str) -> tuple[float, list[dict[str, st
             "-m",
             "orchestrator",
             "run",
+            "--no-check",  # only the launches are timed against each other
             "--scenarios",
             "scenarios.yaml",
             "--defaults",

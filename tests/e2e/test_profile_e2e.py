@@ -57,7 +57,8 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "orchestrator", "run", "--scenarios", "scenarios.yaml"),
+            *(sys.executable, "-m", "orchestrator", "run", "--no-check"),
+            *("--scenarios", "scenarios.yaml"),
             *("--device", "cpu", "--num-gpus", "2", "--results", "results"),
         ],
         cwd=work,

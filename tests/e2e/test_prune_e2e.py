@@ -74,7 +74,7 @@ def pruned_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
         proc = subprocess.run(
             [
                 sys.executable,
-                *("-m", "orchestrator", "run", "--device", "cpu"),
+                *("-m", "orchestrator", "run", "--device", "cpu", "--no-check"),
                 *("--scenarios", "scenarios.yaml", "--defaults", "defaults.yaml"),
                 *("--results", "res"),
             ],

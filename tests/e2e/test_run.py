@@ -185,10 +185,13 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
 
 def test_failure_resume_and_a_second_run(tmp_path) -> None:
     (tmp_path / "defaults.yaml").write_text(DEFAULTS)
+    # a fault only training finds (the check before launch reads no data)
+    broken_data = tmp_path / "broken.jsonl"
+    broken_data.write_text('{"instruction": "a", "output": "b"}\nnot json\n')
     (tmp_path / "scenarios.yaml").write_text(
         scenarios(
             scenario("good", num_gpus="[1]"),
-            scenario("broken", model="no-such-org/no-such-model", num_gpus="[1]"),
+            scenario("broken", extra=f"      dataset: {broken_data}\n", num_gpus="[1]"),
         )
     )
     first = tunematrix(
@@ -200,13 +203,14 @@ def test_failure_resume_and_a_second_run(tmp_path) -> None:
     assert by["good"]["status"] == "ok"
     broken = by["broken"]
     assert broken["status"] == "failed"
-    assert broken["error"].startswith("model 'no-such-org/no-such-model' is not a local folder")
+    assert broken["error"] == f"dataset {broken_data}:2: not valid JSON (Expecting value)"
     assert broken["log"] == f"runs/{broken['experiment_id']}/stderr.log"
     assert "failed: broken." in first.stdout and "log: runs/" in first.stdout
     good_result = results / "runs" / by["good"]["experiment_id"] / "result.json"
     stamp = good_result.stat().st_mtime_ns
 
     # resume: the ok experiment is skipped (its result untouched), the failed one runs again
+    # (the check before launch passed the first time; it has nothing new to say)
     second = tunematrix(
         tmp_path,
         "--scenarios",
@@ -216,6 +220,7 @@ def test_failure_resume_and_a_second_run(tmp_path) -> None:
         "--device",
         "cpu",
         "--resume",
+        "--no-check",
     )
     assert second.returncode == 1
     by = {r["scenario"]: r for r in rows(results)}
@@ -238,6 +243,7 @@ def test_failure_resume_and_a_second_run(tmp_path) -> None:
         "cpu",
         "--filter",
         "good",
+        "--no-check",
     )
     assert third.returncode == 0, third.stderr[-2000:]
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("results.")]
@@ -264,6 +270,7 @@ def test_timeout_kills_the_whole_group(tmp_path) -> None:
         "cpu",
         "--num-gpus",
         "2",
+        "--no-check",
         "--timeout",
         "12",
     )
@@ -309,6 +316,7 @@ def test_ctrl_c_keeps_finished_rows_and_leaves_no_orphan(tmp_path) -> None:
             "cpu",
             "--num-gpus",
             "1 2",
+            "--no-check",
         ],
         cwd=tmp_path,
         env=env(),

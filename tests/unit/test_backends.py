@@ -72,7 +72,10 @@ def test_hf_settings_are_what_the_trainer_arguments_say(tmp_path: Path) -> None:
     bad = spec.model_copy(
         update={"arguments": {"model_name_or_path": "m", BACKEND_KEY: "hf", "optim": "nope"}}
     )
-    with pytest.raises(SpecError, match=r"^invalid trainer arguments: .*nope"):
+    with pytest.raises(
+        SpecError,
+        match=r"^invalid trainer arguments \(transformers [0-9.]+.s TrainingArguments\): .*nope",
+    ):
         backend.configure(bad, parse_arguments(bad), on_gpu=False)
 
 

@@ -460,6 +460,40 @@ def test_old_argument_names_are_accepted(load) -> None:
         "gradient_checkpointing: true\ninclude_tokens_per_second: true\nevaluation_strategy: 'no'\n",
     )
     assert config.defaults["gradient_checkpointing"] is True
+    assert config.defaults_lines == {
+        "gradient_checkpointing": 1,
+        "include_tokens_per_second": 2,
+        "evaluation_strategy": 3,
+    }
+
+
+def test_an_old_and_a_new_name_of_one_setting_in_one_place_is_refused(load) -> None:
+    assert _error(
+        load, MINIMAL, "activation_checkpointing: true\ngradient_checkpointing: false\n"
+    ).endswith(
+        "defaults.yaml:2: gradient_checkpointing: 'gradient_checkpointing' is the old name of "
+        "'activation_checkpointing', which is set too; keep one"
+    )
+    message = _error(
+        load,
+        "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m, "
+        "activation_checkpointing: true}\n    sweep: {gradient_checkpointing: [true, false]}\n",
+        "",
+    )
+    assert message.endswith(
+        "scenarios.yaml:4: scenarios[0].sweep.gradient_checkpointing: 'gradient_checkpointing' "
+        "is both a constant in arguments and swept; keep one"
+    )
+    message = _error(
+        load,
+        "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m}\n"
+        "    sweep: {gradient_checkpointing: [true], activation_checkpointing: [false]}\n",
+        "",
+    )
+    assert message.endswith(
+        "scenarios[0].sweep.activation_checkpointing: 'gradient_checkpointing' and "
+        "'activation_checkpointing' name one setting, swept twice; keep one"
+    )
 
 
 def test_auto_find_batch_size_is_refused_while_planning(load) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from orchestrator.contract.errors import ConfigError, UserError
@@ -467,3 +469,39 @@ def test_a_preview_without_a_gpu_plans_for_the_scenarios_device(plan) -> None:
         plan(GPU_ONLY, device="auto", gpu_count=0)
     with pytest.raises(UserError, match=r"is for gpu, and this run is for cpu \(requested\)"):
         plan(GPU_ONLY, device="cpu", preview=True, gpu_count=0)
+
+
+def test_an_old_name_sets_the_new_one_so_rows_spell_it_one_way(plan) -> None:
+    """The predecessor's ``gradient_checkpointing: false`` in a scenario overrides
+    defaults.yaml's ``activation_checkpointing: true``: the cells carry one spelling,
+    and each setting knows the line that wrote it, as written."""
+    built = plan(
+        "scenarios:\n"
+        "  - name: a\n"
+        "    arguments:\n"
+        "      model_name_or_path: m\n"
+        "      gradient_checkpointing: false\n",
+        "activation_checkpointing: true\nlearning_rate: 1.0e-4\n",
+        num_gpus=(1,),
+        effective_batch_size=(4,),
+    )
+    (cell,) = built.experiments
+    assert (
+        "old argument names read as the ones rows and ids use: gradient_checkpointing as "
+        "activation_checkpointing"
+    ) in built.notes
+    assert cell.arguments["activation_checkpointing"] is False
+    assert "gradient_checkpointing" not in cell.arguments
+    for name in ("activation_checkpointing", "gradient_checkpointing"):
+        place = cell.place(name)
+        assert (Path(place.file).name, place.line, place.key) == (
+            "scenarios.yaml",
+            5,
+            "scenarios[0].arguments.gradient_checkpointing",
+        )
+    place = cell.place("learning_rate")
+    assert (Path(place.file).name, place.line, place.key) == ("defaults.yaml", 2, "learning_rate")
+    place = cell.place("model_name_or_path")
+    assert (place.line, place.key) == (4, "scenarios[0].arguments.model_name_or_path")
+    # a setting with no line of its own: the scenario's
+    assert (cell.place("nothing").line, cell.place("nothing").key) == (2, "scenarios[0]")

@@ -5,7 +5,8 @@ arguments, loads the model and the data, measures, and writes the result. A
 backend:
 
 - says which trainer arguments it accepts (``argument_fields``; the argument
-  check refuses any other name);
+  check refuses any other name), and passes them under the installed library's
+  names (``arguments``);
 - turns them into its own configuration, and reports the settings measurement
   reads (``configure`` -> ``TrainSettings``);
 - builds its trainer from the model, the tokenizer (or processor) and the
@@ -64,6 +65,13 @@ class BuiltTrainer(Protocol):
 class TrainerBackend(Protocol):
     def argument_fields(self) -> frozenset[str]:
         """The trainer argument names this backend accepts (besides tunematrix's own)."""
+        ...
+
+    def arguments(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> dict[str, Any]:
+        """The keyword arguments ``configure`` builds its configuration from, each under
+        the name the installed library takes (``trainer_entry.installed``); a
+        ``SettingError`` names one it takes under no name. Builds nothing, so the check
+        before launch (``trainer_entry.check``) can ask on a machine without the GPUs."""
         ...
 
     def configure(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> TrainSettings:

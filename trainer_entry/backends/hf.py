@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
-from orchestrator.contract.argnames import training_fields
+from orchestrator.contract.argnames import training_fields, training_fields_version
 from orchestrator.contract.spec import RunSpec
+from trainer_entry import installed
 from trainer_entry.arguments import ParsedArguments
 from trainer_entry.backends.base import TrainOutput, TrainSettings
 from trainer_entry.data.collate import pop_counts
-from trainer_entry.errors import SpecError
 from trainer_entry.hooks import StepHooks
+from trainer_entry.installed import Owner, Refused, in_installed_names
 from trainer_entry.tasks.base import Task, TaskData
 
 # Loading bars would fill stderr.log with carriage-return noise.
@@ -73,18 +73,39 @@ def controlled_arguments(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -
     }
 
 
-def training_arguments(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> TrainingArguments:
-    """The ``TrainingArguments`` of a run: the scenario's, with what tunematrix controls."""
+#: what takes the ``hf`` backend's arguments
+TRAINING_ARGUMENTS = Owner("transformers", "TrainingArguments")
+
+
+def newer_field(key: str) -> str:
+    """What a message adds about ``key`` when the installed ``TrainingArguments`` lacks it:
+    which transformers has it (the saved list's), where that one does."""
+    if key not in training_fields():
+        return ""
+    return f" (transformers {training_fields_version()}'s does)"
+
+
+def training_kwargs(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> dict[str, Any]:
+    """The keyword arguments of a run's ``TrainingArguments``, in the installed names: the
+    scenario's, with what tunematrix controls (``SettingError`` for a setting it lacks)."""
     kwargs: dict[str, Any] = {
         **RUN_DEFAULTS,
         **parsed.training,
         **controlled_arguments(spec, parsed, on_gpu),
         "remove_unused_columns": False,
     }
+    return in_installed_names(
+        kwargs, installed_fields(), TRAINING_ARGUMENTS, parsed.notes, why=newer_field
+    )
+
+
+def training_arguments(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> TrainingArguments:
+    """The ``TrainingArguments`` of a run: the scenario's, with what tunematrix controls."""
+    kwargs = training_kwargs(spec, parsed, on_gpu)
     try:
         return TrainingArguments(**kwargs)
     except (ValueError, TypeError) as exc:
-        raise SpecError(f"invalid trainer arguments: {exc}") from None
+        raise Refused(TRAINING_ARGUMENTS, str(exc)) from None
 
 
 def settings_of(args: TrainingArguments) -> TrainSettings:
@@ -92,7 +113,7 @@ def settings_of(args: TrainingArguments) -> TrainSettings:
     return TrainSettings(
         per_device_train_batch_size=args.per_device_train_batch_size,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
-        activation_checkpointing=bool(args.activation_checkpointing),
+        activation_checkpointing=bool(installed.read(args, "activation_checkpointing")),
         fsdp=args.fsdp,
         mixed_precision=getattr(args, "mixed_precision", None),
         tf32=args.tf32,
@@ -113,7 +134,13 @@ class TrainerRun:
 
 def installed_fields() -> frozenset[str]:
     """The fields of the installed ``TrainingArguments``."""
-    return frozenset(f.name for f in dataclasses.fields(TrainingArguments) if f.init)
+    return installed.init_fields(TrainingArguments)
+
+
+def processing_class(trainer: type, tokenizer: Any) -> dict[str, Any]:
+    """``trainer``'s keyword for the tokenizer (``processing_class``; ``tokenizer`` before)."""
+    name = installed.installed_name("processing_class", installed.parameters(trainer.__init__))
+    return {name or "processing_class": tokenizer}
 
 
 class HFTrainerBackend:
@@ -122,6 +149,9 @@ class HFTrainerBackend:
     def argument_fields(self) -> frozenset[str]:
         """The fields of the installed ``TrainingArguments`` and of the saved list."""
         return installed_fields() | training_fields()
+
+    def arguments(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> dict[str, Any]:
+        return training_kwargs(spec, parsed, on_gpu)
 
     def configure(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> TrainSettings:
         return settings_of(training_arguments(spec, parsed, on_gpu))
@@ -142,7 +172,7 @@ class HFTrainerBackend:
             args=settings.native,
             train_dataset=task.dataset(data),
             data_collator=task.collator(tokenizer, parsed),
-            processing_class=tokenizer,
+            **processing_class(Trainer, tokenizer),
             callbacks=[MeasureCallback(hooks)] if hooks is not None else [],
             hooks=hooks,
         )

@@ -31,15 +31,19 @@ import numpy as np
 import pyarrow.compute as pc
 from trl import SFTConfig, SFTTrainer
 
-from orchestrator.contract.argnames import sft_fields, training_fields
+from orchestrator.contract.argnames import sft_fields, sft_fields_version, training_fields
 from orchestrator.contract.spec import RunSpec
+from trainer_entry import installed
 from trainer_entry.arguments import DataConfig, ParsedArguments
 from trainer_entry.backends.base import TrainSettings
 from trainer_entry.backends.hf import (
     RUN_DEFAULTS,
+    TRAINING_ARGUMENTS,
     MeasureCallback,
     TrainerRun,
     controlled_arguments,
+    newer_field,
+    processing_class,
     settings_of,
 )
 from trainer_entry.backends.hf import installed_fields as training_arguments_fields
@@ -54,6 +58,7 @@ from trainer_entry.data.formats import IGNORE_INDEX
 from trainer_entry.data.tokenize import PreparedData
 from trainer_entry.errors import SpecError
 from trainer_entry.hooks import StepHooks
+from trainer_entry.installed import Owner, Refused, in_installed_names
 from trainer_entry.tasks.base import Task, TaskData
 
 # TRL prepares its dataset with datasets' map: no loading bars in stderr.log
@@ -72,9 +77,13 @@ REFUSED = {
 }
 
 
+#: what takes the ``sft`` backend's arguments
+SFT_CONFIG = Owner("trl", "SFTConfig")
+
+
 def installed_fields() -> frozenset[str]:
     """The fields of the installed ``SFTConfig`` (``TrainingArguments``' among them)."""
-    return frozenset(f.name for f in dataclasses.fields(SFTConfig) if f.init)
+    return installed.init_fields(SFTConfig)
 
 
 def own_fields() -> frozenset[str]:
@@ -123,8 +132,24 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def sft_config(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> SFTConfig:
-    """The ``SFTConfig`` of a run: the scenario's, our data options, what tunematrix controls."""
+def _owner(key: str) -> Owner:
+    """Whose setting ``key`` is: ``TrainingArguments``' (which ``SFTConfig`` takes as its
+    base class's) or ``SFTConfig``'s own."""
+    return (
+        TRAINING_ARGUMENTS if key in training_fields() and key not in sft_fields() else SFT_CONFIG
+    )
+
+
+def _newer(key: str) -> str:
+    """Which release takes a setting the installed one lacks (the saved lists')."""
+    if _owner(key) is TRAINING_ARGUMENTS:
+        return newer_field(key)
+    return f" (trl {sft_fields_version()}'s does)" if key in sft_fields() else ""
+
+
+def sft_kwargs(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> dict[str, Any]:
+    """The keyword arguments of a run's ``SFTConfig``, in the installed names: the
+    scenario's, our data options as TRL's own, what tunematrix controls."""
     for key in sorted(REFUSED.keys() & parsed.training.keys()):
         if parsed.training[key]:
             raise SpecError(f"trainer sft: {key} is refused: {REFUSED[key]}")
@@ -137,7 +162,6 @@ def sft_config(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> SFTConfi
             "under padding_free without packing; remove truncation_mode or set packing: true"
         )
     kwargs: dict[str, Any] = {
-        **hf_defaults(),
         **RUN_DEFAULTS,
         **parsed.training,
         # our data options, as TRL's own
@@ -148,10 +172,18 @@ def sft_config(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> SFTConfi
     }
     if parsed.pad_to_multiple_of is not None:
         kwargs["pad_to_multiple_of"] = parsed.pad_to_multiple_of
+    ours = in_installed_names(kwargs, installed_fields(), _owner, parsed.notes, why=_newer)
+    # hf's defaults first (already in the installed names): a setting of the run wins
+    return {**hf_defaults(), **ours}
+
+
+def sft_config(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> SFTConfig:
+    """The ``SFTConfig`` of a run: the scenario's, our data options, what tunematrix controls."""
+    kwargs = sft_kwargs(spec, parsed, on_gpu)
     try:
         return SFTConfig(**kwargs)
     except (ValueError, TypeError) as exc:
-        raise SpecError(f"invalid trainer arguments: {_first_line(exc)}") from None
+        raise Refused(SFT_CONFIG, _first_line(exc)) from None
 
 
 def sft_dataset(prepared: PreparedData, completion_only_loss: bool) -> datasets.Dataset:
@@ -250,6 +282,9 @@ class SFTTrainerBackend:
         """``SFTConfig``'s fields (``TrainingArguments``' with them), installed and saved."""
         return installed_fields() | training_fields() | sft_fields()
 
+    def arguments(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> dict[str, Any]:
+        return sft_kwargs(spec, parsed, on_gpu)
+
     def configure(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> TrainSettings:
         return settings_of(sft_config(spec, parsed, on_gpu))
 
@@ -271,11 +306,12 @@ class SFTTrainerBackend:
                 model=model,
                 args=config,
                 train_dataset=sft_dataset(prepared, parsed.data.completion_only_loss),
-                processing_class=tokenizer,
+                **processing_class(SFTTrainer, tokenizer),
                 callbacks=[MeasureCallback(hooks)] if hooks is not None else [],
                 hooks=hooks,
             )
         except ValueError as exc:  # TRL's checks of its arguments against the model and data
             raise SpecError(f"trainer sft: {_first_line(exc)}") from None
-        describe(data.meta, trainer.train_dataset, prepared, parsed.data, config.max_length)
+        max_length = installed.read(config, "max_length")
+        describe(data.meta, trainer.train_dataset, prepared, parsed.data, max_length)
         return TrainerRun(trainer)

@@ -22,8 +22,8 @@ training's, not a loading spike (see ``config_placement``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,14 +32,15 @@ from typing import Any
 
 import torch
 
-from trainer_entry import ASSETS
+from trainer_entry import installed
 from trainer_entry.arguments import ModelConfig, PeftConfig
 from trainer_entry.errors import SpecError
-from trainer_entry.models.kinds import CONFIG_PREFIX, TINY_MODELS, model_kind
+from trainer_entry.models.kinds import TINY_MODELS, model_kind
+from trainer_entry.models.resolve import ARCHITECTURES as ARCHITECTURES
+from trainer_entry.models.resolve import architecture_config, shipped_architectures
 from trainer_entry.models.tiny import TINY_NAME
 from trainer_entry.tasks.base import Task
 
-ARCHITECTURES = ASSETS / "architectures"
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -103,10 +104,6 @@ def config_placement(*, on_gpu: bool, fsdp: bool, broadcast: bool, rank: int) ->
     return Placement("cpu", init_weights=not (broadcast and rank != 0))
 
 
-def shipped_architectures() -> list[str]:
-    return sorted(p.stem for p in ARCHITECTURES.glob("*.json"))
-
-
 def _dtype(cfg: ModelConfig, on_gpu: bool, kind: str) -> torch.dtype | str:
     if cfg.dtype is None or cfg.dtype == "auto":
         # Pretrained weights keep the dtype they were saved in; a model built
@@ -122,29 +119,6 @@ def _dtype(cfg: ModelConfig, on_gpu: bool, kind: str) -> torch.dtype | str:
         ) from None
 
 
-def _architecture_config(spec: str) -> dict[str, Any]:
-    """The config dict for ``config:<name or path>``."""
-    target = spec.removeprefix(CONFIG_PREFIX)
-    path = Path(target).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        shipped = ARCHITECTURES / f"{target}.json"
-        if not shipped.is_file():
-            raise SpecError(
-                f"model 'config:{target}': no such architecture; shipped ones: "
-                f"{', '.join(shipped_architectures())} (or give a path to a config.json)"
-            )
-        path = shipped
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"model 'config:{target}': cannot read {path}: {exc}") from None
-    if not isinstance(data, dict) or "model_type" not in data:
-        raise SpecError(f"model 'config:{target}': {path} has no model_type")
-    return {k: v for k, v in data.items() if not k.startswith("_")}
-
-
 def _model_error(name: str, exc: Exception) -> SpecError:
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
     where = "not a local folder" + (
@@ -156,6 +130,20 @@ def _model_error(name: str, exc: Exception) -> SpecError:
         f"use {TINY_NAME}, config:<architecture> ({', '.join(shipped_architectures())}), "
         "a local folder, or a hub id when online"
     )
+
+
+def dtype_keyword() -> str:
+    """The keyword ``from_pretrained`` and ``from_config`` take the weights' dtype under:
+    the one transformers' model configs have as a field (``dtype``; ``torch_dtype``
+    before)."""
+    from transformers import PretrainedConfig
+
+    fields = (
+        installed.init_fields(PretrainedConfig)
+        if dataclasses.is_dataclass(PretrainedConfig)
+        else installed.parameters(PretrainedConfig.__init__)
+    )
+    return installed.installed_name("dtype", fields) or installed.spellings("dtype")[-1]
 
 
 def tiny_model_path(name: str) -> Path:
@@ -218,21 +206,21 @@ def load_model(
         if kind == "python":
             model, given_tokenizer = _python_model(cfg, task, extra, search_path, dtype)
         elif kind == "config":
-            config = AutoConfig.for_model(**_architecture_config(name))
+            config = AutoConfig.for_model(**architecture_config(name))
             device = torch.device("cuda", local_rank) if place.device == "cuda" else "cpu"
             for key, value in extra.items():
                 setattr(config, key, value)
             with torch.device(device), _weights_drawn(place.init_weights):
                 model = auto_model.from_config(
                     config,
-                    dtype=dtype,
+                    **{dtype_keyword(): dtype},
                     attn_implementation=attn,
                     trust_remote_code=cfg.trust_remote_code,
                 )
         else:
             path = str(tiny_model_path(name)) if kind == "tiny" else name
             model = auto_model.from_pretrained(
-                path, dtype=dtype, revision=cfg.revision, **common, **extra
+                path, **{dtype_keyword(): dtype}, revision=cfg.revision, **common, **extra
             )
             tokenizer_name = tokenizer_name or path
     except SpecError:
@@ -390,11 +378,43 @@ def linear_module_names(model: Any) -> list[str]:
     return sorted(names)
 
 
+#: what takes the LoRA settings
+LORA_CONFIG = installed.Owner("peft", "LoraConfig")
+#: our LoRA settings -> ``LoraConfig``'s names for them (``lora_bias`` is its ``bias``)
+_LORA_NAMES = {"bias": "lora_bias"}
+
+
+def lora_config(cfg: PeftConfig, task: Task, head: list[str] | None = None) -> Any:
+    """The ``LoraConfig`` of ``cfg``, in the names the installed peft takes; ``head``: the
+    modules trained in full when the scenario names none (a new classifier)."""
+    from peft import LoraConfig
+
+    kwargs = {
+        "r": cfg.r,
+        "lora_alpha": cfg.lora_alpha,
+        "lora_dropout": cfg.lora_dropout,
+        "target_modules": cfg.target_modules,
+        "bias": cfg.bias,
+        "modules_to_save": cfg.modules_to_save if cfg.modules_to_save is not None else head,
+        "task_type": task.peft_task_type(),
+    }
+    fields = installed.init_fields(LoraConfig)
+    try:
+        kwargs = installed.in_installed_names(kwargs, fields, LORA_CONFIG)
+    except installed.SettingError as exc:  # named as the scenario names it
+        ours = _LORA_NAMES.get(exc.key, exc.key)
+        raise installed.SettingError(ours, LORA_CONFIG, exc.detail) from None
+    try:
+        return LoraConfig(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise installed.Refused(LORA_CONFIG, str(exc), "LoRA settings") from None
+
+
 def apply_peft(model: Any, cfg: PeftConfig, *, quantized: bool, task: Task | None = None) -> Any:
     if cfg.method is None:
         return model
     task = task or _default_task()
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from peft import get_peft_model, prepare_model_for_kbit_training
 
     available = linear_module_names(model)
     target = cfg.target_modules
@@ -408,18 +428,8 @@ def apply_peft(model: Any, cfg: PeftConfig, *, quantized: bool, task: Task | Non
             )
     if quantized:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    config = LoraConfig(
-        r=cfg.r,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=target,
-        bias=cfg.bias,
-        # a new head (a classifier) is trained in full unless the scenario says otherwise
-        modules_to_save=cfg.modules_to_save
-        if cfg.modules_to_save is not None
-        else (task.head_modules(model) or None),
-        task_type=task.peft_task_type(),
-    )
+    # a new head (a classifier) is trained in full unless the scenario says otherwise
+    config = lora_config(cfg, task, task.head_modules(model) or None)
     try:
         return get_peft_model(model, config)
     except ValueError as exc:

@@ -1,0 +1,107 @@
+"""The tiny CPU matrix at the lowest versions pyproject.toml allows (``tox -e floor``).
+
+The floor env installs exactly pyproject's lower bounds of torch, transformers, trl,
+peft, accelerate and datasets; this test checks that they are what runs, and runs the
+tiny model end to end through ``run_benchmarks.sh`` as a user would: both trainers,
+full fine-tuning and LoRA, one and two processes, with activation checkpointing (the
+shipped defaults.yaml's) and eval on. On transformers 5.17 activation checkpointing
+goes under its old name, ``gradient_checkpointing``, decided from TrainingArguments'
+fields; the rows spell it one way and say it was on because the model said so.
+
+Only the floor env selects it (``-m floor``): elsewhere the versions are newer.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from floors import FLOORED, floors, release
+
+pytestmark = [pytest.mark.e2e, pytest.mark.floor]
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCENARIOS = f"""\
+frameworks:
+  ddp: {{accelerate_config: {REPO / "accelerate-ddp.yaml"}}}
+matrix:
+  effective_batch_size: [4]
+  max_seq_len: [128]
+  packing: [true]
+scenarios:
+  - name: floor
+    device: cpu
+    framework_config: [ddp]
+    num_gpus: [1, 2]
+    arguments:
+      model_name_or_path: tiny-llama
+      torch_dtype: float32
+      learning_rate: 1e-3
+      max_steps: 6
+      eval: true
+      r: 8
+      lora_alpha: 16
+      target_modules: [q_proj, k_proj, v_proj, o_proj]
+    sweep:
+      trainer: [sft, hf]
+      peft_method: [none, lora]
+"""
+
+
+def test_the_floors_are_what_is_installed() -> None:
+    wanted = floors()
+    assert sorted(wanted) == sorted(FLOORED)
+    installed = {name: version(name) for name in FLOORED}
+    assert {n: release(v) for n, v in installed.items()} == {
+        n: release(v) for n, v in wanted.items()
+    }, installed
+
+
+def test_the_tiny_matrix_runs_end_to_end_at_the_floors(tmp_path: Path) -> None:
+    (tmp_path / "scenarios.yaml").write_text(SCENARIOS)
+    done = subprocess.run(
+        ["bash", str(REPO / "run_benchmarks.sh"), "1 2", "results", "scenarios.yaml"],
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    # the check before launch ran, against the floors
+    assert "checked 8 cell(s) against" in done.stdout
+    with (tmp_path / "results" / "raw_summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 8
+    cells = {(r["trainer"], r["peft_method"] or "none", r["num_gpus"]) for r in rows}
+    assert cells == {(t, p, n) for t in ("sft", "hf") for p in ("none", "lora") for n in ("1", "2")}
+    assert {r["status"] for r in rows} == {"ok"}, [(r["experiment_id"], r["error"]) for r in rows]
+    # one spelling in the rows, whatever the installed transformers calls it
+    assert "gradient_checkpointing" not in rows[0]
+    for row in rows:
+        assert row["activation_checkpointing"] == "True"
+        assert float(row["eval_loss"]) > 0 and float(row["tokens_per_second_global"]) > 0
+        result = json.loads(
+            (tmp_path / "results" / "runs" / row["experiment_id"] / "result.json").read_text()
+        )
+        assert result["activation_checkpointing"] is True
+        assert {k: result["versions"][k] for k in ("transformers", "trl", "peft")} == {
+            k: version(k) for k in ("transformers", "trl", "peft")
+        }
+        # the model said it recomputed (no note that it did not), and where the installed
+        # TrainingArguments has only the old name, the row says the setting went under it
+        notes = " ".join(result["notes"])
+        assert "did not recompute" not in notes
+        from transformers import TrainingArguments
+
+        from trainer_entry.installed import init_fields
+
+        if "activation_checkpointing" not in init_fields(TrainingArguments):
+            assert "activation_checkpointing is passed as gradient_checkpointing" in notes
