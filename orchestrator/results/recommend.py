@@ -197,7 +197,7 @@ def markdown(cells: pd.DataFrame) -> list[str]:
             )
     intro = (
         "Per model and GPU count, the fastest cell that finished ok (median tokens/s over "
-        "its repeats); oom, pruned, failed and timed-out cells are never recommended"
+        "its repeats); oom, pruned, spared, failed and timed-out cells are never recommended"
         + (f" ({excluded} cell(s) left out)" if excluded else "")
         + ". Cost per 1M tokens is GPUs ÷ tokens/s (on the CPU, processes: "
         "process-hours), so at one GPU count the fastest cell is also the cheapest; the "

@@ -133,6 +133,7 @@ def test_a_registered_executor_runs_a_tiny_matrix(
             "--executor",
             "inorder",
             "--inorder-reverse",
+            "--no-check",  # the executor is the subject (the check: test_stackcheck_e2e.py)
             "--no-report",
         ]
     )

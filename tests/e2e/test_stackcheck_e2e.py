@@ -147,6 +147,7 @@ def test_a_cached_model_runs_offline_when_the_hub_does_not_answer(
     done = _run(
         tmp_path,
         _scenario("tunematrix/tiny-cached").replace("[2, 4]", "[2]"),
+        "--no-report",
         HF_ENDPOINT=silent_hub,
         HF_HOME=str(hf_home),
     )
