@@ -29,6 +29,7 @@ import yaml
 
 from orchestrator import __version__
 from orchestrator.contract.layout import PROJECT_ROOT
+from orchestrator.contract.modelnames import hub_offline
 from orchestrator.executors.base import State
 from orchestrator.executors.registry import EXECUTORS
 from orchestrator.running import envinfo, hardware, needs
@@ -584,7 +585,7 @@ def _env_row(facts: Facts) -> Row | None:
     if not facts.env:
         return None
     shown = ", ".join(f"{k}={v!r}" if not v else f"{k}={v}" for k, v in facts.env.items())
-    offline = facts.env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    offline = hub_offline(facts.env)
     return Row(
         "info", "env", shown, "hub models and datasets must be in the cache" if offline else ""
     )

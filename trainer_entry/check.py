@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.checking import ANSWER
-from trainer_entry.errors import SpecError
+from trainer_entry.errors import SpecError, first_line
 
 #: the packages whose versions the answer gives
 STACK = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "huggingface_hub")
@@ -55,7 +55,6 @@ def _problem(cell: str, exc: BaseException) -> dict[str, Any]:
     """One problem: the cell, the message, and the key and library where one is to blame."""
     from trainer_entry.installed import SettingError
 
-    text = str(exc).strip() or type(exc).__name__
     if isinstance(exc, SettingError):
         return {
             "cell": cell,
@@ -64,9 +63,10 @@ def _problem(cell: str, exc: BaseException) -> dict[str, Any]:
             "version": exc.owner.version,
             "message": exc.detail,
         }
+    message = first_line(exc)
     if not isinstance(exc, SpecError):
-        text = f"{type(exc).__name__}: {text}"
-    return {"cell": cell, "key": None, "message": (text.splitlines() or [text])[0]}
+        message = f"{type(exc).__name__}: {message}"
+    return {"cell": cell, "key": None, "message": message}
 
 
 def resolve_models(specs: Iterable[tuple[str, Any]]) -> dict[str, dict[str, Any]]:

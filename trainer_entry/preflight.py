@@ -10,13 +10,14 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from orchestrator.contract.modelnames import hub_offline
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.arguments import ParsedArguments, parse_arguments
 from trainer_entry.data.load import LOCAL_SUFFIXES
 from trainer_entry.errors import SpecError
 from trainer_entry.models.custom import check_findable
 from trainer_entry.models.kinds import model_kind
-from trainer_entry.models.resolve import hub_offline, resolve
+from trainer_entry.models.resolve import resolve
 
 
 def preflight(spec: RunSpec, *, models: bool = True) -> ParsedArguments:

@@ -10,6 +10,9 @@ and calls the function when it trains that experiment
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 PYTHON_PREFIX = "python:"
 #: the embedded tiny models, built offline by the child (``trainer_entry.models.kinds``)
 TINY_MODEL_NAMES = ("tiny-llama", "tiny-bert", "tiny-vit")
@@ -49,3 +52,13 @@ def python_model_problem(name: str) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def hub_offline(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether the environment keeps the Hugging Face hub offline: ``HF_HUB_OFFLINE`` (or
+    transformers' older ``TRANSFORMERS_OFFLINE``) set to what huggingface_hub reads as
+    true (1, true, yes, on)."""
+    return any(
+        env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )

@@ -55,9 +55,17 @@ NOT_LAUNCHED_PREFIX = "not launched: "
 NOT_LAUNCHED = "spared"
 
 
+_SAME_ERROR_AS = "same error as "
+
+
 def not_launched_error(first_id: str) -> str:
-    """The error of an experiment spared because its model fails as ``first_id`` did."""
-    return f"{NOT_LAUNCHED_PREFIX}same error as {first_id}"
+    """The error of an experiment spared because cells like it fail as ``first_id`` did."""
+    return f"{NOT_LAUNCHED_PREFIX}{_SAME_ERROR_AS}{first_id}"
+
+
+def not_launched_by(error: str) -> str:
+    """The id of the failure a spared experiment's error names (``not_launched_error``)."""
+    return error.removeprefix(NOT_LAUNCHED_PREFIX).removeprefix(_SAME_ERROR_AS)
 
 
 def is_not_launched(status: Any, error: Any) -> bool:

@@ -93,8 +93,9 @@ class RunOptions:
     #: once an experiment ran out of memory, record the experiments of its family that
     #: need at least as much as pruned instead of launching them (``--no-prune``: off)
     prune: bool = True
-    #: once two experiments of one model failed with the same error (not out of memory,
-    #: not a time limit), record the model's others as not launched (``--no-stop-early``)
+    #: once two cells of one model, trainer and framework failed with the same error (not
+    #: out of memory, not a time limit), record the others like them as not launched
+    #: (``--no-stop-early``; ``RunContext.failed_alike``)
     stop_early: bool = True
 
 

@@ -127,9 +127,7 @@ def status_labels(rows: pd.DataFrame) -> pd.Series:
 def shown_status(rows: pd.DataFrame) -> pd.Series:
     """Each row's status as tables show it: ``skipped`` (kept from an earlier run) as ok,
     a pruned one as ``pruned``, a spared one as ``spared``."""
-    status = rows["status"].fillna("unknown").astype(str).replace({"skipped": "ok"})
-    never = _by_status(rows, never_launched).astype(bool)
-    return status.where(~never, status_labels(rows))
+    return status_labels(rows).fillna("unknown").astype(str).replace({"skipped": "ok"})
 
 
 def numeric(df: pd.DataFrame, column: str) -> pd.Series:

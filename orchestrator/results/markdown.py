@@ -21,7 +21,12 @@ import pandas as pd
 
 from orchestrator.contract import metrics
 from orchestrator.contract.argnames import CLASSIFICATION_TASKS
-from orchestrator.contract.outcome import NOT_LAUNCHED, NOT_LAUNCHED_PREFIX, PRUNED_PREFIX
+from orchestrator.contract.outcome import (
+    NOT_LAUNCHED,
+    NOT_LAUNCHED_PREFIX,
+    PRUNED_PREFIX,
+    not_launched_by,
+)
 from orchestrator.results import equivalence, fitreport, quality, recommend
 from orchestrator.results.aggregate import (
     PEAK_MEMORY_SOURCES,
@@ -160,10 +165,7 @@ def not_launched_note(rows: pd.DataFrame) -> list[str]:
         else {}
     )
     causes = []
-    for first in dict.fromkeys(
-        str(e).removeprefix(NOT_LAUNCHED_PREFIX).removeprefix("same error as ")
-        for e in spared["error"]
-    ):
+    for first in dict.fromkeys(not_launched_by(str(e)) for e in spared["error"]):
         error = errors.get(first)
         causes.append(f"`{first}`" + (f" ({error})" if isinstance(error, str) else ""))
     return [

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from scriptargs import script_argv
 
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import (
@@ -277,28 +278,11 @@ def test_a_pruned_row_is_never_a_measurement() -> None:
 
 
 def test_no_prune_on_the_command_line_and_in_the_shell_script(tmp_path: Path) -> None:
-    import os
-    import subprocess
-
     from orchestrator.cli.app import build_parser
 
     assert build_parser().parse_args(["run", "--no-prune"]).no_prune is True
     assert build_parser().parse_args(["run"]).no_prune is False
-    echo = tmp_path / "python"
-    echo.write_text('#!/bin/sh\necho "$@"\n')
-    echo.chmod(0o755)
-    script = Path(__file__).resolve().parents[2] / "run_benchmarks.sh"
-
-    def argv(**env: str) -> str:
-        done = subprocess.run(
-            ["bash", str(script), "1", "out"],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHON": str(echo), **env},
-            timeout=60,
-        )
-        return done.stdout + done.stderr
-
-    assert argv(PRUNE="false").rstrip().endswith("--no-prune")
-    assert "--no-prune" not in argv() and "--no-prune" not in argv(PRUNE="true")
-    assert "PRUNE must be true or false, got 'maybe'" in argv(PRUNE="maybe")
+    assert script_argv(tmp_path, PRUNE="false").rstrip().endswith("--no-prune")
+    assert "--no-prune" not in script_argv(tmp_path)
+    assert "--no-prune" not in script_argv(tmp_path, PRUNE="true")
+    assert "PRUNE must be true or false, got 'maybe'" in script_argv(tmp_path, PRUNE="maybe")

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from scriptargs import script_argv
 
 from orchestrator.contract.errors import ConfigError
 from orchestrator.job.execute import child_environment
@@ -150,10 +151,6 @@ def test_a_model_found_in_the_cache_while_the_hub_is_silent_runs_offline(plan) -
 
 
 def test_no_check_asks_nothing_and_says_so(plan, tmp_path) -> None:
-    import os
-    import subprocess
-    from pathlib import Path
-
     from orchestrator.cli.app import build_parser
 
     built = plan(SCENARIOS, num_gpus=(1,), device="cpu")
@@ -166,20 +163,6 @@ def test_no_check_asks_nothing_and_says_so(plan, tmp_path) -> None:
     assert skipped.lines() == ["not checked against the installed libraries (--no-check)"]
     assert build_parser().parse_args(["run", "--no-check"]).no_check is True
     assert build_parser().parse_args(["run"]).no_check is False
-    echo = tmp_path / "python"
-    echo.write_text('#!/bin/sh\necho "$@"\n')
-    echo.chmod(0o755)
-    script = Path(__file__).resolve().parents[2] / "run_benchmarks.sh"
-
-    def argv(**env: str) -> str:
-        done = subprocess.run(
-            ["bash", str(script), "1", "out"],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHON": str(echo), **env},
-            timeout=60,
-        )
-        return done.stdout + done.stderr
-
-    assert argv(CHECK="false").rstrip().endswith("--no-check")
-    assert "--no-check" not in argv() and "--no-check" not in argv(CHECK="true")
+    assert script_argv(tmp_path, CHECK="false").rstrip().endswith("--no-check")
+    assert "--no-check" not in script_argv(tmp_path)
+    assert "--no-check" not in script_argv(tmp_path, CHECK="true")

@@ -5,11 +5,10 @@ tests/e2e/test_stackcheck_e2e.py."""
 from __future__ import annotations
 
 import io
-import os
-import subprocess
 from pathlib import Path
 
 import pandas as pd
+from scriptargs import script_argv
 
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import (
@@ -192,23 +191,9 @@ def test_no_stop_early_on_the_command_line_and_in_the_shell_script(tmp_path: Pat
 
     assert build_parser().parse_args(["run", "--no-stop-early"]).no_stop_early is True
     assert build_parser().parse_args(["run"]).no_stop_early is False
-    echo = tmp_path / "python"
-    echo.write_text('#!/bin/sh\necho "$@"\n')
-    echo.chmod(0o755)
-    script = Path(__file__).resolve().parents[2] / "run_benchmarks.sh"
-
-    def argv(**env: str) -> str:
-        done = subprocess.run(
-            ["bash", str(script), "1", "out"],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHON": str(echo), **env},
-            timeout=60,
-        )
-        return done.stdout + done.stderr
-
-    assert argv(STOP_EARLY="false").rstrip().endswith("--no-stop-early")
-    assert "--no-stop-early" not in argv() and "--no-stop-early" not in argv(STOP_EARLY="true")
+    assert script_argv(tmp_path, STOP_EARLY="false").rstrip().endswith("--no-stop-early")
+    assert "--no-stop-early" not in script_argv(tmp_path)
+    assert "--no-stop-early" not in script_argv(tmp_path, STOP_EARLY="true")
 
 
 def test_packed_jobs_queued_before_the_failures_are_spared_when_their_turn_comes(

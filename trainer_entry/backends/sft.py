@@ -56,7 +56,7 @@ from trainer_entry.data.collate import (
 )
 from trainer_entry.data.formats import IGNORE_INDEX
 from trainer_entry.data.tokenize import PreparedData
-from trainer_entry.errors import SpecError
+from trainer_entry.errors import SpecError, first_line
 from trainer_entry.hooks import StepHooks
 from trainer_entry.installed import Owner, Refused, in_installed_names
 from trainer_entry.tasks.base import Task, TaskData
@@ -127,11 +127,6 @@ def data_config(parsed: ParsedArguments) -> DataConfig:
     return dataclasses.replace(parsed.data, packing=False, truncate=_padding_free_unpacked(parsed))
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _owner(key: str) -> Owner:
     """Whose setting ``key`` is: ``TrainingArguments``' (which ``SFTConfig`` takes as its
     base class's) or ``SFTConfig``'s own."""
@@ -183,7 +178,7 @@ def sft_config(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> SFTConfi
     try:
         return SFTConfig(**kwargs)
     except (ValueError, TypeError) as exc:
-        raise Refused(SFT_CONFIG, _first_line(exc)) from None
+        raise Refused(SFT_CONFIG, first_line(exc)) from None
 
 
 def sft_dataset(prepared: PreparedData, completion_only_loss: bool) -> datasets.Dataset:
@@ -311,7 +306,7 @@ class SFTTrainerBackend:
                 hooks=hooks,
             )
         except ValueError as exc:  # TRL's checks of its arguments against the model and data
-            raise SpecError(f"trainer sft: {_first_line(exc)}") from None
+            raise SpecError(f"trainer sft: {first_line(exc)}") from None
         max_length = installed.read(config, "max_length")
         describe(data.meta, trainer.train_dataset, prepared, parsed.data, max_length)
         return TrainerRun(trainer)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.modelnames import hub_offline
 from trainer_entry import ASSETS
 from trainer_entry.arguments import DataConfig
 from trainer_entry.errors import SpecError
@@ -73,8 +73,7 @@ def load_hub_dataset(name: str, cfg: DataConfig, *, besides: str = "") -> Any:
     try:
         return datasets.load_dataset(name, split=cfg.split, **cfg.dataset_kwargs)
     except Exception as exc:  # the library raises many types; all mean "cannot load"
-        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-        hint = " and the hub is offline (HF_HUB_OFFLINE=1)" if offline else ""
+        hint = " and the hub is offline (HF_HUB_OFFLINE=1)" if hub_offline() else ""
         first = (str(exc).strip().splitlines() or [""])[0]
         raise SpecError(
             f"dataset '{name}' is not a local file{besides}{hint}; loading it failed: "

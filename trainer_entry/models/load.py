@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 import torch
 
+from orchestrator.contract.modelnames import hub_offline
 from trainer_entry import installed
 from trainer_entry.arguments import ModelConfig, PeftConfig
 from trainer_entry.errors import SpecError
@@ -120,9 +120,8 @@ def _dtype(cfg: ModelConfig, on_gpu: bool, kind: str) -> torch.dtype | str:
 
 
 def _model_error(name: str, exc: Exception) -> SpecError:
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
     where = "not a local folder" + (
-        ", not cached, and the hub is offline (HF_HUB_OFFLINE=1)" if offline else ""
+        ", not cached, and the hub is offline (HF_HUB_OFFLINE=1)" if hub_offline() else ""
     )
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return SpecError(

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.modelnames import hub_offline
 from trainer_entry import ASSETS
-from trainer_entry.errors import SpecError
+from trainer_entry.errors import SpecError, first_line
 from trainer_entry.models.custom import check_findable
 from trainer_entry.models.kinds import CONFIG_PREFIX, model_kind
 from trainer_entry.models.tiny import TINY_NAME
@@ -62,15 +63,6 @@ def architecture_config(spec: str) -> dict[str, Any]:
     if not isinstance(data, dict) or "model_type" not in data:
         raise SpecError(f"model 'config:{target}': {path} has no model_type")
     return {k: v for k, v in data.items() if not k.startswith("_")}
-
-
-def hub_offline(env: Mapping[str, str] = os.environ) -> bool:
-    """Whether the environment keeps the hub offline (``HF_HUB_OFFLINE``, or transformers'
-    older ``TRANSFORMERS_OFFLINE``)."""
-    return any(
-        env.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
-        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
 
 
 @dataclass(frozen=True)
@@ -127,7 +119,7 @@ class HubProbe:
             return None
         kind = type(exc).__name__
         if kind in ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError"):
-            first = (str(exc).strip().splitlines() or [kind])[0]
+            first = first_line(exc)
             return {
                 "RepositoryNotFoundError": "the hub has no such model (or it is private: set "
                 "HF_TOKEN)",
@@ -135,18 +127,13 @@ class HubProbe:
                 "RevisionNotFoundError": f"the hub has no such revision ({first})",
             }[kind]
         if kind == "HfHubHTTPError" or "HTTPError" in kind:
-            first = (str(exc).strip().splitlines() or [kind])[0]
+            first = first_line(exc)
             return f"the hub answered with an error ({first})"
         if "Timeout" in kind:
             self.silent = f"the hub did not answer in {self.timeout_s:g} s"
         else:
-            self.silent = f"the hub could not be reached ({kind}: {_first_line(exc)})"
+            self.silent = f"the hub could not be reached ({kind}: {first_line(exc)})"
         return self.silent
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:160] if text else type(exc).__name__
 
 
 def resolve(
