@@ -225,6 +225,10 @@ def run(
             int(torch.cuda.max_memory_allocated(d)) for d in devices
         )
         stats.cuda_max_reserved_bytes = max(int(torch.cuda.max_memory_reserved(d)) for d in devices)
+    after_training = getattr(trainer, "after_training", None)
+    if rank == 0 and after_training is not None:
+        # measured after training's figures are read: none of it is training's
+        parsed.notes.extend(after_training(stats, settings.gradient_accumulation_steps))
     # eval: true, on every rank, once training's figures are read (none of it is training's)
     evaluation = (
         evaluate(trainer, task=task, data=data, parsed=parsed)

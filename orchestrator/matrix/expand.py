@@ -50,6 +50,7 @@ from orchestrator.contract.argnames import (
 )
 from orchestrator.contract.errors import ConfigError, Place, UserError
 from orchestrator.contract.modelnames import is_python_model
+from orchestrator.contract.packing import masked_note, masked_per_document, trl_strategy
 from orchestrator.matrix import frameworks
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.ids import experiment_id, spec_digest, spec_hash
@@ -399,6 +400,7 @@ def build_plan(
 
     notes.extend(checks.notes())
     notes.extend(_old_names_note(config, scenarios))
+    notes.extend(_per_document_notes(experiments))
     if not experiments:
         raise UserError(
             "the matrix is empty: "
@@ -576,6 +578,21 @@ class _Applicability:
             f"{', '.join(scenarios)}: {why}"
             for (where, why, keys), scenarios in grouped.items()
         ] + list(self.refused)
+
+
+def _per_document_notes(experiments: Sequence[Experiment]) -> list[str]:
+    """One line per scenario whose cells hand packing to TRL with a per-document strategy
+    under an attention implementation that takes no per-document lengths."""
+    found: dict[tuple[str, str, str | None], None] = {}
+    for e in experiments:
+        strategy = trl_strategy(e.packing, e.arguments) if e.trainer == "sft" else None
+        attn = e.arguments.get("attn_implementation")
+        if masked_per_document(strategy, attn):
+            found[(e.scenario, str(strategy), attn)] = None
+    return [
+        f"scenario '{scenario}': {masked_note(strategy, attn)}"
+        for scenario, strategy, attn in found
+    ]
 
 
 def _written(values: Mapping[str, Any], key: str) -> str:

@@ -86,8 +86,8 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
 
 
 def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
-    # the plain Trainer: its packing fills every row, so the tokens are known exactly
-    # (trainer sft packs as TRL does, whole sequences into rows of at most the length)
+    # packing fills every row, so the tokens are known exactly (the same blocks under sft,
+    # tests/e2e/test_sft.py)
     (tmp_path / "defaults.yaml").write_text(DEFAULTS + "trainer: hf\n")
     (tmp_path / "scenarios.yaml").write_text(
         scenarios(scenario("full"), scenario("lora", extra="      peft_method: lora\n      r: 4\n"))

@@ -51,14 +51,46 @@ def test_two_processes_unpacked_feed_every_cut_record_once(tmp_path) -> None:
     assert len(result["loss_history"]) == steps
 
 
-def test_packed_with_trls_default_strategy_feeds_every_document_once(tmp_path) -> None:
-    """One epoch over TRL's bfd-packed rows: each record once, cut to max_length."""
+def test_packed_blocks_train_alike_under_sft_and_hf(tmp_path) -> None:
+    """packing: true feeds both trainers the same blocks: the same tokens, FLOPs per token
+    and losses; the sft row says what TRL's per-step metrics cost."""
+    arguments = {
+        "model_name_or_path": "tiny-llama",
+        "max_seq_len": 256,
+        "packing": True,
+        "per_device_train_batch_size": 2,
+        "max_steps": 4,
+        "logging_steps": 1,
+        "warmup_steps_excluded": 1,
+    }
+    rows = {}
+    for trainer in ("sft", "hf"):
+        (tmp_path / trainer).mkdir()
+        proc, result = run_child(tmp_path / trainer, {**arguments, "trainer": trainer})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert result["status"] == "ok" and result["trainer"] == trainer
+        rows[trainer] = result
+    sft, hf = rows["sft"], rows["hf"]
+    for key in ("tokens_total", "tokens_measured", "padded_tokens_total", "flops_per_token"):
+        assert sft["metrics"][key] == hf["metrics"][key], key
+    assert sft["metrics"]["tokens_total"] == 4 * 2 * 256
+    assert sft["metrics"]["loss_first"] == pytest.approx(hf["metrics"]["loss_first"], rel=1e-4)
+    assert sft["data"]["sequences"] == hf["data"]["sequences"]
+    cost = [n for n in sft["notes"] if n.startswith("TRL's per-step entropy and token accuracy")]
+    assert len(cost) == 1 and "fused LM head timed after training on 512 positions" in cost[0]
+    assert not any(n.startswith("TRL's per-step") for n in hf["notes"])
+
+
+def test_packed_with_trls_bfd_strategy_feeds_every_document_once(tmp_path) -> None:
+    """One epoch over TRL's bfd-packed rows: each record once, cut to max_length; the row
+    says its per-document attention ran through masks."""
     n, cut = 24, 100
     arguments = {
         "model_name_or_path": "tiny-llama",
         "dataset": str(write_records(tmp_path / "d.jsonl", n)),
         "max_seq_len": cut,
         "packing": True,
+        "packing_strategy": "bfd",
         "per_device_train_batch_size": 2,
         "num_train_epochs": 1,
         "logging_steps": 1,
@@ -77,3 +109,4 @@ def test_packed_with_trls_default_strategy_feeds_every_document_once(tmp_path) -
     assert sum(result["ranks"][0]["step_rows"]) == n > rows
     assert m["padding_fraction"] == 0.0
     assert m["steps"] == -(-rows // 2) and len(result["loss_history"]) == m["steps"]
+    assert any("packing_strategy bfd keeps documents apart" in n for n in result["notes"])

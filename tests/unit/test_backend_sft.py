@@ -212,7 +212,7 @@ def built(tmp_path: Path, **arguments: Any) -> tuple[Any, Any, Any]:
         arguments={"model_name_or_path": "tiny-llama", "max_steps": 1, **arguments},
     ).resolve(tmp_path)
     parsed = parse_arguments(spec)
-    backend = get_backend("sft")
+    backend = get_backend(parsed.backend)
     settings = backend.configure(spec, parsed, on_gpu=False)
     task = get_task(parsed.task)
     loaded = load_model(parsed.model, parsed.peft, task=task, on_gpu=False, local_rank=0)
@@ -252,9 +252,24 @@ def test_trl_cuts_and_masks_our_sequences_as_hf_would(tiny_path: Path, tmp_path:
     assert meta["examples_dropped"] == len(whole) - len(expected)
 
 
-def test_trl_packs_our_whole_sequences(tiny_path: Path, tmp_path: Path) -> None:
+def test_packing_feeds_trl_the_blocks_hf_trains_on(tiny_path: Path, tmp_path: Path) -> None:
     n = 64
-    whole, dataset, meta = built(tmp_path, max_seq_len=n, packing=True)
+    blocks, dataset, meta = built(tmp_path / "sft", max_seq_len=n, packing=True)
+    hf_blocks, hf_dataset, hf_meta = built(
+        tmp_path / "hf", max_seq_len=n, packing=True, trainer="hf"
+    )
+    # the same blocks of exactly n tokens, in the same order, under both trainers
+    assert [ids for ids, _ in blocks] == [ids for ids, _ in hf_blocks]
+    assert [r["input_ids"] for r in dataset] == [ids for ids, _ in hf_blocks]
+    assert {len(r["input_ids"]) for r in dataset} == {n} and "seq_lengths" not in dataset[0]
+    assert len(hf_dataset) == len(dataset)
+    for key in ("sequences", "tokens", "label_tokens", "tokens_dropped", "packing"):
+        assert meta[key] == hf_meta[key], key
+
+
+def test_a_packing_strategy_hands_packing_to_trl(tiny_path: Path, tmp_path: Path) -> None:
+    n = 64
+    whole, dataset, meta = built(tmp_path, max_seq_len=n, packing=True, packing_strategy="bfd")
     assert meta["packing"] is True and meta["sequences"] == len(dataset)
     # bfd: every sequence, cut to n, in exactly one row of at most n tokens
     assert all(len(r["input_ids"]) <= n for r in dataset)

@@ -282,10 +282,11 @@ def test_fsdp_is_read_from_the_launch(env: dict, argument: object, expected: tup
 def test_config_models_are_built_on_the_cpu_under_fsdp() -> None:
     # DDP or one GPU: whole on this rank's GPU, as before
     assert config_placement(on_gpu=True, fsdp=False, broadcast=False, rank=1) == Placement("cuda")
-    # FSDP: never whole on a GPU; FSDP moves it shard by shard
-    assert config_placement(on_gpu=True, fsdp=True, broadcast=False, rank=1) == Placement("cpu")
+    # FSDP: never whole on a GPU (FSDP moves it shard by shard); drawn there a module at a time
+    drawn_on_gpu = Placement("cpu", init_weights=True, draw_on_gpu=True)
+    assert config_placement(on_gpu=True, fsdp=True, broadcast=False, rank=1) == drawn_on_gpu
     # rank 0's weights are broadcast: only rank 0 draws them
-    assert config_placement(on_gpu=True, fsdp=True, broadcast=True, rank=0) == Placement("cpu")
+    assert config_placement(on_gpu=True, fsdp=True, broadcast=True, rank=0) == drawn_on_gpu
     assert config_placement(on_gpu=True, fsdp=True, broadcast=True, rank=1) == Placement(
         "cpu", init_weights=False
     )
@@ -323,6 +324,46 @@ def test_a_rank_that_does_not_draw_weights_keeps_correct_buffers(tmp_path: Path)
         drawn.model.named_buffers(), skipped.model.named_buffers(), strict=True
     ):
         assert torch.equal(a, b), name
+
+
+def test_weights_drawn_a_module_at_a_time_are_the_models_own(tmp_path: Path) -> None:
+    """draw_weights gives an uninitialised model what its own init gives (the same
+    distributions, the same buffers), and leaves every tensor where it was."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    from trainer_entry.models.load import draw_weights
+
+    config = AutoConfig.for_model(
+        "llama",
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=4096,
+        initializer_range=0.05,
+    )
+    torch.manual_seed(0)
+    reference = AutoModelForCausalLM.from_config(config)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    for p in model.parameters():
+        p.data.fill_(7.0)  # what an uninitialised tensor may hold
+    # the meta device holds nothing: drawing there would leave the weights at 7
+    draw_weights(model, "cpu")
+    ours, theirs = dict(model.named_parameters()), dict(reference.named_parameters())
+    assert ours.keys() == theirs.keys()
+    for name, p in ours.items():
+        assert p.device.type == "cpu", name
+        if p.dim() == 1:  # norms: ones
+            assert torch.equal(p, theirs[name]), name
+        else:
+            assert abs(p.std().item() - 0.05) < 0.005 and abs(p.mean().item()) < 0.005, name
+    for (name, a), (_, b) in zip(model.named_buffers(), reference.named_buffers(), strict=True):
+        assert torch.equal(a, b), name
+    if config.tie_word_embeddings:
+        assert model.lm_head.weight is model.model.embed_tokens.weight
 
 
 @pytest.mark.parametrize("reset_at_begin", [True, False], ids=["torch", "hf-tracker"])

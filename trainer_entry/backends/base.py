@@ -57,6 +57,12 @@ class TrainOutput:
 
 
 class BuiltTrainer(Protocol):
+    """A built trainer. It may also have ``after_training(stats: RankStats,
+    micro_batches: int) -> list[str]``: notes for the row, measured on rank 0 once
+    training's own figures are read (``stats``: rank 0's step records;
+    ``micro_batches``: per optimizer step); the ``sft`` backend's says what TRL's
+    per-step metrics cost."""
+
     def train(self) -> TrainOutput:
         """Train to the end; the measurement hooks are called on the way."""
         ...

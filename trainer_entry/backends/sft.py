@@ -2,13 +2,16 @@
 
 tunematrix formats and tokenizes the records (``trainer_entry.data``: the
 formattings, the prompt masks) and leaves the rest to TRL, as a user of
-``SFTTrainer`` would: the sequences reach it whole (``data_config``) as a
-tokenized dataset, and TRL truncates them to ``max_length`` (our
-``max_seq_len``), drops those left with nothing to learn, packs them
-(``packing``, with TRL's ``packing_strategy``), masks the prompts
-(``completion_only_loss``), and flattens batches (``padding_free``). TRL's
-collator makes the batches; ``trainer_entry.data.collate.count_collated``
-counts what each one fed.
+``SFTTrainer`` would: the sequences reach it (``data_config``) as a tokenized
+dataset, and TRL truncates them to ``max_length`` (our ``max_seq_len``), drops
+those left with nothing to learn, masks the prompts (``completion_only_loss``),
+and flattens batches (``padding_free``). TRL's collator makes the batches;
+``trainer_entry.data.collate.count_collated`` counts what each one fed.
+
+``packing: true`` means what it means under ``hf``
+(``orchestrator.contract.packing``): tunematrix cuts the blocks and TRL is fed
+them as they are, so both trainers train on the same tokens in the same
+blocks. TRL packs only when the scenario names its ``packing_strategy``.
 
 A scenario's arguments mean the same under ``sft`` as under ``hf``: where
 ``SFTConfig``'s default differs from ``TrainingArguments``' (learning rate,
@@ -17,24 +20,29 @@ the scenario sets the argument, so sweeping ``trainer`` changes the trainer
 and nothing else.
 
 TRL's per-step entropy and token accuracy are left on: they are what a user
-of ``SFTTrainer`` pays for (TRL offers no setting to turn them off).
+of ``SFTTrainer`` pays for (TRL offers no setting to turn them off);
+``trainer_entry.backends.trl_cost`` measures what they cost.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
 import datasets
 import numpy as np
 import pyarrow.compute as pc
+import torch
 from trl import SFTConfig, SFTTrainer
 
 from orchestrator.contract.argnames import sft_fields, sft_fields_version, training_fields
+from orchestrator.contract.packing import masked_note, masked_per_document, trl_strategy
 from orchestrator.contract.spec import RunSpec
 from trainer_entry import installed
 from trainer_entry.arguments import DataConfig, ParsedArguments
+from trainer_entry.backends import trl_cost
 from trainer_entry.backends.base import TrainSettings
 from trainer_entry.backends.hf import (
     RUN_DEFAULTS,
@@ -59,6 +67,7 @@ from trainer_entry.data.tokenize import PreparedData
 from trainer_entry.errors import SpecError, first_line
 from trainer_entry.hooks import StepHooks
 from trainer_entry.installed import Owner, Refused, in_installed_names
+from trainer_entry.measure import RankStats
 from trainer_entry.tasks.base import Task, TaskData
 
 # TRL prepares its dataset with datasets' map: no loading bars in stderr.log
@@ -117,14 +126,26 @@ def _padding_free_unpacked(parsed: ParsedArguments) -> bool:
     return bool(parsed.training.get("padding_free")) and not parsed.data.packing
 
 
-def data_config(parsed: ParsedArguments) -> DataConfig:
-    """How the causal-LM task prepares the records for TRL: tokenized, not packed, not cut.
+def trl_packing(parsed: ParsedArguments) -> str | None:
+    """TRL's packing strategy when the scenario hands packing to TRL (it named a
+    ``packing_strategy``); None when tunematrix packs the blocks, or nothing is packed."""
+    return trl_strategy(parsed.data.packing, parsed.training)
 
-    TRL packs and truncates. The exception: ``padding_free`` without packing,
-    where TRL wants sequences already cut to length (it cannot enforce
-    ``max_length`` there), so they are cut and dropped as for ``hf``.
+
+def data_config(parsed: ParsedArguments) -> DataConfig:
+    """How the causal-LM task prepares the records for TRL.
+
+    ``packing: true``: packed into blocks here, as for ``hf``. A ``packing_strategy``
+    of TRL's: tokenized whole, TRL packs. Not packed: tokenized whole, TRL truncates;
+    the exception is ``padding_free``, where TRL wants sequences already cut to
+    length (it cannot enforce ``max_length`` there), so they are cut and dropped as
+    for ``hf``.
     """
-    return dataclasses.replace(parsed.data, packing=False, truncate=_padding_free_unpacked(parsed))
+    if trl_packing(parsed) is not None:
+        return dataclasses.replace(parsed.data, packing=False, truncate=False)
+    if parsed.data.packing:
+        return parsed.data
+    return dataclasses.replace(parsed.data, truncate=_padding_free_unpacked(parsed))
 
 
 def _owner(key: str) -> Owner:
@@ -149,7 +170,9 @@ def sft_kwargs(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> dict[str
         if parsed.training[key]:
             raise SpecError(f"trainer sft: {key} is refused: {REFUSED[key]}")
     cfg = parsed.data
-    truncated_here = _padding_free_unpacked(parsed)
+    strategy = trl_packing(parsed)
+    # cut (padding-free, unpacked) or packed into blocks here: TRL has nothing to truncate
+    truncated_here = _padding_free_unpacked(parsed) or (cfg.packing and strategy is None)
     mode = parsed.training.get("truncation_mode", "keep_start")
     if truncated_here and mode != "keep_start":
         raise SpecError(
@@ -161,7 +184,7 @@ def sft_kwargs(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> dict[str
         **parsed.training,
         # our data options, as TRL's own
         "max_length": None if truncated_here else cfg.max_seq_len,
-        "packing": cfg.packing,
+        "packing": strategy is not None,
         "completion_only_loss": cfg.completion_only_loss,
         **controlled_arguments(spec, parsed, on_gpu),
     }
@@ -210,11 +233,13 @@ def describe(
     prepared: PreparedData,
     cfg: DataConfig,
     max_length: int | None,
+    trl_packed: bool,
 ) -> None:
     """Update ``meta`` (the result's ``data``) with what TRL's preparation made of ``prepared``.
 
-    Packed: the tokens TRL's packing left out (``bfd`` cuts sequences longer than
-    ``max_length``); not packed: the sequences it cut and those it dropped.
+    Packed by TRL: the tokens its packing left out (``bfd`` cuts sequences longer
+    than ``max_length``); packed here: what ``meta`` already says (TRL was fed the
+    blocks); not packed: the sequences TRL cut and those it dropped.
     """
     table = dataset.with_format("arrow")[:]
     lengths = pc.list_value_length(table.column("input_ids"))
@@ -228,13 +253,12 @@ def describe(
         packing=cfg.packing,
         max_seq_len=cfg.max_seq_len,
     )
-    if cfg.packing:
+    if trl_packed:
         meta["tokens_dropped"] = sum(before) - tokens
-    else:
-        # when the sequences were cut here (padding-free, unpacked), meta already says so
-        if max_length is not None:
-            meta["examples_truncated"] = sum(n > max_length for n in before)
-            meta["examples_dropped"] = len(before) - len(dataset)
+    # when the sequences were cut here (padding-free, unpacked), meta already says so
+    elif not cfg.packing and max_length is not None:
+        meta["examples_truncated"] = sum(n > max_length for n in before)
+        meta["examples_dropped"] = len(before) - len(dataset)
 
 
 @dataclass
@@ -268,6 +292,22 @@ class BenchSFTTrainer(SFTTrainer):
         if self._hooks is not None:
             self._hooks.batch(self.model, counts)
         return super().training_step(model, inputs, *args, **kwargs)
+
+
+class SFTTrainerRun(TrainerRun):
+    """An ``SFTTrainer`` that, after training, says what TRL's per-step metrics cost."""
+
+    def after_training(self, stats: RankStats, micro_batches: int) -> list[str]:
+        tokens = statistics.fmean(stats.step_tokens) if stats.step_tokens else 0
+        on_gpu = torch.cuda.is_available() and self.trainer.args.device.type == "cuda"
+        cost = trl_cost.measure(
+            self.trainer.model,
+            round(tokens / max(micro_batches, 1)),
+            autocast=self.trainer.accelerator.autocast,
+            sync=torch.cuda.synchronize if on_gpu else None,
+        )
+        step = statistics.median(stats.step_times_s) if stats.step_times_s else None
+        return [trl_cost.cost_note(cost, micro_batches=micro_batches, step_time_s=step)]
 
 
 class SFTTrainerBackend:
@@ -308,5 +348,16 @@ class SFTTrainerBackend:
         except ValueError as exc:  # TRL's checks of its arguments against the model and data
             raise SpecError(f"trainer sft: {first_line(exc)}") from None
         max_length = installed.read(config, "max_length")
-        describe(data.meta, trainer.train_dataset, prepared, parsed.data, max_length)
-        return TrainerRun(trainer)
+        strategy = trl_packing(parsed)
+        describe(
+            data.meta,
+            trainer.train_dataset,
+            prepared,
+            parsed.data,
+            max_length,
+            strategy is not None,
+        )
+        attn = getattr(model.config, "_attn_implementation", None)
+        if strategy is not None and masked_per_document(strategy, attn):
+            parsed.notes.append(masked_note(strategy, attn))
+        return SFTTrainerRun(trainer)
