@@ -3,7 +3,9 @@
 The whole command runs inside a cgroup v1 memory cgroup, as on a SLURM node:
 its probes are real ``accelerate launch`` runs of the tiny Llama on the CPU,
 and the probe that does not fit is ended by the kernel's out-of-memory killer.
-At 4096 tokens a sample, one sample peaks near 1.0 GB for the whole cgroup
+TRL's bfd packing (its per-document masks take the memory; tunematrix's blocks
+add only ~14 MB a sample here, too little to tell 1 from 2): at 4096 tokens a
+sample, one sample peaks near 1.0 GB for the whole cgroup
 and two near 1.4 GB, so a 1.16 GiB limit puts the answer at 1, bracketed by an
 ok probe and a genuine oom one, in two probes.
 """
@@ -41,6 +43,7 @@ scenarios:
       model_name_or_path: tiny-llama
       torch_dtype: float32
       max_seq_len: 4096
+      packing_strategy: bfd
 """
 
 
