@@ -51,6 +51,8 @@ def _head_weight(model: Any) -> torch.Tensor | None:
         return None  # no head, or a shard (ZeRO-3 leaves an empty tensor)
     if type(weight).__name__ == "DTensor" or hasattr(weight, "_local_tensor"):
         return None  # FSDP2's shard
+    if hasattr(weight, "ds_id") or hasattr(weight, "ds_status"):
+        return None  # a ZeRO-3 parameter: partitioned, gathered only inside its hooks
     return weight
 
 
@@ -103,7 +105,7 @@ def measure(
         for i in range(2 * REPEATS):
             outputs = WITH_METRICS if i % 2 == 0 else WITHOUT_METRICS
             times[outputs].append(once(outputs))
-    except (RuntimeError, TypeError, ValueError) as exc:
+    except Exception as exc:  # a measurement after training never fails the finished run
         return f"TRL's fused head could not be timed ({type(exc).__name__}: {exc})"
     return MetricsCost(
         with_metrics_s=statistics.median(times[WITH_METRICS]),
