@@ -39,7 +39,6 @@ import datetime
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,41 +56,17 @@ SHIPPED_RECORDS = REPO / "trainer_entry" / "assets" / "instructions.jsonl"
 # ---------------------------------------------------------------------------
 
 
-def gpu_devices() -> list[str]:
-    """The GPUs' names, read through NVML (or nvidia-smi); [] when there are none."""
-    try:
-        import pynvml
+def gpus() -> tuple[list[str], str | None]:
+    """(the GPUs' names, the driver's version): the project's own readers, which import
+    no torch (a count from NVML or the driver's /proc entries, names from NVML)."""
+    sys.path.insert(0, str(REPO))
+    from orchestrator.running.envinfo import nvml_gpus
+    from orchestrator.running.hardware import gpu_count
 
-        pynvml.nvmlInit()
-        try:
-            names = []
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-                names.append(name.decode() if isinstance(name, bytes) else name)
-            return names
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no library, no driver, no device: ask nvidia-smi
-        pass
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    proc = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
-    return [line for line in proc.stdout.splitlines() if line.startswith("GPU ")]
-
-
-def driver_version() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-            return version.decode() if isinstance(version, bytes) else version
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return None
+    count = gpu_count()
+    nvml = nvml_gpus()
+    names = [d["name"] for d in nvml.get("devices", [])] or [f"GPU {i}" for i in range(count)]
+    return names[:count], nvml.get("driver")
 
 
 # ---------------------------------------------------------------------------
@@ -507,10 +482,10 @@ def render(table: list[tuple[str, str, str, bool | None]], header: dict[str, Any
 
 def run(args: argparse.Namespace) -> int:
     on_gpu = not args.cpu_smoke
-    devices = gpu_devices() if on_gpu else ["cpu"]
+    devices, driver = gpus() if on_gpu else (["cpu"], None)
     if not devices:
         print(
-            "gpu_acceptance: no GPU on this machine (NVML and nvidia-smi found none); nothing run"
+            "gpu_acceptance: no GPU on this machine (NVML and the driver found none); nothing run"
         )
         return 0
     if args.cpu_smoke:
@@ -550,7 +525,7 @@ def run(args: argparse.Namespace) -> int:
     header = {
         "date": datetime.date.today().isoformat(),
         "device": ", ".join(devices),
-        "driver": driver_version() if on_gpu else None,
+        "driver": driver,
         "model": args.model,
         "batch": f"{args.batch} x {args.seq} tokens, packed, activation checkpointing, {args.steps} steps",
         "versions": ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))

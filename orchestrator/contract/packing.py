@@ -21,8 +21,6 @@ from typing import Any
 
 #: the argument that hands packing to TRL (``SFTConfig``'s)
 STRATEGY_KEY = "packing_strategy"
-#: what the ``packing`` column means when tunematrix packed
-BLOCKS = "blocks"
 #: TRL's strategies that keep documents apart (per-document attention)
 PER_DOCUMENT = frozenset({"bfd", "bfd_split"})
 
