@@ -319,5 +319,8 @@ def test_exclusive_nodes_from_the_flag_or_the_file(tmp_path, plan) -> None:
     assert ex.parameters["exclusive"] is True
     script = _make_sbatch_string(command="true", folder=str(tmp_path), **ex.parameters)
     assert "#SBATCH --exclusive\n" in script
+    # no USR2 before the limit: a benchmark is not resumable, and under a short
+    # limit the signal came before the task could ignore it
+    assert "#SBATCH --signal=USR2@0\n" in script
     plain = _submitit_executor(layout, settings_from(args(), None), experiment, (1, None, 2), 5)
     assert "exclusive" not in plain.parameters

@@ -68,7 +68,11 @@ def _submitit_executor(
         "nodes": count,
         "ntasks_per_node": 1,
         "cpus_per_task": cpus,
-        "signal_delay_s": 30,
+        # no early USR2: submitit asks for one to checkpoint and requeue, but a
+        # benchmark is not resumable, and under a short limit SLURM sends it as the
+        # job starts, before the task can ignore it (the job then ends FAILED, not
+        # TIMEOUT); "@0" asks SLURM for no signal before TERM at the limit
+        "signal_delay_s": 0,
         "setup": [
             f"export PYTHONPATH={shlex.quote(str(PROJECT_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}"
         ],

@@ -85,8 +85,8 @@ def slurm_task(
         raise Interrupted(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_term)
-    # submitit asks SLURM for an early USR2 to checkpoint and requeue; a benchmark
-    # is not resumable, so it runs to SLURM's limit and stops on TERM like any job
+    # no early USR2 is asked for (submit.py); one a site sends anyway is ignored: a
+    # benchmark is not resumable, so it runs to SLURM's limit and stops on TERM
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     placement = placement_here(experiment, attempt)
     outcome = run_experiment(experiment, run, layout, options, placement, attempt=attempt)
