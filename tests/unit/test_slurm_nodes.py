@@ -290,7 +290,7 @@ def test_exclusive_nodes_from_the_flag_or_the_file(tmp_path, plan) -> None:
     from submitit.slurm.slurm import _make_sbatch_string
 
     from orchestrator.executors.slurm.settings import SlurmModel, settings_from
-    from orchestrator.executors.slurm.submit import _submitit_executor
+    from orchestrator.executors.slurm.submit import sbatch_parameters
 
     def args(*flags: str) -> argparse.Namespace:
         values = {
@@ -312,15 +312,15 @@ def test_exclusive_nodes_from_the_flag_or_the_file(tmp_path, plan) -> None:
     assert settings_from(args("--slurm-exclusive"), None).exclusive
     assert settings_from(args(), SlurmModel(exclusive=True)).exclusive
     experiment = cpu_experiment(plan, 2)
-    layout = ResultsLayout(tmp_path)
-    ex = _submitit_executor(
-        layout, settings_from(args("--slurm-exclusive"), None), experiment, (1, None, 2), 5
+    # the parameters and the script submitit writes from them, without SLURM here
+    params = sbatch_parameters(
+        settings_from(args("--slurm-exclusive"), None), experiment, (1, None, 2), 5
     )
-    assert ex.parameters["exclusive"] is True
-    script = _make_sbatch_string(command="true", folder=str(tmp_path), **ex.parameters)
+    assert params["exclusive"] is True
+    script = _make_sbatch_string(command="true", folder=str(tmp_path), **params)
     assert "#SBATCH --exclusive\n" in script
     # no USR2 before the limit: a benchmark is not resumable, and under a short
     # limit the signal came before the task could ignore it
     assert "#SBATCH --signal=USR2@0\n" in script
-    plain = _submitit_executor(layout, settings_from(args(), None), experiment, (1, None, 2), 5)
-    assert "exclusive" not in plain.parameters
+    plain = sbatch_parameters(settings_from(args(), None), experiment, (1, None, 2), 5)
+    assert "exclusive" not in plain

@@ -51,17 +51,11 @@ class Submitted:
         return str(self.job.job_id)
 
 
-def _submitit_executor(
-    layout: ResultsLayout,
-    settings: SlurmSettings,
-    experiment: Experiment,
-    job_shape: JobShape,
-    time_min: int,
-) -> Any:
-    import submitit
-
+def sbatch_parameters(
+    settings: SlurmSettings, experiment: Experiment, job_shape: JobShape, time_min: int
+) -> dict[str, Any]:
+    """submitit's ``SlurmExecutor`` parameters of one job (or array) of this shape."""
     count, per_node, cpus = job_shape
-    ex = submitit.SlurmExecutor(folder=str(layout.job_logs(NAME, "%j")), max_num_timeout=0)
     params: dict[str, Any] = {
         "job_name": f"tunematrix-{experiment.scenario}"[:64],
         "time": time_min,
@@ -91,7 +85,20 @@ def _submitit_executor(
         params["exclusive"] = True
     if settings.options:
         params["additional_parameters"] = dict(settings.options)
-    ex.update_parameters(**params)
+    return params
+
+
+def _submitit_executor(
+    layout: ResultsLayout,
+    settings: SlurmSettings,
+    experiment: Experiment,
+    job_shape: JobShape,
+    time_min: int,
+) -> Any:
+    import submitit
+
+    ex = submitit.SlurmExecutor(folder=str(layout.job_logs(NAME, "%j")), max_num_timeout=0)
+    ex.update_parameters(**sbatch_parameters(settings, experiment, job_shape, time_min))
     return ex
 
 
