@@ -1,19 +1,23 @@
-"""summary.md's opening: what to run, per model and GPU count, and how sure we are.
+"""summary.md's opening: what to run, per scenario, then across scenarios, and how sure we are.
 
-Among the cells that finished ok (every repeat ok, a measured tokens/s; never
-an ``oom``, pruned, failed, timed-out or mixed cell), per model, device and GPU
-count: the fastest (highest median tokens/s, global) and, per model and device
-across GPU counts, the cheapest per 1M tokens (device-hours per 1M tokens =
-GPUs ÷ tokens/s; in USD where a price per GPU-hour is set). At one GPU count
-the two are the same cell, since one price makes cost per token proportional
-to GPUs ÷ tokens/s.
+A scenario asks one question (which batch size, which trainer, LoRA or full),
+so the recommendation answers it first: per scenario and GPU count, among its
+cells that finished ok (every repeat ok, a measured tokens/s; never an ``oom``,
+pruned, failed, timed-out or mixed cell), the fastest (highest median
+tokens/s, global). Then, only where two or more scenarios share a model,
+task, device and GPU count, the fastest across them. Per model, task and
+device across GPU counts: the cheapest per 1M tokens (device-hours per 1M
+tokens = GPUs ÷ tokens/s; in USD where a price per GPU-hour is set). At one
+GPU count the two are the same cell, since one price makes cost per token
+proportional to GPUs ÷ tokens/s.
 
 How sure: the fastest cell's ok repeats and the coefficient of variation of
 its tokens/s, and whether the runner-up is separable. With at least 2 repeats
 on both, it is when every repeat of the fastest beat every repeat of the
 runner-up (their min/max ranges do not overlap; with 3 against 3 that is a
 one-sided Mann–Whitney U test at p = 0.05). With 1 repeat there is no spread
-to judge by: a runner-up within ``SINGLE_RUN_NOISE`` is called not separable.
+to judge by: a runner-up with fewer tokens/s by less than ``SINGLE_RUN_NOISE``
+is called not separable.
 
 A cell whose loss departs from its baseline's (``orchestrator.results.equivalence``)
 is not recommended as the fastest: the fastest cell that trains like its
@@ -28,17 +32,17 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.results.numbers import number
 from orchestrator.contract.outcome import PRUNED_PREFIX
+from orchestrator.contract.wording import fewer, on_cpu, times, workers
 from orchestrator.results import equivalence
 from orchestrator.results.mdtable import md_table
+from orchestrator.results.numbers import number
 
-#: with 1 repeat, a runner-up closer than this fraction is not separable (a usual
-#: run-to-run spread of throughput on one machine is a few percent)
+#: with 1 repeat, a runner-up with fewer tokens/s by less than this share of the
+#: fastest's is not separable (a usual run-to-run spread of throughput on one
+#: machine is a few percent)
 SINGLE_RUN_NOISE = 0.05
 TPS = "tokens_per_second_global"
-
-
 
 
 def candidates(cells: pd.DataFrame) -> pd.DataFrame:
@@ -98,26 +102,20 @@ def how_sure(best: Mapping[Any, Any], runner_up: Mapping[Any, Any] | None) -> tu
         return sure, "no other cell finished ok"
     fast, slow = number(best.get(TPS)), number(runner_up.get(TPS))
     assert fast is not None and slow is not None
-    gap = fast / slow - 1
+    short = 1 - slow / fast
     name = f"`{runner_up.get('cell_id')}` ({label(runner_up)})"
+    behind = f"the next, {name}, has {fewer(fast, slow)} (the fastest is {times(fast, slow)} as fast)"
     m = _repeats(runner_up)
     if n >= 2 and m >= 2:
         lo, hi = number(best.get(f"{TPS}_min")), number(runner_up.get(f"{TPS}_max"))
         if lo is not None and hi is not None and lo > hi:
             return sure, (
-                f"the next, {name}, is {100 * gap:.1f}% slower: separable (every one of "
-                f"{n} repeats faster than each of its {m})"
+                f"{behind}: separable (every one of {n} repeats faster than each of its {m})"
             )
-        return sure, (
-            f"the next, {name}, is within {100 * gap:.1f}%: within the noise (their "
-            f"repeats overlap, {n} vs {m})"
-        )
-    if gap < SINGLE_RUN_NOISE:
-        return sure, (f"the next, {name}, is within {100 * gap:.1f}%: not separable with 1 repeat")
-    return sure, (
-        f"the next, {name}, is {100 * gap:.1f}% slower (1 repeat: no spread measured; "
-        "--repeats 3 would confirm it)"
-    )
+        return sure, f"{behind}: within the noise (their repeats overlap, {n} vs {m})"
+    if short < SINGLE_RUN_NOISE:
+        return sure, f"{behind}: not separable with 1 repeat"
+    return sure, f"{behind}; 1 repeat: no spread measured, --repeats 3 would confirm it"
 
 
 def _unit(cells: pd.DataFrame) -> str:
@@ -128,7 +126,7 @@ def _unit(cells: pd.DataFrame) -> str:
 
 
 def markdown(cells: pd.DataFrame) -> list[str]:
-    """The recommendation section, first in summary.md (after the title)."""
+    """The recommendation section, first in summary.md after the reading guide."""
     if cells.empty:
         return []
     usable = candidates(cells)
@@ -136,80 +134,112 @@ def markdown(cells: pd.DataFrame) -> list[str]:
     lines = ["## Recommendation", ""]
     if usable.empty:
         return [*lines, f"No cell finished ok ({len(cells)} cell(s)): nothing to recommend.", ""]
+    cpu = "device" in usable.columns and on_cpu(usable["device"])
+    count = workers(cpu)
     unit = _unit(usable)
     priced = "cost_per_1m_tokens_usd" in usable.columns and bool(
         pd.to_numeric(usable["cost_per_1m_tokens_usd"], errors="coerce").notna().any()
     )
-    headers = ["model", "GPUs", "fastest cell", "tokens/s", f"{unit} per 1M tokens"]
-    headers += ["$ per 1M tokens"] if priced else []
-    headers += ["how sure", "runner-up"]
-    body: list[list[str]] = []
+    figures = ["fastest cell", "tokens/s", f"{unit} per 1M tokens"]
+    figures += ["$ per 1M tokens"] if priced else []
+    figures += ["how sure", "runner-up"]
     warnings: list[str] = []
+
+    def answer(group: pd.DataFrame, where: str) -> tuple[Mapping[Any, Any], list[str]]:
+        """The fastest trusted cell of ``group`` and its row's figures."""
+        ranked = group.assign(_tps=pd.to_numeric(group[TPS], errors="coerce")).sort_values(
+            "_tps", ascending=False, kind="stable"
+        )
+        records = ranked.drop(columns="_tps").to_dict("records")
+        trusted = [c for c in records if not equivalence.flagged(c)] or records
+        best = trusted[0]
+        if equivalence.flagged(best):
+            warnings.append(
+                f"- **warning**: `{best.get('cell_id')}` is recommended although its loss "
+                f"departs from its baseline's ({_gap(best)}): every cell {where} does."
+            )
+        for faster in records[: records.index(best)]:
+            warnings.append(
+                f"- **warning**: `{faster.get('cell_id')}` ({label(faster)}) is faster "
+                f"({_fmt_tps(faster)} tokens/s) but its loss departs from its baseline's "
+                f"({_gap(faster)}, {faster.get('loss_vs_baseline')}): not recommended."
+            )
+        others = [c for c in trusted if c is not best]
+        sure, runner = how_sure(best, others[0] if others else None)
+        hours = device_hours_per_1m(best)
+        row = [
+            f"`{best.get('cell_id')}` ({label(best)})",
+            _fmt_tps(best),
+            "–" if hours is None else f"{hours:.4g}",
+        ]
+        if priced:
+            row.append(_usd(best.get("cost_per_1m_tokens_usd")))
+        return best, [*row, sure, runner]
+
+    gpus = pd.to_numeric(usable["num_gpus"], errors="coerce")
+    model = usable["model_name_or_path"].astype(str)
+    task = usable["task"].astype(str) if "task" in usable.columns else pd.Series("", usable.index)
+    device = usable["device"].astype(str) if "device" in usable.columns else task.map(str)
+    # per scenario: the question each one asks
+    per_scenario: list[list[str]] = []
+    for key, group in usable.groupby([usable["scenario"].astype(str), model, gpus], sort=False):
+        scenario, name, n = (str(k) for k in key)
+        on = workers(cpu, _count(n))
+        _, row = answer(group, f"of scenario {scenario} at {on} of {name}")
+        per_scenario.append([scenario, name, _int(n), *row])
+    # across scenarios: only where they share the model, task, device and GPU count
+    across: list[list[str]] = []
+    for key, group in usable.groupby([model, task, device, gpus], sort=False):
+        if group["scenario"].astype(str).nunique() < 2:
+            continue
+        name, kind, _, n = (str(k) for k in key)
+        _, row = answer(group, f"of {name} at {workers(cpu, _count(n))}")
+        across.append([name, kind or "–", _int(n), *row])
+    # per model, task and device across GPU counts: the cheapest per 1M tokens
     cheapest: list[str] = []
-    group_keys = [k for k in ("model_name_or_path", "device") if k in usable.columns]
-    for model_key, by_model in usable.groupby(
-        [usable[k].astype(str) for k in group_keys], sort=False
-    ):
-        model = model_key[0] if isinstance(model_key, tuple) else model_key
-        per_model_best: list[Mapping[Any, Any]] = []
-        gpu_counts = pd.to_numeric(by_model["num_gpus"], errors="coerce")
-        for _, group in by_model.groupby(gpu_counts, sort=True):
-            ranked = group.assign(_tps=pd.to_numeric(group[TPS], errors="coerce")).sort_values(
-                "_tps", ascending=False, kind="stable"
-            )
-            records = ranked.drop(columns="_tps").to_dict("records")
-            trusted = [c for c in records if not equivalence.flagged(c)] or records
-            best = trusted[0]
-            if equivalence.flagged(best):
-                warnings.append(
-                    f"- **warning**: `{best.get('cell_id')}` is recommended although its loss "
-                    f"departs from its baseline's ({_gap(best)}): every cell at "
-                    f"{_int(best.get('num_gpus'))} {_workers(best)} of {model} does."
-                )
-            for faster in records[: records.index(best)]:
-                warnings.append(
-                    f"- **warning**: `{faster.get('cell_id')}` ({label(faster)}) is faster "
-                    f"({_fmt_tps(faster)} tokens/s) but its loss departs from its baseline's "
-                    f"({_gap(faster)}, {faster.get('loss_vs_baseline')}): not recommended."
-                )
-            others = [c for c in trusted if c is not best]
-            sure, runner = how_sure(best, others[0] if others else None)
-            hours = device_hours_per_1m(best)
-            row = [
-                str(model),
-                _int(best.get("num_gpus")),
-                f"`{best.get('cell_id')}` ({label(best)})",
-                _fmt_tps(best),
-                "–" if hours is None else f"{hours:.4g}",
-            ]
-            if priced:
-                row.append(_usd(best.get("cost_per_1m_tokens_usd")))
-            body.append([*row, sure, runner])
-            per_model_best.extend(trusted)
-        cheap = min(per_model_best, key=lambda c: device_hours_per_1m(c) or math.inf)
+    for key, group in usable.groupby([model, task, device], sort=False):
+        name = str(key[0])
+        records = [c for c in group.to_dict("records") if not equivalence.flagged(c)]
+        cheap = min(records or group.to_dict("records"), key=_hours_or_inf)
         hours = device_hours_per_1m(cheap)
-        if hours is not None:
-            price = number(cheap.get("cost_per_1m_tokens_usd")) if priced else None
-            cheapest.append(
-                f"- cheapest per 1M tokens for {model}: `{cheap.get('cell_id')}` "
-                f"({label(cheap)}) on {_int(cheap.get('num_gpus'))} {_workers(cheap)}: {hours:.4g} "
-                f"{unit}" + (f" ({_usd(price)})" if price is not None else "")
-            )
+        if hours is None:
+            continue
+        price = number(cheap.get("cost_per_1m_tokens_usd")) if priced else None
+        on = workers(str(cheap.get("device")) == "cpu", _count(cheap.get("num_gpus")))
+        cheapest.append(
+            f"- cheapest per 1M tokens for {name}: `{cheap.get('cell_id')}` "
+            f"({label(cheap)}) on {on}: {hours:.4g} {unit}"
+            + (f" ({_usd(price)})" if price is not None else "")
+        )
     intro = (
-        "Per model and GPU count, the fastest cell that finished ok (median tokens/s over "
-        "its repeats); oom, pruned, spared, failed and timed-out cells are never recommended"
+        f"Per scenario (the question it asks) and number of {count}, the fastest cell "
+        "that finished ok (median tokens/s over its repeats); oom, pruned, spared, failed "
+        "and timed-out cells are never recommended"
         + (f" ({excluded} cell(s) left out)" if excluded else "")
-        + ". Cost per 1M tokens is GPUs ÷ tokens/s (on the CPU, processes: "
-        "process-hours), so at one GPU count the fastest cell is also the cheapest; the "
-        "cheapest across GPU counts follows. A cell whose loss departs from its "
-        "baseline's is not recommended as the fastest."
+        + f". Cost per 1M tokens is {count} ÷ tokens/s, in {unit}, so at one count the "
+        "fastest cell is also the cheapest. The runner-up is the next fastest of the same "
+        'group; its "fewer tokens/s" is 1 − its tokens/s ÷ the fastest\'s. A cell whose '
+        "loss departs from its baseline's is not recommended as the fastest."
     )
-    return [*lines, intro, "", *md_table(headers, body), "", *cheapest, *warnings, ""]
+    lines += [intro, "", *md_table(["scenario", "model", count, *figures], per_scenario)]
+    if across:
+        lines += [
+            "",
+            f"Across scenarios, where two or more share the model, task and number of {count}:",
+            "",
+            *md_table(["model", "task", count, *figures], across),
+        ]
+    return [*lines, "", *cheapest, *warnings, ""]
 
 
-def _workers(cell: Mapping[Any, Any]) -> str:
-    """What the GPU count counts: GPUs, or processes on the CPU."""
-    return "process(es)" if str(cell.get("device")) == "cpu" else "GPU(s)"
+def _count(value: Any) -> int | None:
+    found = number(value)
+    return None if found is None else int(found)
+
+
+def _hours_or_inf(cell: Mapping[Any, Any]) -> float:
+    hours = device_hours_per_1m(cell)
+    return math.inf if hours is None else hours
 
 
 def _gap(cell: Mapping[Any, Any]) -> str:

@@ -34,7 +34,13 @@ def _cell(cell_id: str, tps: float | None, **more: Any) -> dict[str, Any]:
     return cell
 
 
-def _table(text: str) -> list[str]:
+def _table(text: str, scenario: str = "s") -> list[str]:
+    """The per-scenario table's rows of ``scenario``."""
+    return [line for line in text.splitlines() if line.startswith(f"| {scenario} | org/m")]
+
+
+def _across(text: str) -> list[str]:
+    """The across-scenarios table's rows."""
     return [line for line in text.splitlines() if line.startswith("| org/m")]
 
 
@@ -86,9 +92,15 @@ def test_fastest_per_gpu_count_and_cheapest_across_counts() -> None:
 def test_runner_up_within_noise_and_separable() -> None:
     one = pd.DataFrame([_cell("a", 1000.0), _cell("b", 985.0)])
     text = "\n".join(recommend.markdown(one))
-    assert "is within 1.5%: not separable with 1 repeat" in text
+    assert "has 1.5% fewer tokens/s (the fastest is 1.02× as fast): not separable with 1 repeat" in text
+    # the runner-up's shortfall is 1 - 800/1000 = 20%, not the 25% the fastest is ahead
     far = pd.DataFrame([_cell("a", 1000.0), _cell("b", 800.0)])
-    assert "25.0% slower (1 repeat: no spread measured" in "\n".join(recommend.markdown(far))
+    text = "\n".join(recommend.markdown(far))
+    assert "has 20.0% fewer tokens/s (the fastest is 1.25× as fast); 1 repeat: no spread" in text
+    assert "25.0%" not in text
+    # 5% is judged on the shortfall: 1 - 950/1000 = 5.0% is separable enough to say
+    edge = pd.DataFrame([_cell("a", 1000.0), _cell("b", 950.0)])
+    assert "not separable" not in "\n".join(recommend.markdown(edge))
     overlap = pd.DataFrame(
         [
             _cell("a", 1000.0, repeats_ok=3, **{f"{TPS}_cv": 0.03, f"{TPS}_min": 960.0}),
@@ -135,3 +147,39 @@ def test_cost_in_usd_where_priced() -> None:
     cells = pd.DataFrame([_cell("a", 1000.0, cost_per_1m_tokens_usd=0.7)])
     text = "\n".join(recommend.markdown(cells))
     assert "$ per 1M tokens" in text and "$0.7000" in text
+
+
+def test_per_scenario_then_across_only_where_scenarios_share_model_task_and_count() -> None:
+    cells = pd.DataFrame(
+        [
+            _cell("lora-a", 1000.0, scenario="lora", task="causal-lm"),
+            _cell("lora-b", 1200.0, scenario="lora", task="causal-lm"),
+            _cell("full-a", 900.0, scenario="full", task="causal-lm"),
+            # another task: never ranked against the causal-lm scenarios
+            _cell("cls-a", 5000.0, scenario="cls", task="seq-classification"),
+            # another GPU count: a row of its own, never ranked against 1 GPU
+            _cell("full-2", 1700.0, scenario="full", task="causal-lm", num_gpus=2),
+        ]
+    )
+    text = "\n".join(recommend.markdown(cells))
+    # each scenario answers its own question, per GPU count
+    assert "`lora-b`" in _table(text, "lora")[0]
+    assert "`lora-a`" in _table(text, "lora")[0]  # its runner-up
+    full = _table(text, "full")
+    assert len(full) == 2 and "`full-a`" in full[0] and "`full-2`" in full[1]
+    assert "`cls-a`" in _table(text, "cls")[0]
+    # across scenarios: only causal-lm at 1 GPU is shared (lora and full)
+    (row,) = _across(text)
+    assert "| causal-lm | 1 |" in row and "`lora-b`" in row and "`full-a`" not in row
+    assert "`cls-a`" not in row
+    # no group of one scenario: no across table at all
+    alone = "\n".join(recommend.markdown(cells[cells["scenario"] == "lora"]))
+    assert not _across(alone) and "Across scenarios" not in alone
+
+
+def test_cpu_cells_count_processes() -> None:
+    cells = pd.DataFrame([_cell("a", 1000.0, device="cpu"), _cell("b", 900.0, device="cpu")])
+    text = "\n".join(recommend.markdown(cells))
+    assert "| scenario | model | processes |" in text
+    assert "process-h per 1M tokens" in text and "on 1 process:" in text
+    assert "GPU" not in text
