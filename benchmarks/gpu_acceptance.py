@@ -493,6 +493,11 @@ def run(args: argparse.Namespace) -> int:
     device = "gpu" if on_gpu else "cpu"
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gpu-acceptance-"))
     work.mkdir(parents=True, exist_ok=True)
+    if not args.keep:
+        # kept after the run: the umask decides who reads it, not mkdtemp's 0o700
+        from orchestrator.contract.layout import file_mode
+
+        work.chmod(file_mode(executable=True))
     dataset = work / "records.jsonl"
     write_dataset(dataset, 400 if args.cpu_smoke else 4000)
     started = time.perf_counter()

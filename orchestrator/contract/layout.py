@@ -261,11 +261,34 @@ def _component(name: str) -> str:
     return name
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, whole."""
+def umask() -> int:
+    """The process's umask: from ``/proc`` where it can, else set and put back at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+def file_mode(*, executable: bool = False) -> int:
+    """The mode a new file gets under the user's umask (``0o644`` under ``0o022``)."""
+    return (0o777 if executable else 0o666) & ~umask()
+
+
+def write_atomic(path: Path, text: str, *, executable: bool = False) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, whole.
+
+    The file gets the mode the user's umask gives a new file (the temporary
+    file it is renamed from is created private; teammates must read results).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, file_mode(executable=executable))
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()

@@ -247,8 +247,7 @@ def write_command_script(path: Path, env: dict[str, str], argv: Sequence[str], c
     lines.append(f"cd {shlex.quote(str(cwd))}")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines.append(shlex.join(argv))
-    write_atomic(path, "\n".join(lines) + "\n")
-    path.chmod(0o755)
+    write_atomic(path, "\n".join(lines) + "\n", executable=True)
 
 
 # ---------------------------------------------------------------------------

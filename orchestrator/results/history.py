@@ -10,11 +10,14 @@ as its reference even after the run's folder is gone.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from orchestrator.contract.layout import file_mode
 
 if TYPE_CHECKING:  # pandas only where a table is built: `tunematrix plan` reads the history too
     import pandas as pd
@@ -60,8 +63,12 @@ def path_for(results: Path) -> Path:
 @contextmanager
 def _connect(db: Path) -> Iterator[sqlite3.Connection]:
     db.parent.mkdir(parents=True, exist_ok=True)
+    new = not db.exists()
     with closing(sqlite3.connect(db, timeout=30)) as conn:
         conn.executescript(SCHEMA)
+        if new:
+            # SQLite creates its file 0o644 whatever the umask; the umask decides here
+            os.chmod(db, file_mode())
         yield conn
 
 

@@ -45,7 +45,8 @@ def _entries(root: Path) -> list[str]:
 
 
 def _lock(path: Path) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # 0o666: the user's umask decides, as for any new file
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

@@ -30,7 +30,7 @@ from typing import Any
 
 from orchestrator.contract.checking import ANSWER
 from orchestrator.contract.errors import UserError
-from orchestrator.contract.layout import project_pythonpath
+from orchestrator.contract.layout import file_mode, project_pythonpath
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.plan import Plan
 
@@ -167,6 +167,7 @@ def run_check(
             "w", prefix="tunematrix-check-", suffix=".log", delete=False
         ) as log:
             log.write(proc.stderr)
+        os.chmod(log.name, file_mode())
         raise UserError(
             f"the check of the training stack failed in {python} (exit {proc.returncode}: "
             f"{last}; its stderr is in {log.name}); nothing was started"

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -99,9 +100,23 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
         capture_output=True,
         text=True,
         timeout=600,
+        # a usual login umask: every file of the results must be readable by the team
+        umask=0o022,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     results = tmp_path / "results"
+    modes = {
+        str(p.relative_to(results)): stat.S_IMODE(p.stat().st_mode)
+        for p in [results, *results.rglob("*")]
+        if not p.is_symlink()
+    }
+    assert len(modes) > 50
+    wrong = {
+        path: oct(mode)
+        for path, mode in modes.items()
+        if mode != (0o755 if (results / path).is_dir() or path.endswith(".sh") else 0o644)
+    }
+    assert not wrong, wrong
     table = rows(results)
     assert len(table) == 4
     assert {r["status"] for r in table} == {"ok"}
