@@ -25,7 +25,7 @@ def add_measure_args(g: Any) -> None:
         choices=("steps", "steady"),
         help="how long each cell runs: steps, its fixed max_steps argument (the default); "
         "steady, until the 95%% interval of its mean step time (batch means) is within "
-        "--precision of the mean; over every scenario's measure:",
+        "--precision of the mean. Overrides every scenario's `measure:` setting",
     )
     g.add_argument(
         "--precision",
