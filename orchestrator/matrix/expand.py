@@ -70,6 +70,8 @@ DEFAULT_CPU_PROCESSES = (1,)
 
 # Merge layers, lowest first; a key set at a higher layer wins.
 _DEFAULTS, _SCENARIO, _SWEEP, _FRAMEWORK = range(4)
+#: the source of an axis set by a flag (``Axis.source``)
+COMMAND_LINE = "command line"
 _LAYER_NAMES = {
     _DEFAULTS: "defaults.yaml",
     _SCENARIO: "the scenario's arguments",
@@ -417,6 +419,7 @@ def build_plan(
         swept_keys=tuple(swept_keys),
         notes=tuple(notes),
         environments=tuple(e for e in envs if e is not None),
+        pinned_axes={k: dict(v) for k, v in checks.pinned.items()},
     )
 
 
@@ -451,18 +454,18 @@ def _axes(
     default."""
     m = config.matrix
     if selection.num_gpus is not None:
-        gpus = Axis(selection.num_gpus, "command line")
+        gpus = Axis(selection.num_gpus, COMMAND_LINE)
     elif m.num_gpus is not None:
         gpus = Axis(tuple(m.num_gpus), "scenarios file")
     else:
         gpus = Axis(*default_num_gpus(device, count() if device != "cpu" else 0))
     ebs = (
-        Axis(selection.effective_batch_size, "command line")
+        Axis(selection.effective_batch_size, COMMAND_LINE)
         if selection.effective_batch_size is not None
         else _file_axis(m.effective_batch_size, DEFAULT_EFFECTIVE_BATCH_SIZE)
     )
     if selection.repeats is not None:
-        repeats = Axis((selection.repeats,), "command line")
+        repeats = Axis((selection.repeats,), COMMAND_LINE)
     else:
         repeats = _file_axis([m.repeats] if m.repeats else None, (1,))
     axes = {
@@ -540,6 +543,9 @@ class _Variant:
     base_digest: str
     #: where each setting was written (``_places``)
     places: Mapping[str, Place] = field(default_factory=dict)
+    #: where each axis value came from: "command line", "scenarios file", "default",
+    #: or the layer of an argument that pinned it
+    axis_sources: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -558,6 +564,8 @@ class _Applicability:
     #: one line per framework whose cells a scenario's device cannot run, left out
     #: whole (``orchestrator.matrix.frameworks.cpu_refusal``)
     refused: dict[str, None] = field(default_factory=dict)
+    #: scenario -> axis -> where a setting of that scenario pinned the axis (the plan header)
+    pinned: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def leave_out(self, where: str, key: str, why: str, scenario: str) -> None:
         self.left_out.setdefault((where, why, scenario), {})[key] = None
@@ -804,8 +812,12 @@ def _variant(
     # the arguments, so the id hashes it once, as the axis value); an axis the task
     # takes no value of is not crossed
     pinned: dict[str, tuple[Any, ...]] = {}
+    sources = {name: axis.source for name, axis in axes.items()}
     for name in ("effective_batch_size", "max_seq_len", "packing"):
         if task in ARGUMENT_TASKS.get(name, (task,)):
+            if name in provenance:
+                sources[name] = _LAYER_NAMES[provenance[name]]
+                checks.pinned.setdefault(scenario.name, {})[name] = sources[name]
             pinned[name] = _axis_override(
                 config, scenario, merged, provenance, name, axes[name].values
             )
@@ -834,6 +846,7 @@ def _variant(
         packing=pinned["packing"],
         data_processing=data_processing,
         base_digest=spec_digest(base),
+        axis_sources=sources,
     )
     return dataclasses.replace(variant, places=_places(config, variant, data_processing))
 
@@ -852,11 +865,28 @@ def _batch_split(
             grad_accum_layer=variant.provenance.get("gradient_accumulation_steps", _DEFAULTS),
         )
     except ValueError as exc:
-        raise ConfigError(
-            f"{exc} (scenario '{variant.scenario.name}', framework {variant.overlay.label}, "
-            f"model {variant.model})",
-            **config.where(variant.scenario),
-        ) from None
+        cell = (
+            f"(scenario '{variant.scenario.name}', framework {variant.overlay.label}, "
+            f"model {variant.model})"
+        )
+        sources = variant.axis_sources
+        flags = [
+            f"{flag} {value}"
+            for name, flag, value in (
+                ("effective_batch_size", "--effective-batch-size", effective_batch_size),
+                ("num_gpus", "--num-gpus", num_gpus),
+            )
+            if sources.get(name) == COMMAND_LINE
+        ]
+        if not flags:
+            raise ConfigError(f"{exc} {cell}", **config.where(variant.scenario)) from None
+        # a value from a flag: the flag is named first; the file only where it set the split
+        pinned = any(
+            variant.provenance.get(name, _DEFAULTS) != _DEFAULTS
+            for name in ("per_device_train_batch_size", "gradient_accumulation_steps")
+        )
+        where = config.where(variant.scenario) if pinned else {}
+        raise ConfigError(f"{' with '.join(flags)}: {exc} {cell}", **where) from None
 
 
 def _cell_experiments(

@@ -45,3 +45,6 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     #: the interpreters every cell runs under, probed (``environments:``); empty: this one
     environments: tuple[Environment, ...] = field(default=())
+    #: scenario -> axis -> the setting that pinned the axis for it ("the scenario's
+    #: arguments", "defaults.yaml", ...): its rows use their own value, not the axis
+    pinned_axes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)

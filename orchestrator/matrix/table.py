@@ -12,9 +12,10 @@ from typing import Any
 
 from orchestrator.contract.layout import ResultsLayout, write_atomic
 from orchestrator.contract.metrics import KEY_COLUMNS
+from orchestrator.contract.wording import workers
 from orchestrator.job.command import PLAN_PORT, accelerate_command, job_env, launch_argv
 from orchestrator.matrix.experiment import Experiment
-from orchestrator.matrix.plan import Plan
+from orchestrator.matrix.plan import Axis, Plan
 
 
 def plan_rows(plan: Plan) -> list[dict[str, Any]]:
@@ -86,17 +87,48 @@ def format_header(
         f"  device:    {plan.device} ({plan.device_source})",
         f"  scenarios: {', '.join(plan.scenarios)}",
     ]
-    unit = "processes" if plan.device == "cpu" else "GPUs"
+    unit = workers(plan.device == "cpu")
     for name, axis in plan.axes.items():
         label = f"num_gpus ({unit})" if name == "num_gpus" else name
-        values = ", ".join(_cell(v) for v in axis.values)
-        lines.append(f"  {label + ':':<24} {values}  [{axis.source}]")
+        lines.append(f"  {label + ':':<24} {_axis_values(plan, name, axis)}")
     lines.append(f"  {'repeats:':<24} {plan.repeats.values[0]}  [{plan.repeats.source}]")
     for env in plan.environments:
         lines.append(f"  {'environment ' + env.name + ':':<24} {env.python}  [scenarios file]")
         lines.append(f"  {'':<24} {env.label()}")
     lines.extend(f"note: {note}" for note in (*plan.notes, *notes))
     return "\n".join(lines)
+
+
+def _axis_values(plan: Plan, name: str, axis: Axis) -> str:
+    """An axis as the rows use it: its values and source for the scenarios that take
+    them, then on lines of their own the values of the scenarios that pin their own
+    (``max_seq_len: 128`` in a scenario's arguments), with where they are set."""
+    used: dict[str, list[Any]] = {}
+    for e in plan.experiments:
+        value = getattr(e, name)
+        if value is not None and value not in used.setdefault(e.scenario, []):
+            used[e.scenario].append(value)
+    following = [s for s in plan.scenarios if used.get(s) and s not in _pins(plan, name)]
+    text = f"{', '.join(_cell(v) for v in axis.values)}  [{axis.source}]"
+    pinned: dict[tuple[str, str], list[str]] = {}
+    for scenario in plan.scenarios:
+        where = _pins(plan, name).get(scenario)
+        if where and used.get(scenario):
+            values = ", ".join(_cell(v) for v in used[scenario])
+            pinned.setdefault((values, where), []).append(scenario)
+    if not pinned:
+        return text
+    lines = [f"{text}: {', '.join(following)}" if following else f"({text}: used by none)"]
+    lines += [
+        f"{values}  [{where}: {', '.join(scenarios)}]"
+        for (values, where), scenarios in pinned.items()
+    ]
+    return ("\n" + " " * 27).join(lines)
+
+
+def _pins(plan: Plan, name: str) -> dict[str, str]:
+    """Scenario -> where it pins the axis ``name``."""
+    return {s: axes[name] for s, axes in plan.pinned_axes.items() if name in axes}
 
 
 def format_table(plan: Plan) -> str:

@@ -273,19 +273,43 @@ def test_impossible_batches_are_refused_with_numbers(eb, n, pd, ga, message) -> 
 
 
 def test_batch_error_points_at_the_scenario(plan) -> None:
+    # the values come from the scenarios file's matrix: the error points at the scenario
     with pytest.raises(ConfigError) as info:
         plan(
+            "matrix: {num_gpus: [1, 3], effective_batch_size: [8]}\n"
             "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m}\n",
-            num_gpus=(1, 3),
-            effective_batch_size=(8,),
-            device="gpu",
         )
     message = str(info.value)
     assert (
-        "scenarios.yaml:2: scenarios[0]: effective_batch_size 8 is not divisible by num_gpus 3"
+        "scenarios.yaml:3: scenarios[0]: effective_batch_size 8 is not divisible by num_gpus 3"
         in message
     )
     assert "(scenario 'a', framework none, model m)" in message
+
+
+def test_batch_error_from_flags_names_the_flags(plan) -> None:
+    scenarios = "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m}\n"
+    with pytest.raises(ConfigError) as info:
+        plan(scenarios, num_gpus=(1, 2), effective_batch_size=(3,))
+    message = str(info.value)
+    # the 3 and the 2 came from the command line: the flags, not the file, are to blame
+    assert message.startswith(
+        "--effective-batch-size 3 with --num-gpus 2: effective_batch_size 3 is not divisible"
+    ), message
+    assert "scenarios.yaml" not in message
+    # a flag against a split the scenario pins: both are named
+    pinned = (
+        "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m, "
+        "gradient_accumulation_steps: 2}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        plan(pinned, num_gpus=(1,), effective_batch_size=(3,))
+    message = str(info.value)
+    assert "scenarios.yaml:2: scenarios[0]: --effective-batch-size 3 with --num-gpus 1: " in message
+    # the file's GPU count with a flag's batch size: only the flag is named
+    with pytest.raises(ConfigError) as info:
+        plan("matrix: {num_gpus: [2]}\n" + scenarios, effective_batch_size=(3,))
+    assert str(info.value).startswith("--effective-batch-size 3: effective_batch_size 3 ")
 
 
 def test_defaults_accumulation_with_scenario_per_device(plan) -> None:
@@ -505,3 +529,36 @@ def test_an_old_name_sets_the_new_one_so_rows_spell_it_one_way(plan) -> None:
     assert (place.line, place.key) == (4, "scenarios[0].arguments.model_name_or_path")
     # a setting with no line of its own: the scenario's
     assert (cell.place("nothing").line, cell.place("nothing").key) == (2, "scenarios[0]")
+
+
+def test_plan_header_shows_the_values_rows_use_and_who_pins_them(plan) -> None:
+    from pathlib import Path
+
+    from orchestrator.matrix.table import format_header
+
+    p = plan(
+        "matrix: {max_seq_len: [4096], packing: [true]}\n"
+        "scenarios:\n"
+        "  - name: long\n    arguments: {model_name_or_path: m}\n"
+        "  - name: short\n    arguments: {model_name_or_path: m, max_seq_len: 128, packing: false}\n",
+        num_gpus=(1,),
+    )
+    header = format_header(p, Path("scenarios.yaml"), None)
+    lines = header.splitlines()
+    seq = lines.index(next(line for line in lines if "max_seq_len:" in line))
+    assert lines[seq].split("max_seq_len:")[1].strip() == "4096  [scenarios file]: long"
+    assert lines[seq + 1].strip() == "128  [the scenario's arguments: short]"
+    pack = lines.index(next(line for line in lines if "packing:" in line))
+    assert lines[pack + 1].strip() == "False  [the scenario's arguments: short]"
+    # every row's value is in the header
+    for e in p.experiments:
+        assert f"{e.max_seq_len}  [" in header
+    # every scenario pins it: the matrix's value is said to be unused
+    q = plan(
+        "matrix: {max_seq_len: [4096]}\n"
+        "scenarios:\n  - name: a\n    arguments: {model_name_or_path: m, max_seq_len: 128}\n",
+        num_gpus=(1,),
+    )
+    text = format_header(q, Path("scenarios.yaml"), None)
+    assert "(4096  [scenarios file]: used by none)" in text
+    assert "128  [the scenario's arguments: a]" in text
