@@ -221,7 +221,7 @@ _DECLARED: tuple[Column, ...] = (
     _child("samples_per_second_per_device", "samples/s", aggregate="spread", better="higher"),
     _child("step_time_median_s", "s", aggregate="spread", better="lower"),
     _child("step_time_cv", "fraction", aggregate="median"),
-    _child("train_loss", "", aggregate="median", better="lower", label="loss"),
+    _child("train_loss", "", aggregate="median", better="lower", label="mean train loss"),
     # quality beside speed (trainer_entry/evaluate.py; summary.md's quality column,
     # orchestrator/results/quality.py): eval: true's figures on the held-out split, the
     # Trainer's eval loss (each eval batch's mean loss, causal-lm per label token, averaged

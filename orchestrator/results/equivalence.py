@@ -39,8 +39,8 @@ from orchestrator.contract.argnames import BACKEND_KEY, default_backend
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.result import read_result
 from orchestrator.results.columns import measured
-from orchestrator.results.numbers import number
 from orchestrator.results.mdtable import md_table
+from orchestrator.results.numbers import number
 
 #: a variant whose mean loss gap passes this fraction of the baseline's mean loss is different
 DEFAULT_TOLERANCE = 0.05
@@ -225,8 +225,6 @@ def _default_trainer(cell: Mapping[Any, Any]) -> bool:
     return bool(trainer) and bool(task) and str(trainer) == default_backend(str(task))
 
 
-
-
 def add_equivalence(
     cells: pd.DataFrame,
     rows: pd.DataFrame,
@@ -320,14 +318,24 @@ def flagged(cell: Mapping[Any, Any]) -> bool:
     return cell.get("loss_vs_baseline") in FLAGGED
 
 
+def _variants(cells: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The variants compared with a baseline, and those with none to compare with."""
+    if "loss_vs_baseline" not in cells.columns:
+        return cells.iloc[0:0], cells.iloc[0:0]
+    variants = cells[cells["loss_vs_baseline"].notna() & (cells["loss_vs_baseline"] != IS_BASELINE)]
+    alone = variants[variants["loss_vs_baseline"] == NO_BASELINE]
+    return variants[variants["loss_vs_baseline"] != NO_BASELINE], alone
+
+
+def has_variants(cells: pd.DataFrame) -> bool:
+    """Whether summary.md has a section 'Loss against the baseline'."""
+    return not _variants(cells)[0].empty
+
+
 def markdown(cells: pd.DataFrame, tolerance: float) -> list[str]:
     """summary.md's section 'Loss against the baseline' (nothing without variants)."""
-    if "loss_vs_baseline" not in cells.columns:
-        return []
-    variants = cells[cells["loss_vs_baseline"].notna() & (cells["loss_vs_baseline"] != IS_BASELINE)]
     # cells with nothing to compare with are counted, not listed
-    alone = variants[variants["loss_vs_baseline"] == NO_BASELINE]
-    variants = variants[variants["loss_vs_baseline"] != NO_BASELINE]
+    variants, alone = _variants(cells)
     if variants.empty:
         return []
     body = []

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from orchestrator.results.numbers import number
 from orchestrator.results import history
+from orchestrator.results.numbers import number
 
 Basis = Literal["own", "similar", "none"]
 

@@ -27,6 +27,7 @@ from orchestrator.contract.outcome import (
     PRUNED_PREFIX,
     not_launched_by,
 )
+from orchestrator.contract.wording import on_cpu, workers
 from orchestrator.results import equivalence, fitreport, quality, recommend
 from orchestrator.results.aggregate import (
     PEAK_MEMORY_SOURCES,
@@ -42,6 +43,7 @@ from orchestrator.results.communication import communication_markdown
 from orchestrator.results.drift import drift_markdown
 from orchestrator.results.environments import side_by_side_markdown
 from orchestrator.results.mdtable import md_table
+from orchestrator.results.numbers import number
 from orchestrator.results.steady import steady_markdown
 
 #: the header of HF Trainer's throughput estimate, and what it is
@@ -199,7 +201,11 @@ def figure_text(cell: Mapping[Any, Any], name: str) -> str:
     column = metrics.get(name)
     if column.aggregate == "spread":
         return _spread(cell, name)
-    return _fmt(cell.get(name), _UNIT_FORMATS.get(column.unit, ""))
+    text = _fmt(cell.get(name), _UNIT_FORMATS.get(column.unit, ""))
+    mark = _WINDOW_MARK.get(str(cell.get("util_window")))
+    if name in ("gpu_util_mean_pct", "cpu_util_mean_pct") and mark and text != "–":
+        text += f" ({mark})"
+    return text
 
 
 #: key columns a scenario's table shows when they vary within it (the trainer first:
@@ -238,6 +244,118 @@ def _figures_of(group: pd.DataFrame, figures: list[str]) -> list[tuple[str, str]
     return [*out[: after + 1], (SAMPLES_FIGURE, header), *out[after + 1 :]]
 
 
+#: what each figure column of a scenario's table means (summary.md's reading guide);
+#: ``{workers}`` is GPUs, or processes on the CPU
+_MEANINGS = {
+    "tokens_per_second_global": "real (non-padding) tokens per second over the measured "
+    "steps (warm-up excluded), all {workers} together",
+    "tokens_per_second_per_device": "the same, per {worker}",
+    "samples_per_second_global": "samples (rows; images for image tasks) per second over "
+    "the measured steps, all {workers} together",
+    "mfu": "model FLOPs utilisation: the model's training FLOPs per second (6 × parameters "
+    "per token, attention included, no recompute) over the {workers}' peak FLOP/s at the "
+    "run's precision",
+    "cost_per_1m_tokens_usd": "{workers} × the price per {worker}-hour ÷ tokens per hour, × 1M",
+    "train_loss": "HF Trainer's `train_loss`: the mean training loss over all the run's "
+    "steps, warm-up included (the quality column has the first and last)",
+    "gpu_util_mean_pct": "how busy the GPUs were (NVML), mean over the measured steps",
+    "cpu_util_mean_pct": "the job's CPU time ÷ (wall time × the CPUs it may use) over the "
+    "measured steps: 100 is every allowed CPU busy",
+}
+#: a utilisation figure over a wider window than the measured steps, as a table shows it
+_WINDOW_MARK = {"training": "training", "job": "whole job"}
+
+
+def reading_guide(
+    report: ReportTables, figures: list[str], missing: list[str], cpu: bool
+) -> list[str]:
+    """The words and columns the tables use, each once, before the first table."""
+    cells = report.cells
+    worker, many = ("process" if cpu else "GPU"), workers(cpu)
+    words = [
+        "- **scenario**: one entry of the scenarios file, asking one question (which batch "
+        "size, which trainer, LoRA or full fine-tuning); each has a section below.",
+        "- **cell**: one setup of the matrix (model, framework, number of "
+        f"{many}, batch, and the scenario's swept values), named by its `cell_id`. A "
+        "**repeat** is one run of a cell (`--repeats N`); a cell's figures are the medians "
+        "over its ok repeats (± the coefficient of variation where there are two or more).",
+    ]
+    if equivalence.has_variants(cells):
+        words.append(
+            "- **baseline**: the cell a variant's loss is compared with: the same setup "
+            "with `framework_config: null` and the scenario's default trainer (Loss against "
+            "the baseline)."
+        )
+    if not report.scaling.empty:
+        words.append(
+            f"- **family**: the cells of one setup and effective batch at different numbers "
+            f"of {many} (Scaling)."
+        )
+    columns = [
+        "- **model**, **framework** (the accelerate overlay, `framework_config`), "
+        f"**{many}** (how many trained: `num_gpus`), **batch/dev × accum** (the batch per "
+        f"{worker} × gradient accumulation steps; × {many} it is the effective batch). "
+        "Other keys (task, trainer, PEFT method, sequence length, …) appear in a "
+        "scenario's table where they vary in it.",
+    ]
+    for name in figures:
+        header = _header(name, metrics.get(name).header, cpu)
+        if name == "train_tokens_per_second":
+            columns.append(f"- {HF_ESTIMATE_NOTE}")
+        elif name == "peak_memory_bytes":
+            text = f"- **{header}**: the first there is of: " + "; ".join(
+                label for _, _, label in PEAK_MEMORY_SOURCES
+            )
+            if "peak_memory_source" in cells.columns and cells["peak_memory_source"].notna().any():
+                sources = cells["peak_memory_source"].dropna().astype(str).value_counts()
+                text += "; here: " + ", ".join(
+                    f"{source} ({n} cell{'s' if n > 1 else ''})" for source, n in sources.items()
+                )
+            columns.append(text + ".")
+        elif name in _MEANINGS:
+            text = _MEANINGS[name].format(worker=worker, workers=many)
+            if name in ("gpu_util_mean_pct", "cpu_util_mean_pct"):
+                text += (
+                    ". A figure marked (training) or (whole job) covers a wider window: the "
+                    "measured steps were too short for the sidecar to sample (under "
+                    "3 samples or 0.5 s), so start-up and data loading count, and it reads lower"
+                )
+            columns.append(f"- **{header}**: {text}.")
+    tasks = cells["task"].astype(str) if "task" in cells.columns else pd.Series(dtype=str)
+    if tasks.isin(CLASSIFICATION_TASKS).any() and has_figures(cells, SAMPLES_FIGURE):
+        columns.append(
+            f"- **{metrics.get(SAMPLES_FIGURE).header}**: "
+            + _MEANINGS[SAMPLES_FIGURE].format(worker=worker, workers=many)
+            + "."
+        )
+    if "task" in cells.columns and (cells["task"].astype(str) == "image-classification").any():
+        columns.append(
+            "- For image classification a token is an image patch (tokens/s are patches/s) "
+            f"and a sample an image ({IMAGES_HEADER})."
+        )
+    if quality.shows_quality(cells):
+        columns.append(f"- {quality.NOTE}")
+    columns.append(
+        "- **status**: ok, oom (out of memory), failed, timeout, interrupted, or skipped "
+        "(pruned: a smaller cell of its family ran out of memory; spared: an identical "
+        "failure stopped its launch); the cells that are not ok are listed under their "
+        "table with the error and log."
+    )
+    if missing:
+        columns.append(f"- Columns with no figure in any cell are left out: {', '.join(missing)}.")
+    return ["## Reading this summary", "", *words, "", "Columns:", "", *columns, ""]
+
+
+def _header(name: str, header: str, cpu: bool) -> str:
+    """A column's header, per process rather than per GPU on the CPU."""
+    return header.replace("/GPU", "/process") if cpu else header
+
+
+def _count(value: Any) -> int | None:
+    found = number(value)
+    return None if found is None else int(found)
+
+
 def summary_markdown(
     report: ReportTables,
     source: Path,
@@ -258,50 +376,20 @@ def summary_markdown(
         for name in SUMMARY_FIGURES
         if name != "train_tokens_per_second" and not has_figures(cells, name)
     ]
+    cpu = "device" in cells.columns and on_cpu(cells["device"])
     lines = [
         "# Benchmark summary",
         "",
-        # first: what to run, per model and GPU count (results/recommend.py)
-        *recommend.markdown(cells),
         f"Source: `{source}` — {len(rows)} experiment(s) in {len(cells)} cell(s); "
         + status_counts(rows),
         "",
+        # every word and column the tables use, once, before the first table
+        *reading_guide(report, figures, missing, cpu),
+        # first: what to run, per scenario, then across scenarios (results/recommend.py)
+        *recommend.markdown(cells),
         *packed_note(rows),
         *not_launched_note(rows),
     ]
-    if has_figures(cells, "tokens_per_second_global"):
-        lines.append(
-            "Tokens/s count real (non-padding) tokens over the measured steps (warm-up "
-            "excluded), for all GPUs (global) and per GPU. "
-        )
-    else:
-        lines.append("No cell has a measured tokens/s. ")
-    lines[-1] += (
-        "Peak memory is the first there is of: "
-        + "; ".join(label for _, _, label in PEAK_MEMORY_SOURCES)
-        + "."
-    )
-    if "peak_memory_source" in cells.columns and cells["peak_memory_source"].notna().any():
-        sources = cells["peak_memory_source"].dropna().astype(str).value_counts()
-        lines[-1] += (
-            " Here: "
-            + ", ".join(
-                f"{source} ({n} cell{'s' if n > 1 else ''})" for source, n in sources.items()
-            )
-            + "."
-        )
-    lines[-1] += " With repeats, figures are medians (± the coefficient of variation)."
-    if "task" in cells.columns and (cells["task"].astype(str) == "image-classification").any():
-        lines[-1] += (
-            " For image classification a token is an image patch (tokens/s are patches/s)"
-            f" and a sample an image ({IMAGES_HEADER})."
-        )
-    if hf:
-        lines += ["", HF_ESTIMATE_NOTE]
-    if quality.shows_quality(cells):
-        lines += ["", quality.NOTE]
-    if missing:
-        lines += ["", f"Columns with no figure in any cell are left out: {', '.join(missing)}."]
     lines += _capacity_lines(report)
     # steady-state measuring: which runs stopped early, which never settled (results/steady.py)
     lines += steady_markdown(rows)
@@ -320,10 +408,10 @@ def summary_markdown(
         headers = [
             "model",
             "framework",
-            "GPUs",
+            workers(cpu),
             "batch/dev × accum",
             *varying,
-            *[header for _, header in shown],
+            *[_header(name, header, cpu) for name, header in shown],
             *([quality.HEADER] if learnt else []),
             "status",
         ]
@@ -352,7 +440,9 @@ def summary_markdown(
                 error = str(c.get("error") or "no error recorded")
                 error = error.removeprefix(PRUNED_PREFIX).removeprefix(NOT_LAUNCHED_PREFIX)
                 lines.append(
-                    f"- {c['status']}: {c.get('model_name_or_path')}, {c.get('framework_config')}, {_fmt(c.get('num_gpus'), 'int')} GPU(s): {error}{where}"
+                    f"- {c['status']}: {c.get('model_name_or_path')}, {c.get('framework_config')}, "
+                    f"{workers(str(c.get('device')) == 'cpu', _count(c.get('num_gpus')))}: "
+                    f"{error}{where}"
                 )
     lines += side_by_side_markdown(cells, args, lambda name: metrics.get(name).header, figure_text)
     lines += scaling_markdown(report.scaling)
@@ -369,7 +459,9 @@ def summary_markdown(
         lines += ["", "## Plots", "", *[f"- {n}" for n in report.plot_notes]]
     if report.notes:
         lines += ["", "## Notes", "", *[f"- {n}" for n in report.notes]]
-    return "\n".join(lines) + "\n"
+    # one blank line between blocks, wherever the sections' own blank lines meet
+    text = "\n".join(line for i, line in enumerate(lines) if line or (i and lines[i - 1]))
+    return text + "\n"
 
 
 def _capacity_lines(report: ReportTables) -> list[str]:

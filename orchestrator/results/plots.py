@@ -5,7 +5,14 @@ labelled row per cell; a label names what tells its cell apart from the others
 (long ones wrap), and the figure is sized to its labels and legends, so that
 nothing falls off the image. With more cells than fit, each scenario keeps its
 highest and the title says how many are shown (every cell is in
-benchmarks.csv).
+benchmarks.csv). No two labels of a figure read the same: cells that would
+(two scenarios that hold one setup) get the key that tells them apart.
+
+The value axis keeps to the bars: a capacity line (the device's memory) is
+drawn only where the largest bar reaches half of it, else the axis label names
+it. A whisker (min–max over repeats) is drawn, and named, only where repeats
+differ. Loss curves that overlap stay apart by dash, marker shape and
+staggered markers, and identical ones say so in the legend.
 
 Colours: bars of finished cells take their scenario's colour (a palette with
 no red, orange, green or grey); a cell without a figure is marked by its status
@@ -22,6 +29,7 @@ import colorsys
 import json
 import math
 import textwrap
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,8 +45,9 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from orchestrator.contract import metrics
+from orchestrator.contract.wording import on_cpu, workers
 from orchestrator.matrix.ids import model_short_name
-from orchestrator.results.aggregate import ReportTables, shows_hf_estimate
+from orchestrator.results.aggregate import SCALING_FIGURES, ReportTables, shows_hf_estimate
 from orchestrator.results.capacity import LIKELY_OOM_FRACTION
 from orchestrator.results.columns import CELL_ORDER, config_columns, measured
 
@@ -144,11 +153,36 @@ def _value_text(value: Any) -> str:
     return str(value)
 
 
+def _cpu(frame: pd.DataFrame | pd.Series) -> bool:
+    """Whether every cell of ``frame`` ran on the CPU (its ``device`` column); a table
+    without one (written before it existed) ran on GPUs."""
+    device = frame.get("device")
+    if device is None:
+        return False
+    return on_cpu(device if isinstance(device, pd.Series) else [device])
+
+
+def _counted(frame: pd.DataFrame) -> str:
+    """What a cell's num_gpus counts: GPUs, processes (CPU), or both in one table."""
+    cpu = _cpu(frame)
+    if not cpu and "device" in frame.columns and "cpu" in set(frame["device"].astype(str)):
+        return f"{workers(False)} ({workers(True)} on the CPU)"
+    return workers(cpu)
+
+
+def _worker(cpu: bool) -> str:
+    """One worker, without a count: "GPU", or "process" on the CPU."""
+    return workers(cpu, 1).removeprefix("1 ")
+
+
 def _part(column: str, cell: pd.Series) -> str:
     """One labelled part of a cell's label: a key column as it declares
     (``Column.short``, ``Column.flags``), else ``name=value``."""
     value = cell.get(column)
-    unit = "proc" if cell.get("device") == "cpu" else "GPU"
+    cpu = _cpu(cell)
+    unit = workers(cpu, short=True)
+    if column == "scenario":
+        return _scenario_name(value)
     if column == "model_name_or_path":
         return model_short_name(str(value))
     if column == "framework_config":
@@ -157,6 +191,14 @@ def _part(column: str, cell: pd.Series) -> str:
         return "no PEFT" if _value_text(value) == "none" else str(value)
     if column == "learning_rate":
         return f"lr {_value_text(value)}"
+    if column == "environment":
+        return "no env" if _missing(value) else f"env {value}"
+    if column == "device":
+        return f"on {_value_text(value)}"
+    if column == "processes" and str(_value_text(value)).isdigit():
+        return workers(True, int(_value_text(value)))
+    if column == "cell_id":
+        return f"cell {_value_text(value)}"
     declared = metrics.find(column)
     if declared is not None and declared.flags is not None:
         yes, no = declared.flags
@@ -167,41 +209,119 @@ def _part(column: str, cell: pd.Series) -> str:
     return short if short is not None else f"{column}={_value_text(value)}"
 
 
-def _label_columns(cells: pd.DataFrame) -> list[str]:
+#: what a label starts with: model, framework and GPU count
+LABEL_BASE = ("model_name_or_path", "framework_config", "num_gpus")
+#: the keys a label may add, in this order, after the cells' own arguments
+#: (``config_columns``) are appended
+LABEL_KEYS = (
+    "task",
+    "trainer",
+    "effective_batch_size",
+    "per_device_train_batch_size",
+    "peft_method",
+    "max_seq_len",
+    "torch_dtype",
+    "packing",
+    "gradient_accumulation_steps",
+    "environment",
+    "device",
+    "processes",
+)
+
+
+def _label_columns(
+    cells: pd.DataFrame, base: Sequence[str] = LABEL_BASE, lead: Sequence[str] = ()
+) -> list[str]:
     """Model, framework and GPU count, then each column that tells more cells apart.
 
     A column joins the label only when it splits cells the label so far does not
     (within a scenario): LoRA's rank is left out where the PEFT method already
-    says it, the learning rate where the framework already does.
+    says it, the learning rate where the framework already does. ``lead``: columns
+    every label starts with (the scenario in a legend that shows it), never repeated.
     """
-    base = ["model_name_or_path", "framework_config", "num_gpus"]
-    candidates = [
-        "task",
-        "trainer",
-        "effective_batch_size",
-        "per_device_train_batch_size",
-        "peft_method",
-        "max_seq_len",
-        "torch_dtype",
-        "packing",
-        "gradient_accumulation_steps",
-        *config_columns(cells),
-    ]
+    candidates = [*LABEL_KEYS, *config_columns(cells)]
     text = cells.astype(object).map(_value_text)
-    chosen = [c for c in base if c in cells.columns]
+    chosen = [c for c in base if c in cells.columns and c not in lead]
+    within = ["scenario"] if "scenario" in cells.columns else []
 
     def distinct(columns: list[str]) -> int:
-        return len(text[["scenario", *columns]].drop_duplicates())
+        return len(text[list(dict.fromkeys([*within, *lead, *columns]))].drop_duplicates())
 
     count = distinct(chosen)
     for column in candidates:
-        if column not in cells.columns or column in chosen:
+        if column not in cells.columns or column in chosen or column in lead:
             continue
         more = distinct([*chosen, column])
         if more > count:
             chosen.append(column)
             count = more
     return chosen
+
+
+def _label_parts(
+    cells: pd.DataFrame, base: Sequence[str] = LABEL_BASE, lead: Sequence[str] = ()
+) -> list[list[str]]:
+    """Each cell's label, as its parts: no two cells of ``cells`` get the same.
+
+    The columns of ``_label_columns`` tell cells of one scenario apart; cells that
+    still read the same (two scenarios that hold one setup, cells that differ only in
+    a key no label names) get the key that tells them apart added, to their labels
+    only: the key among the label keys and the cells' arguments that splits them
+    into the most groups, else the scenario's name, else the cell's id. The rest keep
+    their short labels.
+    """
+    cells = cells.reset_index(drop=True)
+    rows = [cell for _, cell in cells.iterrows()]
+    shared = [*lead, *_label_columns(cells, base, lead)]
+    columns = [list(shared) for _ in rows]
+    extra = [
+        c
+        for c in dict.fromkeys([*base, *LABEL_KEYS, *config_columns(cells)])
+        if c in cells.columns and c not in shared
+    ]
+    fallback = [c for c in ("scenario", "cell_id") if c in cells.columns and c not in shared]
+
+    def parts(i: int) -> list[str]:
+        return [_part(c, rows[i]) for c in columns[i]]
+
+    while True:
+        same: dict[tuple[str, ...], list[int]] = {}
+        for i in range(len(rows)):
+            same.setdefault(tuple(parts(i)), []).append(i)
+        groups = [group for group in same.values() if len(group) > 1]
+        progressed = False
+        for group in groups:
+            used = {c for i in group for c in columns[i]}
+            best, most = None, 1
+            for column in [c for c in extra if c not in used]:
+                split = len({_part(column, rows[i]) for i in group})
+                if split > most:
+                    best, most = column, split
+            if best is None:
+                best = next(
+                    (
+                        c
+                        for c in fallback
+                        if c not in used and len({_part(c, rows[i]) for i in group}) > 1
+                    ),
+                    None,
+                )
+            if best is not None:
+                for i in group:
+                    columns[i].append(best)
+                progressed = True
+        if not progressed:
+            break
+    labelled = [parts(i) for i in range(len(rows))]
+    # cells nothing tells apart (a table with one row twice) are numbered
+    counts = Counter(tuple(label) for label in labelled)
+    seen: Counter[tuple[str, ...]] = Counter()
+    for label in labelled:
+        key = tuple(label)
+        if counts[key] > 1:
+            seen[key] += 1
+            label.append(f"#{seen[key]}")
+    return labelled
 
 
 def _fill(pieces: Sequence[str], width: int) -> list[str]:
@@ -228,9 +348,8 @@ def _wrap(parts: Sequence[str], width: int = WRAP) -> str:
 
 
 def labels(cells: pd.DataFrame) -> list[str]:
-    """One label per cell, wrapped to lines of about ``WRAP`` characters."""
-    columns = _label_columns(cells)
-    return [_wrap([_part(c, cell) for c in columns]) for _, cell in cells.iterrows()]
+    """One label per cell, no two the same, wrapped to lines of about ``WRAP`` characters."""
+    return [_wrap(parts) for parts in _label_parts(cells)]
 
 
 def _select(cells: pd.DataFrame, values: pd.Series) -> tuple[pd.DataFrame, str]:
@@ -274,11 +393,18 @@ def bar_figure(
     xlabel: str,
     title: str,
     whiskers: tuple[str, str] | None = None,
+    whisker_xlabel: str | None = None,
     vline: tuple[float, str] | None = None,
     failed_metric: str | None = None,
 ) -> Figure:
     """Horizontal bars of ``metric`` per cell, the figure sized to fit every text in it.
 
+    ``whiskers``: the columns of a whisker's ends, drawn where they differ;
+    ``whisker_xlabel``: the axis label when at least one is drawn (it says what a
+    whisker is), ``xlabel`` otherwise.
+    ``vline``: a capacity (its value and name), drawn as a line only where the bars
+    come near it (``near_capacity``); else the axis keeps to the bars and its label
+    names the capacity, off the axis.
     ``failed_metric``: a column whose value is drawn, hatched in the status's colour,
     for a cell that did not finish (the memory a failed run reached).
     """
@@ -364,9 +490,17 @@ def bar_figure(
                 bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85},
             )
         )
+    drawn = 0
     for yi, a, b in zip(y, lo, hi, strict=True):
         if not (math.isnan(a) or math.isnan(b)) and b > a:
             ax.plot([a, b], [yi, yi], color="black", linewidth=1)
+            drawn += 1
+    if drawn and whisker_xlabel is not None:
+        xlabel = whisker_xlabel
+    if vline is not None and not near_capacity(max(finite, default=0.0), vline[0]):
+        # a far capacity would squeeze the bars into slivers: it is named, not drawn
+        xlabel += f"\n{vline[1]}: off the axis, far above every bar"
+        vline = None
     if vline is not None:
         ax.axvline(vline[0], color="#b71c1c", linestyle="--", linewidth=1)
         ax.text(
@@ -412,6 +546,19 @@ def bar_figure(
     title_artist = fig.suptitle(title, fontsize=11, x=0.01, ha="left", y=0.99, va="top")
     _fit(fig, ax, legends, title_artist, value_texts, rows=len(cells), row_in=row_in)
     return fig
+
+
+#: the capacity line is drawn when the largest bar reaches this share of it
+CAPACITY_LINE_FRACTION = 0.5
+
+
+def near_capacity(largest: float, capacity: float) -> bool:
+    """Whether bars whose largest is ``largest`` come near enough to ``capacity`` for
+    its line to be drawn: at least ``CAPACITY_LINE_FRACTION`` of it. Then the axis
+    reaches the line and the bars fill at least about half of it; below, the line
+    would squeeze them into slivers (0.6 GiB against 23.5 GiB), and the axis keeps
+    to the bars."""
+    return capacity > 0 and largest >= CAPACITY_LINE_FRACTION * capacity
 
 
 def _fit(
@@ -510,16 +657,6 @@ def _widen_to_legend(fig: Any, ax: Any) -> None:
         fig.set_size_inches(needed, fig.get_figheight())
 
 
-def _workers(frame: pd.DataFrame) -> str:
-    """What a cell's num_gpus counts: GPUs, processes (CPU), or both in one table."""
-    devices = set(frame["device"].dropna().astype(str)) if "device" in frame.columns else set()
-    if devices == {"cpu"}:
-        return "processes"
-    if "cpu" in devices:
-        return "GPUs (processes on the CPU)"
-    return "GPUs"
-
-
 def throughput_figure(cells: pd.DataFrame) -> Figure | None:
     """Measured tokens/s per cell; None when no cell has one."""
     values = pd.to_numeric(cells["tokens_per_second_global"], errors="coerce")
@@ -530,8 +667,11 @@ def throughput_figure(cells: pd.DataFrame) -> Figure | None:
         shown,
         "tokens_per_second_global",
         scale=1.0,
-        xlabel=f"measured tokens per second, all {_workers(shown)} (real tokens, median over "
-        "repeats; bars: min–max)",
+        xlabel=f"measured tokens per second, all {_counted(shown)} (real tokens, median "
+        "over repeats)",
+        # one repeat, or repeats that agree, draw no whisker, and the label promises none
+        whisker_xlabel=f"measured tokens per second, all {_counted(shown)} (real tokens; "
+        "bar: the median over repeats, whisker: their min–max)",
         title="Throughput per cell" + note,
         whiskers=("tokens_per_second_global_min", "tokens_per_second_global_max"),
     )
@@ -549,8 +689,8 @@ def hf_estimate_figure(cells: pd.DataFrame) -> Figure | None:
         shown,
         "train_tokens_per_second",
         scale=1.0,
-        xlabel="HF Trainer's train_tokens_per_second: per GPU, padding included, "
-        "estimated from the first batch × steps",
+        xlabel=f"HF Trainer's train_tokens_per_second: per {_worker(_cpu(shown))}, padding "
+        "included, estimated from the first batch × steps",
         title="HF Trainer's throughput estimate per cell (not measured; not comparable "
         "with measured tokens/s)" + note,
     )
@@ -586,10 +726,11 @@ def memory_figure(
         what = "device memory" if capacity.gpu else "machine memory"
         gib = f"{capacity.bytes / GIB:.1f}".removesuffix(".0")
         vline = (capacity.bytes / GIB, f"{what} {gib} GiB")
+    counted = _counted(shown)
     xlabel = {
-        "processes": "peak memory per process, GiB",
-        "GPUs": "peak memory per device, GiB",
-    }.get(_workers(shown), "peak memory per device (per process on the CPU), GiB")
+        workers(True): "peak memory per process, GiB",
+        workers(False): "peak memory per device, GiB",
+    }.get(counted, f"peak memory per device (per {_worker(True)} on the CPU), GiB")
     if failed.notna().any():
         xlabel += "; hatched: the memory a run that did not finish reached"
         if rows is not None and "failed_peak_memory_bytes" in rows.columns:
@@ -618,51 +759,34 @@ def scaling_figure(table: pd.DataFrame) -> Figure | None:
     if table.empty:
         return None
     fig, ax = plt.subplots(figsize=(10, 5.5 + 0.2 * min(len(table), MAX_LINES)), dpi=DPI)
-    keys = [
-        k
-        for k in (
-            "scenario",
-            "task",
-            "trainer",
-            "model_name_or_path",
-            "framework_config",
-            "effective_batch_size",
-            "max_seq_len",
-            "peft_method",
-        )
-        if k in table.columns
-    ]
-    families = list(table.groupby(keys, sort=False, dropna=False))
+    # a family is what aggregate.scaling made one: every key column of the table
+    keys = [c for c in table.columns if c not in SCALING_FIGURES]
+    text = table[keys].astype(object).map(str)
+    families = list(table.groupby([text[k] for k in keys], sort=False))
     shown = families[:MAX_LINES]
     counts: set[int] = set()
-    # the task and trainer name a line where they tell lines apart (sft and hf side by side)
-    told = [k for k in ("task", "trainer") if k in keys and table[k].map(str).nunique() > 1]
-    for i, (key, group) in enumerate(shown):
+    # a line's label: its scenario, then what tells it apart from the others
+    heads = pd.DataFrame([group.iloc[0][keys] for _, group in shown]).reset_index(drop=True)
+    names = [
+        " · ".join(parts)
+        for parts in _label_parts(
+            heads, base=LABEL_BASE[:2], lead=("scenario",) if "scenario" in keys else ()
+        )
+    ]
+    smallest = min(int(n) for n in table["num_gpus"])
+    for i, ((_, group), label) in enumerate(zip(shown, names, strict=True)):
         group = group.sort_values("num_gpus")
-        parts: dict[str, Any] = dict(
-            zip(keys, key if isinstance(key, tuple) else (key,), strict=True)
-        )
-        label = " · ".join(
-            str(v)
-            for v in (
-                parts.get("scenario"),
-                model_short_name(str(parts.get("model_name_or_path"))),
-                parts.get("framework_config"),
-                f"eb {int(parts['effective_batch_size'])}"
-                if pd.notna(parts.get("effective_batch_size"))
-                else None,
-                *(f"{k}={parts[k]}" for k in told),
-            )
-            if v
-        )
-        if int(group["base_num_gpus"].iloc[0]) > min(int(n) for n in table["num_gpus"]):
+        if int(group["base_num_gpus"].iloc[0]) > smallest:
             label += f" (relative to {int(group['base_num_gpus'].iloc[0])})"
         ax.plot(
             group["num_gpus"],
             100 * group["scaling_efficiency"],
-            marker="o",
             color=COLORS[i % len(COLORS)],
-            linestyle=("-", "--", ":", "-.")[(i // len(COLORS)) % 4],
+            # lines on one another (two families that scale alike) stay apart by dash and
+            # marker; an earlier line's larger marker rings a later one's
+            linestyle=LINESTYLES[i % len(LINESTYLES)],
+            marker=MARKER_SHAPES[i % len(MARKER_SHAPES)],
+            markersize=max(4.0, 9.0 - 1.5 * (i % 4)),
             label=label,
         )
         counts.update(int(n) for n in group["num_gpus"])
@@ -671,12 +795,10 @@ def scaling_figure(table: pd.DataFrame) -> Figure | None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(counts))
     ax.set_xticklabels([str(c) for c in sorted(counts)])
-    workers = _workers(table)
-    ax.set_xlabel(workers)
+    ax.set_xlabel(_counted(table))
     ax.set_ylabel("scaling efficiency, % (speedup / ideal speedup)")
     extra = f" ({len(shown)} of {len(families)} families)" if len(families) > len(shown) else ""
-    counted = "process count" if workers == "processes" else "GPU count"
-    ax.set_title(f"Scaling efficiency vs {counted}" + extra, fontsize=11)
+    ax.set_title(f"Scaling efficiency vs {_worker(_cpu(table))} count" + extra, fontsize=11)
     ax.grid(alpha=0.3)
     ax.set_ylim(0, max(110, float(100 * table["scaling_efficiency"].max()) + 10))
     _legend_below(fig, ax, len(shown))
@@ -690,11 +812,7 @@ def _loss_curves(rows: pd.DataFrame, source: Path) -> tuple[list[tuple[pd.Series
     runs = source / "runs"
     if not runs.is_dir():
         return [], 0
-    ok = (
-        rows[measured(rows)]
-        .sort_values("repeat")
-        .drop_duplicates("cell_id")
-    )
+    ok = rows[measured(rows)].sort_values("repeat").drop_duplicates("cell_id")
     curves: list[tuple[pd.Series, Any]] = []
     for _, row in ok.iterrows():
         if len(curves) == MAX_LINES:
@@ -709,38 +827,104 @@ def _loss_curves(rows: pd.DataFrame, source: Path) -> tuple[list[tuple[pd.Series
     return curves, len(ok)
 
 
+#: losses this close (relative) at every step two curves share are the same curve
+SAME_LOSS = 1e-6
+#: about this many markers on the longest curve (more where more curves must stagger)
+MARKERS = 12
+LINESTYLES = ("-", "--", ":", "-.")
+MARKER_SHAPES = "osd^v<>"
+
+
+def _same_loss(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> bool:
+    """Whether two loss histories ([step, loss]…) agree at every step both have (and
+    have one at least), within ``SAME_LOSS``."""
+    first = {int(h[0]): float(h[1]) for h in a}
+    second = {int(h[0]): float(h[1]) for h in b}
+    shared = first.keys() & second.keys()
+    return bool(shared) and all(
+        math.isclose(first[s], second[s], rel_tol=SAME_LOSS, abs_tol=1e-9) for s in shared
+    )
+
+
+def _listed(names: Sequence[str]) -> str:
+    """ "a", "a and b", "a, b and c"."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _offset(i: int, curves: int, every: int, points: int) -> int:
+    """The index of curve ``i``'s first marker: ``i``/``curves`` of the way into the
+    spacing ``every``, so that no two curves mark one step; a curve too short for its
+    offset marks a point of its own instead (where curves of a few points must share)."""
+    offset = i * every // curves
+    return offset if offset < points else i % max(1, points)
+
+
+def _differs(label: Sequence[str], other: Sequence[str]) -> str:
+    """``other`` as it reads beside ``label``: its parts ``label`` lacks (the whole of it
+    where there are none)."""
+    own = set(label)
+    return " · ".join(p for p in other if p not in own) or " · ".join(other)
+
+
+def loss_figure(curves: Sequence[tuple[pd.Series, Any]], finished: int | None = None) -> Figure:
+    """Loss per step of each curve ((its row, its [step, loss] history)), at most
+    ``MAX_LINES``; ``finished``: how many cells there are, where more than are drawn.
+
+    Curves that overlap stay apart: each has its own dash and marker shape, and its
+    markers sit at steps no other curve marks (the same spacing, a curve's own offset).
+    Curves equal at every step they share say so in the legend ("same loss as …"),
+    and the first of them is drawn wide and pale beneath the others.
+    """
+    shown = list(curves[:MAX_LINES])
+    frame = pd.DataFrame([row for row, _ in shown]).reset_index(drop=True)
+    lead = ("scenario",) if "scenario" in frame.columns else ()
+    parts = _label_parts(frame, lead=lead)
+    histories = [history for _, history in shown]
+    twins: list[list[int]] = [
+        [j for j in range(len(shown)) if j != i and _same_loss(histories[i], histories[j])]
+        for i in range(len(shown))
+    ]
+    longest = max(len(h) for h in histories)
+    every = max(len(shown), math.ceil(longest / MARKERS))
+    fig, ax = plt.subplots(figsize=(10, 5.5 + 0.2 * len(shown)), dpi=DPI)
+    for i, history in enumerate(histories):
+        label = " · ".join(parts[i])
+        if twins[i]:
+            label += f" (same loss as {_listed([_differs(parts[i], parts[j]) for j in twins[i]])})"
+        # the first of identical curves lies wide beneath the later ones, which draw over it
+        under = bool(twins[i]) and twins[i][0] > i
+        ax.plot(
+            [h[0] for h in history],
+            [h[1] for h in history],
+            color=COLORS[i % len(COLORS)],
+            linestyle=LINESTYLES[i % len(LINESTYLES)],
+            marker=MARKER_SHAPES[i % len(MARKER_SHAPES)],
+            # staggered: no two curves put a marker on the same step
+            markevery=(_offset(i, len(shown), every, len(history)), every),
+            markersize=6 if under else 4.5,
+            linewidth=3.0 if under else 1.2,
+            alpha=0.45 if under else 1.0,
+            zorder=2 if under else 3,
+            label=label,
+        )
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    total = finished if finished is not None else len(shown)
+    extra = f" (the first {len(shown)} of {total} cells)" if total > len(shown) else ""
+    ax.set_title("Loss curves" + extra, fontsize=11)
+    ax.grid(alpha=0.3)
+    _legend_below(fig, ax, len(shown))
+    _widen_to_legend(fig, ax)
+    return fig
+
+
 def loss_curves(rows: pd.DataFrame, source: Path, path: Path) -> Path | None:
     """Loss per step of each cell's first finished run (read from its result.json)."""
     curves, finished = _loss_curves(rows, source)
     if not curves:
         return None
-    shown = curves[:MAX_LINES]
-    columns = [c for c in _label_columns(rows) if c in rows.columns]
-    fig, ax = plt.subplots(figsize=(10, 5.5 + 0.2 * len(shown)), dpi=DPI)
-    for i, (row, history) in enumerate(shown):
-        steps = [h[0] for h in history]
-        values = [h[1] for h in history]
-        ax.plot(
-            steps,
-            values,
-            color=COLORS[i % len(COLORS)],
-            # identical curves (the same seed and data) stay apart by marker and dash
-            linestyle=("-", "--", ":", "-.")[i % 4],
-            marker="osd^v<>"[i % 7] if len(steps) <= 40 else None,
-            markersize=4,
-            linewidth=1.2,
-            label=f"{_scenario_name(row['scenario'])} · "
-            + " · ".join(_part(c, row) for c in columns),
-        )
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("training loss")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    extra = f" (the first {len(shown)} of {finished} cells)" if finished > len(shown) else ""
-    ax.set_title("Loss curves" + extra, fontsize=11)
-    ax.grid(alpha=0.3)
-    _legend_below(fig, ax, len(shown))
-    _widen_to_legend(fig, ax)
-    return _save(fig, path)
+    return _save(loss_figure(curves, finished), path)
 
 
 #: the files ``write_all`` writes into the plots folder
@@ -798,14 +982,16 @@ def write_all(report: ReportTables, folder: Path, *, source: Path | None = None)
     else:
         notes.append(f"{name(path)}: not drawn, no cell has a memory figure")
     path = folder / "scaling.png"
+    # a table without a device column ran on GPUs
+    worker = _worker(_cpu(cells))
     scaled = scaling_plot(report.scaling, path)
     if scaled is not None:
         written.append(scaled)
-        notes.append(f"{name(path)}: scaling efficiency against the GPU count")
+        notes.append(f"{name(path)}: scaling efficiency against the {worker} count")
     else:
         notes.append(
             f"{name(path)}: not drawn, no family of cells has a measured tokens/s at two or "
-            "more GPU counts"
+            f"more {worker} counts"
         )
     path = folder / "loss.png"
     loss = loss_curves(report.rows, source, path) if source is not None else None

@@ -17,14 +17,13 @@ only reads a cell's columns.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 
-from orchestrator.results.numbers import number
 from orchestrator.results.aggregate import has_figures
+from orchestrator.results.numbers import number
 
 #: the last logged loss above this many times the first is divergence
 DIVERGENCE_RATIO = 1.5

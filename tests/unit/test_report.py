@@ -143,10 +143,10 @@ def test_written_files(tmp_path) -> None:
     # CV of 900, 1000, 1200: sample standard deviation (ddof=1) 152.8 over mean 1033.3
     assert "| org/model | fsdp | 1 | 8 × 1 | 1,000 ±14.8% | 1,000 ±14.8% | 11.00 |" in md
     assert (
-        "- oom: org/model, ddp, 2 GPU(s): CUDA out of memory. Tried to allocate 2 GiB (log: `runs/b.g2/stderr.log`)"
+        "- oom: org/model, ddp, 2 GPUs: CUDA out of memory. Tried to allocate 2 GiB (log: `runs/b.g2/stderr.log`)"
         in md
     )
-    assert "- failed: org/model, fsdp, 1 GPU(s): target_modules ['x'] match no module" in md
+    assert "- failed: org/model, fsdp, 1 GPU: target_modules ['x'] match no module" in md
     assert "| 2 | 1.80 (90%) |" in md and "| 4 | 3.00 (75%) |" in md
     assert "## Cost and time to train" in md and "At $2 per GPU-hour" in md
 
