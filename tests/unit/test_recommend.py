@@ -92,7 +92,10 @@ def test_fastest_per_gpu_count_and_cheapest_across_counts() -> None:
 def test_runner_up_within_noise_and_separable() -> None:
     one = pd.DataFrame([_cell("a", 1000.0), _cell("b", 985.0)])
     text = "\n".join(recommend.markdown(one))
-    assert "has 1.5% fewer tokens/s (the fastest is 1.02× as fast): not separable with 1 repeat" in text
+    assert (
+        "has 1.5% fewer tokens/s (the fastest is 1.02× as fast): not separable with 1 repeat"
+        in text
+    )
     # the runner-up's shortfall is 1 - 800/1000 = 20%, not the 25% the fastest is ahead
     far = pd.DataFrame([_cell("a", 1000.0), _cell("b", 800.0)])
     text = "\n".join(recommend.markdown(far))
