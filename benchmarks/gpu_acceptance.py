@@ -456,11 +456,13 @@ def checks(
             within(steady, fixed, 0.02),
         )
     )
+    from orchestrator.contract.wording import fewer
+
     tracked = num(tracker, "tokens_per_second_per_device")
     out.append(
         (
             "MEMORY_LOGGING=hf-tracker: tokens/s cost",
-            f"{tracked / fixed - 1:+.1%} ({tracked:,.0f} vs {fixed:,.0f})"
+            f"{fewer(fixed, tracked)} with it ({tracked:,.0f} vs {fixed:,.0f})"
             if tracked and fixed
             else "-",
             "reported",

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from orchestrator.cli.common import Formatter
+from orchestrator.contract.wording import signed_change
 
 _COMPARE_EPILOG = """\
 Examples:
@@ -50,7 +51,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for _, row in regressions.iterrows():
         cell = comparing.cell_label(row, result.keys)
         change = row["change"]
-        shown = "" if change is None or change != change else f" {100 * change:+.1f}%"
+        shown = "" if change is None or change != change else f" {signed_change(change)}"
         print(f"  regression: {cell}: {row['metric']}{shown} {row['why']}".rstrip())
     if result.loss is not None:
         print(

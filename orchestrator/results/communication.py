@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.contract import metrics
+from orchestrator.contract.wording import on_cpu, workers
 from orchestrator.results.mdtable import md_table
 
 #: the section's figures, in order
@@ -58,7 +59,7 @@ def communication_markdown(cells: pd.DataFrame) -> list[str]:
         "scenario",
         "model",
         "framework",
-        "GPUs",
+        workers("device" in profiled.columns and on_cpu(profiled["device"])),
         *[metrics.get(name).header for name in COMMUNICATION_FIGURES],
     ]
     body = []

@@ -39,6 +39,7 @@ from orchestrator.contract import metrics as registry
 from orchestrator.contract.argnames import DEFAULT_TASK
 from orchestrator.contract.layout import ResultsLayout, write_atomic
 from orchestrator.contract.outcome import LOST, NOT_LAUNCHED, PRUNED
+from orchestrator.contract.wording import signed_change, workers
 from orchestrator.results.columns import argument_columns, is_output, measured, shown_status
 from orchestrator.results.environments import match_on_environment
 from orchestrator.results.mdtable import md_table
@@ -521,7 +522,8 @@ def cell_label(row: Any, keys: list[str]) -> str:
         if k == "task" and value == DEFAULT_TASK:  # the usual one goes without saying
             continue
         declared = registry.find(k)
-        short = registry.short_label(k, value, unit="GPU", per="dev")
+        unit = workers(str(row["device"]) == "cpu" if "device" in row else False, short=True)
+        short = registry.short_label(k, value, unit=unit, per="dev")
         if short is not None:
             parts.append(short)
         elif declared is not None and declared.flags and value in ("true", "false"):
@@ -566,7 +568,7 @@ def _rows_md(table: pd.DataFrame, keys: list[str]) -> list[str]:
                 _num(row["new"]),
                 "–"
                 if change is None or (isinstance(change, float) and math.isnan(change))
-                else f"{100 * change:+.1f}%",
+                else signed_change(change),
                 f"{row['n_ref']} → {row['n_new']}",
                 verdict,
             ]
@@ -600,9 +602,9 @@ def markdown(result: Comparison, new_label: str, ref_label: str, threshold: floa
                 [
                     str(metric),
                     str(len(group)),
-                    f"{100 * change.median():+.1f}%",
-                    f"{100 * change.min():+.1f}%",
-                    f"{100 * change.max():+.1f}%",
+                    signed_change(change.median()),
+                    signed_change(change.min()),
+                    signed_change(change.max()),
                     str(int(group["regression"].sum())),
                 ]
             )

@@ -18,6 +18,7 @@ import pandas as pd
 
 from orchestrator.config.environments import drift, short_labels
 from orchestrator.contract.errors import UserError
+from orchestrator.contract.wording import signed_change
 
 if TYPE_CHECKING:
     from orchestrator.results.compare import Comparison
@@ -269,7 +270,7 @@ def across_lines(result: Comparison, across: str = COLUMN) -> list[str]:
     out = []
     for row in table[table["metric"] != "status"].to_dict("records"):
         change = row.get("change")
-        shown = "" if change is None or change != change else f" ({100 * change:+.1f}%)"
+        shown = "" if change is None or change != change else f" ({signed_change(change)})"
         out.append(
             f"  {row[across]} vs baseline: {cell_label(row, keys)}: {row['metric']} "
             f"{_num(row['new'])} vs {_num(row['ref'])}{shown}"

@@ -121,7 +121,8 @@ class PlanEstimate:
         lines = [
             text,
             f"  based on: {self.count('own')} experiment(s) from their own earlier runs, "
-            f"{self.count('similar')} from similar cells (same model, device, GPU count and "
+            f"{self.count('similar')} from similar cells (same model, device, "
+            f"{'process' if self.devices == {'cpu'} else 'GPU'} count and "
             f"framework), {self.count('none')} with no history ({self.history})",
         ]
         if self.count("none"):

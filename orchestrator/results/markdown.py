@@ -303,14 +303,22 @@ def reading_guide(
         if name == "train_tokens_per_second":
             columns.append(f"- {HF_ESTIMATE_NOTE}")
         elif name == "peak_memory_bytes":
-            text = f"- **{header}**: the first there is of: " + "; ".join(
-                label for _, _, label in PEAK_MEMORY_SOURCES
+            found = (
+                cells["peak_memory_source"].dropna().astype(str).value_counts()
+                if "peak_memory_source" in cells.columns
+                else pd.Series(dtype=int)
             )
-            if "peak_memory_source" in cells.columns and cells["peak_memory_source"].notna().any():
-                sources = cells["peak_memory_source"].dropna().astype(str).value_counts()
-                text += "; here: " + ", ".join(
-                    f"{source} ({n} cell{'s' if n > 1 else ''})" for source, n in sources.items()
+            if cpu and len(found) == 1:
+                # one source on the CPU: say it alone, not the GPUs' sources it was not
+                text = f"- **{header}**: {found.index[0]}"
+            else:
+                text = f"- **{header}**: the first there is of: " + "; ".join(
+                    label for _, _, label in PEAK_MEMORY_SOURCES
                 )
+                if len(found):
+                    text += "; here: " + ", ".join(
+                        f"{source} ({n} cell{'s' if n > 1 else ''})" for source, n in found.items()
+                    )
             columns.append(text + ".")
         elif name in _MEANINGS:
             text = _MEANINGS[name].format(worker=worker, workers=many)
@@ -341,6 +349,8 @@ def reading_guide(
         "failure stopped its launch); the cells that are not ok are listed under their "
         "table with the error and log."
     )
+    # a CPU run has no GPU figure to miss
+    missing = [m for m in missing if not (cpu and "GPU" in m)]
     if missing:
         columns.append(f"- Columns with no figure in any cell are left out: {', '.join(missing)}.")
     return ["## Reading this summary", "", *words, "", "Columns:", "", *columns, ""]
@@ -495,6 +505,7 @@ def _capacity_lines(report: ReportTables) -> list[str]:
 
 
 def _family_title(row: Mapping[Any, Any], keys: list[str], varying: list[str]) -> str:
+    unit = workers(str(row.get("device")) == "cpu", short=True)
     parts = []
     for k in keys:
         value = row.get(k)
@@ -502,7 +513,7 @@ def _family_title(row: Mapping[Any, Any], keys: list[str], varying: list[str]) -
             continue
         declared = metrics.find(k)
         if declared is not None and declared.short:
-            parts.append(declared.short.format(v=_fmt(value, "int"), unit="GPU", per="GPU"))
+            parts.append(declared.short.format(v=_fmt(value, "int"), unit=unit, per=unit))
         elif k in ("scenario", "model_name_or_path", "peft_method"):
             parts.append(str(value))
         elif k in varying:
@@ -513,13 +524,14 @@ def _family_title(row: Mapping[Any, Any], keys: list[str], varying: list[str]) -
 def scaling_markdown(table: pd.DataFrame) -> list[str]:
     if table.empty:
         return []
+    count = workers("device" in table.columns and on_cpu(table["device"]))
     lines = [
         "",
         "## Scaling",
         "",
-        "Throughput relative to the smallest GPU count of each family (the same effective "
-        "batch split over more GPUs); in brackets, the scaling efficiency (speedup over the "
-        "ideal). One column per framework.",
+        f"Throughput relative to the smallest number of {count} of each family (the same "
+        f"effective batch split over more {count}); in brackets, the scaling efficiency "
+        "(speedup over the ideal). One column per framework.",
     ]
     keys = [k for k in scaling_keys(table) if k != "framework_config"]
     varying = [k for k in keys if table[k].map(str).nunique() > 1]
@@ -537,7 +549,7 @@ def scaling_markdown(table: pd.DataFrame) -> list[str]:
     for key, by_gpus in cells.items():
         fws = frameworks[key]
         body = [[str(g), *[by_gpus[g].get(fw, "–") for fw in fws]] for g in sorted(by_gpus)]
-        lines += ["", f"### {titles[key]}", "", *md_table(["GPUs", *fws], body)]
+        lines += ["", f"### {titles[key]}", "", *md_table([count, *fws], body)]
     return lines
 
 
@@ -558,7 +570,8 @@ def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
     if ok.empty:
         return []
     header = {name: metrics.get(name).header for name in _COST_FIGURES}
-    headers = ["scenario", "model", "framework", "GPUs", header["tokens_per_second_global"]]
+    cpu = "device" in ok.columns and on_cpu(ok["device"])
+    headers = ["scenario", "model", "framework", workers(cpu), header["tokens_per_second_global"]]
     if cost.usd_per_gpu_hour is not None:
         headers += [header["cost_per_1m_tokens_usd"], header["cost_per_run_usd"]]
     headers += [header["time_per_epoch_s"]]
@@ -591,7 +604,7 @@ def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
                 row += [_fmt(c.get("cost_to_train_usd"), "usd")]
         body.append(row)
     price = (
-        f"${cost.usd_per_gpu_hour:g} per GPU-hour"
+        f"${cost.usd_per_gpu_hour:g} per GPU-hour" + (" (applied to process-hours)" if cpu else "")
         if cost.usd_per_gpu_hour is not None
         else "no price set"
     )

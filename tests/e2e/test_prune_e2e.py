@@ -141,11 +141,12 @@ def test_pruned_cells_show_as_pruned_in_every_table(pruned_run) -> None:
         == 2
     )
     assert "ok 4, oom 2, pruned 6" in summary
-    # the recommendation opens summary.md and names a cell that fitted, never one that
-    # ran out of memory or was pruned
-    assert summary.split("\n## ")[1].startswith("Recommendation")
+    # the recommendation comes first after the reading guide and names a cell that
+    # fitted, never one that ran out of memory or was pruned
+    sections = [line for line in summary.splitlines() if line.startswith("## ")]
+    assert sections[:2] == ["## Reading this summary", "## Recommendation"]
     section = summary.split("## Recommendation", 1)[1].split("\n## ", 1)[0]
-    (row,) = [line for line in section.splitlines() if line.startswith("| tiny-llama |")]
+    (row,) = [line for line in section.splitlines() if "| tiny-llama | 1 |" in line]
     fastest = row.split("`")[1]
     assert cells[("none", "1")]["cell_id"] == fastest or cells[("hot", "1")]["cell_id"] == fastest
 
@@ -190,8 +191,14 @@ def test_the_overlay_trains_differently_and_the_baseline_is_recommended(pruned_r
     assert hot["loss_vs_baseline"] in ("different", "fast but different")
     assert float(hot["loss_gap_pct"]) > 5.0 and hot["loss_steps_compared"] == "4"
     summary = (results / "summary.md").read_text().splitlines()
-    assert summary[:3] == ["# Benchmark summary", "", "## Recommendation"]
-    (row,) = [line for line in summary if line.startswith("| tiny-llama | 1 |")]
+    sections = [line for line in summary if line.startswith("## ")]
+    assert sections[:2] == ["## Reading this summary", "## Recommendation"]
+    # the baseline is defined before the first table uses the word
+    guide = summary[: summary.index("## Recommendation")]
+    assert any(line.startswith("- **baseline**:") for line in guide)
+    start = summary.index("## Recommendation")
+    end = next(i for i in range(start + 1, len(summary)) if summary[i].startswith("## "))
+    (row,) = [line for line in summary[start:end] if "| tiny-llama | 1 |" in line]
     # the baseline whichever is faster: the overlay trains differently
     assert f"`{base['cell_id']}`" in row
     if hot["loss_vs_baseline"] == "fast but different":

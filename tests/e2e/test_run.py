@@ -152,6 +152,9 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
     summary = (results / "summary.md").read_text()
     assert "4 experiment(s) in 4 cell(s); ok 4" in summary and "## Scaling" in summary
     assert all(float(b["cpu_util_mean_pct"]) > 0 for b in bench) and "CPU util %" in summary
+    # a CPU run speaks of processes: in its tables, notes and guide, never of GPUs
+    assert "GPU" not in summary, [line for line in summary.splitlines() if "GPU" in line]
+    assert "| processes |" in summary and "tokens/s/process" in summary
     for plot in ("throughput", "memory", "scaling", "loss"):
         assert (results / "plots" / f"{plot}.png").stat().st_size > 10_000, plot
     from orchestrator.results import history
