@@ -252,9 +252,9 @@ _MEANINGS = {
     "tokens_per_second_per_device": "the same, per {worker}",
     "samples_per_second_global": "samples (rows; images for image tasks) per second over "
     "the measured steps, all {workers} together",
-    "mfu": "model FLOPs utilisation: the model's training FLOPs per second (6 × parameters "
-    "per token, attention included, no recompute) over the {workers}' peak FLOP/s at the "
-    "run's precision",
+    "mfu": "model FLOPs utilisation: the model's training FLOPs per token (forward and "
+    "backward, attention included, recompute not counted) × tokens/s per {worker}, over the "
+    "{worker}'s peak FLOP/s at the run's precision",
     "cost_per_1m_tokens_usd": "{workers} × the price per {worker}-hour ÷ tokens per hour, × 1M",
     "train_loss": "HF Trainer's `train_loss`: the mean training loss over all the run's "
     "steps, warm-up included (the quality column has the first and last)",
