@@ -346,8 +346,9 @@ def reading_guide(
     columns.append(
         "- **status**: ok, oom (out of memory), failed, timeout, interrupted, or skipped "
         "(pruned: a smaller cell of its family ran out of memory; spared: an identical "
-        "failure stopped its launch); the cells that are not ok are listed under their "
-        "table with the error and log."
+        "failure stopped its launch); a cell whose repeats ended apart shows each status "
+        "with its count (`oom×1 pruned×1`); the cells that are not ok are listed under "
+        "their table with the error and log."
     )
     # a CPU run has no GPU figure to miss
     missing = [m for m in missing if not (cpu and "GPU" in m)]

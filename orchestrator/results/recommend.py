@@ -166,6 +166,11 @@ def markdown(cells: pd.DataFrame) -> list[str]:
             )
         others = [c for c in trusted if c is not best]
         sure, runner = how_sure(best, others[0] if others else None)
+        if not others and len(records) > 1:
+            runner = (
+                "every other cell that finished ok trains unlike its baseline (see Loss "
+                "against the baseline)"
+            )
         hours = device_hours_per_1m(best)
         row = [
             f"`{best.get('cell_id')}` ({label(best)})",

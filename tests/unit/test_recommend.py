@@ -186,3 +186,15 @@ def test_cpu_cells_count_processes() -> None:
     assert "| scenario | model | processes |" in text
     assert "process-h per 1M tokens" in text and "on 1 process:" in text
     assert "GPU" not in text
+
+
+def test_a_runner_up_left_out_for_its_loss_is_not_called_missing() -> None:
+    cells = pd.DataFrame(
+        [
+            _cell("base", 1000.0, loss_vs_baseline="baseline"),
+            _cell("hot", 900.0, framework_config="hot", loss_vs_baseline="different"),
+        ]
+    )
+    (row,) = _table("\n".join(recommend.markdown(cells)))
+    assert "`base`" in row and "no other cell finished ok" not in row
+    assert "every other cell that finished ok trains unlike its baseline" in row
