@@ -36,7 +36,10 @@ MAX_SEQ_LEN = 32
 
 def readme_example() -> tuple[str, str]:
     """(the scenario's arguments lines, the function's file) of the README's example."""
-    text = (REPO / "README.md").read_text()
+    # the README and the guides behind it (docs/): wherever the example now lives
+    text = "\n".join(
+        p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    )
     start = text.index("<!-- custom-model:")
     found = re.search(r"```yaml\n(.*?)```\s*```python\n(.*?)```", text[start:], re.S)
     assert found, "no yaml and python blocks after the custom-model marker"

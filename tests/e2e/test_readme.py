@@ -20,7 +20,10 @@ FIXTURES = REPO / "tests" / "fixtures"
 
 def block_after(marker: str, language: str) -> str:
     """The first fenced ``language`` block after the HTML comment ``marker``."""
-    text = (REPO / "README.md").read_text()
+    # the README and the guides behind it (docs/): wherever the example now lives
+    text = "\n".join(
+        p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    )
     start = text.index(f"<!-- {marker}:")
     found = re.search(rf"```{language}\n(.*?)```", text[start:], re.S)
     assert found, f"no {language} block after the {marker} marker"
