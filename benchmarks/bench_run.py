@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO))
 from abcell import ARCH  # noqa: E402
 
 from orchestrator.config.scenarios import load_config  # noqa: E402
+from orchestrator.executors.console import Progress  # noqa: E402
 from orchestrator.matrix.expand import Selection, build_plan  # noqa: E402
-from orchestrator.running.progress import Progress  # noqa: E402
 from orchestrator.running.runner import RunOptions, run_plan  # noqa: E402
 
 

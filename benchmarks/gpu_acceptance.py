@@ -60,8 +60,8 @@ def gpus() -> tuple[list[str], str | None]:
     """(the GPUs' names, the driver's version): the project's own readers, which import
     no torch (a count from NVML or the driver's /proc entries, names from NVML)."""
     sys.path.insert(0, str(REPO))
+    from orchestrator.job.hardware import gpu_count
     from orchestrator.running.envinfo import nvml_gpus
-    from orchestrator.running.hardware import gpu_count
 
     count = gpu_count()
     nvml = nvml_gpus()

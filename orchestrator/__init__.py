@@ -12,9 +12,9 @@ The Python API is four functions, stable whatever modules implement them::
 the names always mean the functions.
 """
 
-__version__ = "0.1.0"
-
 from typing import TYPE_CHECKING, Any
+
+from orchestrator._version import __version__
 
 if TYPE_CHECKING:
     from orchestrator.api import (

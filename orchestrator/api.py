@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.scenarios import BenchConfig
+from orchestrator.contract.clock import now
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.matrix.expand import Selection, build_plan
@@ -188,7 +189,7 @@ def plan(
         measure=measure_override(measure),
     )
     if gpus is None:
-        from orchestrator.running.hardware import gpu_count
+        from orchestrator.job.hardware import gpu_count
 
         gpus = gpu_count
     environments = None
@@ -557,7 +558,7 @@ def _record_awaited_run(source: Path, rows: pd.DataFrame) -> tuple[Path | None, 
     env = envinfo.read(source)
     if env is None or env.get("awaiting_jobs") is not True:
         return None, None
-    env["finished_at"] = envinfo.now()
+    env["finished_at"] = now()
     env["awaiting_jobs"] = False
     db = history.path_for(source)
     run_id = history.record(db, rows, env, source)
@@ -653,7 +654,7 @@ def compare(
     wanted = list(metrics or []) or None
     try:
         if across is not None:
-            from orchestrator.results.environments import compare_across
+            from orchestrator.results.across import compare_across
 
             result, base, others = compare_across(
                 load_rows(new, db),

@@ -3,7 +3,7 @@
 Everything is looked up and nothing is changed: packages by ``find_spec`` (as
 ``orchestrator.running.needs`` does before a run) and their metadata, never imported,
 so the training stack is not loaded; GPUs through NVML or the driver's
-``/proc`` entries (``orchestrator.running.envinfo``, ``orchestrator.running.hardware``);
+``/proc`` entries (``orchestrator.running.envinfo``, ``orchestrator.job.hardware``);
 each executor looks for what it needs itself (``Executor.probe``, quick and
 read-only) and says what it found (``Executor.readiness``).
 
@@ -27,12 +27,13 @@ from typing import Any
 
 import yaml
 
-from orchestrator import __version__
+from orchestrator._version import __version__
 from orchestrator.contract.layout import PROJECT_ROOT
 from orchestrator.contract.modelnames import hub_offline
 from orchestrator.executors.base import State
 from orchestrator.executors.registry import EXECUTORS
-from orchestrator.running import envinfo, hardware, needs
+from orchestrator.job import hardware
+from orchestrator.running import envinfo, needs
 
 #: below this much free space in the results folder's file system, a warning
 LOW_DISK_GIB = 10.0

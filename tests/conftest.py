@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+# the executors register their scenarios-file sections (slurm:, ray:) as the registry loads
+import orchestrator.executors.registry  # noqa: F401
 from orchestrator.config.scenarios import BenchConfig, load_config
 from orchestrator.matrix.expand import Plan, Selection, build_plan
 

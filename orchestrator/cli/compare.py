@@ -45,7 +45,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"  note: {note}")
     if args.across:
-        from orchestrator.results.environments import across_lines
+        from orchestrator.results.across import across_lines
 
         print(*across_lines(result, args.across), sep="\n")
     for _, row in regressions.iterrows():

@@ -23,8 +23,8 @@ the training stack is not imported.
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from orchestrator.job.command import format_commands
     from orchestrator.matrix.table import (
-        format_commands,
         format_header,
         format_table,
         plan_csv,

@@ -30,6 +30,7 @@ from orchestrator.config.schema import (
     scenarios_file_model,
     validate,
 )
+from orchestrator.config.schema import executor_sections as registered_sections
 from orchestrator.config.search import Search, resolve_search
 from orchestrator.config.values import (
     AXES,
@@ -485,9 +486,8 @@ def load_config(
     ``accelerate_config:`` key (relative to the file), ``accelerate_fallback``.
     """
     doc = document if document is not None else load_yaml(scenarios_file, "scenarios file")
-    from orchestrator.executors.registry import sections
-
-    executor_sections = sections()
+    # every registered executor's section (read through the executors' registry)
+    executor_sections = registered_sections()
     file_model = scenarios_file_model(executor_sections)
     model: ScenariosFileModel = validate(doc, file_model, "a scenarios file")
 

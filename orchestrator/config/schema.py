@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -149,6 +149,23 @@ class ScenariosFileModel(_Strict):
     environments: list[EnvironmentModel] | None = None
     data_processing: DataProcessingModel | None = None
     scenarios: list[ScenarioModel]
+
+
+#: where the executors' sections of the scenarios file (``slurm:``, ``ray:``) come from:
+#: the executors' registry hands in its own reader as it loads
+#: (``orchestrator.executors.registry``), so the file's model knows every registered
+#: executor's section and the config stage never imports the executors
+_executor_sections: list[Callable[[], Mapping[str, type[BaseModel]]]] = []
+
+
+def executor_sections_from(source: Callable[[], Mapping[str, type[BaseModel]]]) -> None:
+    """Read the executors' sections from ``source`` (the registry's, called at each load)."""
+    _executor_sections[:] = [source]
+
+
+def executor_sections() -> dict[str, type[BaseModel]]:
+    """Each registered executor's section, under its name (none before the registry loads)."""
+    return dict(_executor_sections[0]()) if _executor_sections else {}
 
 
 def scenarios_file_model(sections: Mapping[str, type[BaseModel]]) -> type[_Strict]:

@@ -1,7 +1,7 @@
 """``progress.json``: where a training child is, written by its rank 0 while it trains.
 
 The child writes it (``trainer_entry.progress``); the parent reads it on its
-progress tick (``orchestrator.running.progress``) for step counters and the ETA.
+progress tick (``orchestrator.executors.console``) for step counters and the ETA.
 """
 
 from __future__ import annotations

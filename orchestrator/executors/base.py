@@ -24,7 +24,7 @@ import argparse
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -41,13 +41,12 @@ from orchestrator.contract.outcome import (
     write_outcome,
 )
 from orchestrator.contract.result import read_result
+from orchestrator.executors.console import Progress
+from orchestrator.job.attempts import keep_previous_attempt
 from orchestrator.job.execute import RunOptions, timeout_for
 from orchestrator.matrix import prune
 from orchestrator.matrix.expand import Plan
 from orchestrator.matrix.experiment import Experiment
-from orchestrator.running.needs import Need
-from orchestrator.running.progress import Progress
-from orchestrator.running.resultsdir import keep_previous_attempt
 
 
 def positive_int(text: str) -> int:
@@ -59,6 +58,21 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
     return value
+
+
+@dataclass(frozen=True)
+class Need:
+    """A package an executor (or the matrix) needs installed, and how to install it."""
+
+    #: the module to import
+    module: str
+    #: who needs it, for the message
+    why: str
+    #: how to install it
+    install: str
+    #: where an ``environments:`` entry's interpreter needs it: the versions its probe
+    #: found (None: this interpreter, looked up with ``find``)
+    versions: Mapping[str, str | None] | None = field(default=None, compare=False)
 
 
 class ExecutorSection(BaseModel):

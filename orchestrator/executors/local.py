@@ -12,7 +12,7 @@ from orchestrator.job.execute import Interrupted, Placement, run_experiment
 
 def gpu_pool() -> list[str]:
     """The GPUs this orchestrator may hand out, as CUDA_VISIBLE_DEVICES entries."""
-    from orchestrator.running.hardware import gpu_count, visible_devices
+    from orchestrator.job.hardware import gpu_count, visible_devices
 
     visible = visible_devices()
     count = gpu_count()

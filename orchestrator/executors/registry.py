@@ -9,6 +9,7 @@ jobs all come from here.
 
 from __future__ import annotations
 
+from orchestrator.config.schema import executor_sections_from
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.executors.base import Executor, ExecutorSection, Settled
@@ -48,6 +49,10 @@ def get(name: str) -> type[Executor]:
 def sections() -> dict[str, type[ExecutorSection]]:
     """Each executor's section of the scenarios file, under its name."""
     return {name: cls.section for name, cls in EXECUTORS.items() if cls.section is not None}
+
+
+# the scenarios file's model reads the sections from here (config never imports executors)
+executor_sections_from(sections)
 
 
 def log_folders(layout: ResultsLayout) -> list[str]:

@@ -7,11 +7,13 @@ Every experiment goes through ``accelerate launch``, one process or many, so a
 
 from __future__ import annotations
 
+import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.contract.layout import ResultsLayout
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.frameworks import cpu_launch_flag
 
@@ -101,3 +103,37 @@ def job_env(experiment: Experiment, devices: Sequence[str]) -> dict[str, str]:
     }
     env.update(experiment.env)
     return env
+
+
+# ---------------------------------------------------------------------------
+# The preview's commands (``tunematrix plan --commands``)
+
+
+def command_for(experiment: Experiment, layout: ResultsLayout) -> tuple[dict[str, str], list[str]]:
+    """The environment overlay and argv that ``run`` will use (GPUs 0..N-1, plan port)."""
+    devices = [str(i) for i in range(experiment.num_gpus)]
+    env = job_env(experiment, devices)
+    argv = launch_argv(
+        experiment,
+        layout.run(experiment.experiment_id).spec,
+        port=PLAN_PORT,
+        accelerate=accelerate_command(experiment.python),
+    )
+    return env, argv
+
+
+def format_commands(experiments: Sequence[Experiment], layout: ResultsLayout) -> str:
+    lines = [
+        "# The exact command of each experiment. At run time the scheduler picks the",
+        f"# GPUs and a free --main_process_port (shown here as {PLAN_PORT}), and writes",
+        "# runs/<experiment_id>/spec.json before launching.",
+    ]
+    for e in experiments:
+        env, argv = command_for(e, layout)
+        lines.append(f"# {e.experiment_id}")
+        lines.append(shlex.join(["env", *_env_words(env), *argv]))
+    return "\n".join(lines)
+
+
+def _env_words(env: Mapping[str, str]) -> list[str]:
+    return [f"{k}={v}" for k, v in env.items()]

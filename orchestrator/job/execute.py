@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator.config.values import MEMORY_LOGGING
+from orchestrator.contract.clock import now
 from orchestrator.contract.layout import (
     NodeFiles,
     ResultsLayout,
@@ -42,7 +43,6 @@ from orchestrator.job.classify import Verdict, classify, root_cause, sigkilled_p
 from orchestrator.job.command import LaunchSite, accelerate_command, job_env, launch_argv
 from orchestrator.job.sidecar import parse_ready, read_samples, summarize
 from orchestrator.matrix.experiment import Experiment
-from orchestrator.running import envinfo
 
 DEFAULT_TIMEOUT_S = 3600.0
 GRACE_S = 10.0
@@ -413,7 +413,7 @@ def launch_and_wait(
     ``finally`` stops the job's whole group (TERM, a grace period, KILL) and
     the sidecar.
     """
-    ran = Ran(started_at=envinfo.now("milliseconds"))
+    ran = Ran(started_at=now("milliseconds"))
     start = time.monotonic()
     files = launch.files
     with (
@@ -494,7 +494,7 @@ def build_outcome(
         wall_s=ran.wall_s,
         job_s=ran.job_s,
         started_at=ran.started_at,
-        finished_at=envinfo.now("milliseconds"),
+        finished_at=now("milliseconds"),
         devices=list(placement.devices),
         attempt=attempt,
         executor=placement.executor,

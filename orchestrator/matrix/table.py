@@ -5,16 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract.layout import ResultsLayout, write_atomic
+from orchestrator.contract.layout import write_atomic
 from orchestrator.contract.metrics import KEY_COLUMNS
 from orchestrator.contract.wording import workers
-from orchestrator.job.command import PLAN_PORT, accelerate_command, job_env, launch_argv
-from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.plan import Axis, Plan
 
 
@@ -172,33 +169,3 @@ def format_table(plan: Plan) -> str:
         if r == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def command_for(experiment: Experiment, layout: ResultsLayout) -> tuple[dict[str, str], list[str]]:
-    """The environment overlay and argv that ``run`` will use (GPUs 0..N-1, plan port)."""
-    devices = [str(i) for i in range(experiment.num_gpus)]
-    env = job_env(experiment, devices)
-    argv = launch_argv(
-        experiment,
-        layout.run(experiment.experiment_id).spec,
-        port=PLAN_PORT,
-        accelerate=accelerate_command(experiment.python),
-    )
-    return env, argv
-
-
-def format_commands(experiments: Sequence[Experiment], layout: ResultsLayout) -> str:
-    lines = [
-        "# The exact command of each experiment. At run time the scheduler picks the",
-        f"# GPUs and a free --main_process_port (shown here as {PLAN_PORT}), and writes",
-        "# runs/<experiment_id>/spec.json before launching.",
-    ]
-    for e in experiments:
-        env, argv = command_for(e, layout)
-        lines.append(f"# {e.experiment_id}")
-        lines.append(shlex.join(["env", *_env_words(env), *argv]))
-    return "\n".join(lines)
-
-
-def _env_words(env: Mapping[str, str]) -> list[str]:
-    return [f"{k}={v}" for k, v in env.items()]

@@ -539,7 +539,8 @@ def cell_label(row: Any, keys: list[str]) -> str:
     return label
 
 
-def _num(value: Any) -> str:
+def short_number(value: Any) -> str:
+    """A figure as a compare table shows it: thousands grouped, else 4 significant digits."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if isinstance(value, str):
@@ -564,8 +565,8 @@ def _rows_md(table: pd.DataFrame, keys: list[str]) -> list[str]:
             [
                 cell_label(row, keys),
                 str(row["metric"]),
-                _num(row["ref"]),
-                _num(row["new"]),
+                short_number(row["ref"]),
+                short_number(row["new"]),
                 "–"
                 if change is None or (isinstance(change, float) and math.isnan(change))
                 else signed_change(change),

@@ -12,16 +12,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from orchestrator.config.environments import drift, short_labels
 from orchestrator.contract.errors import UserError
-from orchestrator.contract.wording import signed_change
-
-if TYPE_CHECKING:
-    from orchestrator.results.compare import Comparison
 
 COLUMN = "environment"
 VERSIONS = "environment_versions"
@@ -58,7 +54,7 @@ def environment_columns(row: dict[str, Any], result: Mapping[str, Any] | None) -
     )
 
 
-def _named(frame: pd.DataFrame, column: str = COLUMN) -> list[str]:
+def named(frame: pd.DataFrame, column: str = COLUMN) -> list[str]:
     """The values of a key column (the environments), in the order its rows have them
     (empty ones left out)."""
     if column not in frame.columns:
@@ -69,7 +65,7 @@ def _named(frame: pd.DataFrame, column: str = COLUMN) -> list[str]:
 
 def _versions(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """Per environment of ``frame``, the versions its first row with any has."""
-    versions: dict[str, dict[str, Any]] = {name: {} for name in _named(frame)}
+    versions: dict[str, dict[str, Any]] = {name: {} for name in named(frame)}
     if VERSIONS not in frame.columns:
         return versions
     for name, value in zip(frame[COLUMN].astype(str), frame[VERSIONS], strict=True):
@@ -85,7 +81,7 @@ def match_on_environment(new: pd.DataFrame, ref: pd.DataFrame) -> tuple[bool, st
     ``--across``), the environment is the thing compared, not a key; where a side
     holds several, a cell of one environment meets only its own.
     """
-    mine, theirs = _named(new), _named(ref)
+    mine, theirs = named(new), named(ref)
     if not mine or not theirs:
         return False, None
     if len(mine) > 1 or len(theirs) > 1:
@@ -147,7 +143,7 @@ def side_by_side_markdown(
 ) -> list[str]:
     """summary.md's environments section: per cell, each environment's figures side by
     side, headed by the versions that differ. Nothing where the folder has one or none."""
-    names = _named(cells)
+    names = named(cells)
     if len(names) < 2:
         return []
     shown = [name for name in SIDE_BY_SIDE if name in cells.columns and cells[name].notna().any()]
@@ -194,85 +190,3 @@ def side_by_side_markdown(
     if NOTE in cells.columns and cells[NOTE].notna().any():
         lines += ["", *[f"- {note}" for note in cells[NOTE].dropna().astype(str).unique()]]
     return lines
-
-
-def compare_across(
-    rows: pd.DataFrame,
-    *,
-    across: str = COLUMN,
-    baseline: str | None = None,
-    metrics: list[str] | None = None,
-    threshold: float = 0.1,
-) -> tuple[Comparison, str, list[str]]:
-    """One results folder's ``across`` values (environments, by default) compared with
-    one another: ``baseline`` (default: the first) as the reference, each other value as
-    a new run, matched on every other key. Returns one comparison of them all (its first
-    key is ``across``, the candidate's value), the baseline and the candidates."""
-    from orchestrator.results.compare import Comparison, compare
-
-    if across not in rows.columns:
-        raise UserError(f"the results have no column '{across}' to compare across")
-    values = _named(rows, across)
-    if len(values) < 2:
-        found = ", ".join(values) or "none"
-        raise UserError(
-            f"--across {across}: the results hold {len(values)} value(s) of it ({found}); "
-            "it takes at least two"
-        )
-    baseline = values[0] if baseline is None else baseline
-    if baseline not in values:
-        raise UserError(
-            f"--baseline {baseline}: not a value of {across} here; values: {', '.join(values)}"
-        )
-    candidates = [v for v in values if v != baseline]
-    text = rows[across].astype(str)
-    ref = rows[text == baseline].drop(columns=[across])
-    parts: list[Comparison] = []
-    for value in candidates:
-        part = compare(
-            rows[text == value].drop(columns=[across]), ref, metrics=metrics, threshold=threshold
-        )
-        for frame in (part.table, part.only_new, part.only_ref):
-            frame.insert(0, across, value)
-        parts.append(part)
-    first = parts[0]
-    notes = list(dict.fromkeys(n for p in parts for n in p.notes))
-    if across == COLUMN:
-        by_env = labels(rows)
-        notes.insert(
-            0,
-            "versions that differ: "
-            + "; ".join(f"{name}: {by_env.get(name, '?')}" for name in [baseline, *candidates]),
-        )
-    return (
-        Comparison(
-            table=pd.concat([p.table for p in parts], ignore_index=True),
-            keys=[across, *first.keys],
-            only_new=pd.concat([p.only_new for p in parts], ignore_index=True),
-            only_ref=pd.concat([p.only_ref for p in parts], ignore_index=True),
-            metrics=first.metrics,
-            notes=notes,
-        ),
-        baseline,
-        candidates,
-    )
-
-
-def across_lines(result: Comparison, across: str = COLUMN) -> list[str]:
-    """What ``compare --across`` prints per matched cell and metric: each candidate's
-    median against the baseline's, side by side."""
-    from orchestrator.results.compare import _num, cell_label
-
-    table = result.table
-    if table.empty:
-        return []
-    keys = [k for k in result.keys if k != across]
-    out = []
-    for row in table[table["metric"] != "status"].to_dict("records"):
-        change = row.get("change")
-        shown = "" if change is None or change != change else f" ({signed_change(change)})"
-        out.append(
-            f"  {row[across]} vs baseline: {cell_label(row, keys)}: {row['metric']} "
-            f"{_num(row['new'])} vs {_num(row['ref'])}{shown}"
-        )
-    return out

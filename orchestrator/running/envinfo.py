@@ -7,11 +7,11 @@ import os
 import platform
 import subprocess
 import sys
-from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.clock import now
 from orchestrator.contract.layout import PROJECT_ROOT, write_atomic
 from orchestrator.results.envfile import read_env
 
@@ -39,11 +39,6 @@ def read(root: Path) -> dict[str, Any] | None:
 
 def write(path: Path, env: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(env, indent=2) + "\n")
-
-
-def now(timespec: str = "seconds") -> str:
-    """UTC now, ISO 8601 (``timespec="milliseconds"`` where latencies are read from it)."""
-    return datetime.now(timezone.utc).isoformat(timespec=timespec)
 
 
 def version(name: str) -> str | None:

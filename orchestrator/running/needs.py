@@ -12,12 +12,12 @@ imported here: a package is looked up, not loaded.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from orchestrator.contract.argnames import TRAIN_STACK
 from orchestrator.contract.errors import UserError
+from orchestrator.executors.base import Need
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.frameworks import distributed_type
 
@@ -35,19 +35,6 @@ __all__ = [
 TRAIN_INSTALL = "pip install 'tunematrix[train]' (with your CUDA build of torch first)"
 QLORA_INSTALL = "pip install bitsandbytes"
 DEEPSPEED_INSTALL = "pip install 'tunematrix[deepspeed]'"
-
-
-@dataclass(frozen=True)
-class Need:
-    #: the module to import
-    module: str
-    #: who needs it, for the message
-    why: str
-    #: how to install it
-    install: str
-    #: where an ``environments:`` entry's interpreter needs it: the versions its probe
-    #: found (None: this interpreter, looked up with ``find``)
-    versions: Mapping[str, str | None] | None = field(default=None, compare=False)
 
 
 def needs(experiments: Iterable[Experiment], executor: str = "local") -> list[Need]:

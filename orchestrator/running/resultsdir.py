@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.contract.errors import UserError
-from orchestrator.contract.layout import ResultsLayout, RunPaths
+from orchestrator.contract.layout import ResultsLayout
 
 #: What a run writes at the top of its folder (the data cache stays put).
 RUN_OUTPUTS = tuple(path.name for path in ResultsLayout(Path()).run_outputs)
@@ -120,26 +119,3 @@ def open_results(root: Path, *, resume: bool) -> Iterator[OpenedResults]:
         yield OpenedResults(layout=ResultsLayout(root), moved_to=moved)
     finally:
         os.close(fd)
-
-
-def previous_attempt_dir(run_dir: Path) -> Path:
-    """A fresh ``attempts/<n>`` folder inside a run folder for its earlier files."""
-    attempts = RunPaths(run_dir).attempts
-    n = 1
-    while (attempts / str(n)).exists():
-        n += 1
-    return attempts / str(n)
-
-
-def keep_previous_attempt(run_dir: Path) -> Path | None:
-    """Move the files of an earlier, unfinished attempt into ``attempts/<n>/``."""
-    if not run_dir.is_dir():
-        return None
-    files = [p for p in run_dir.iterdir() if p != RunPaths(run_dir).attempts]
-    if not files:
-        return None
-    target = previous_attempt_dir(run_dir)
-    target.mkdir(parents=True)
-    for path in files:
-        shutil.move(str(path), target / path.name)
-    return target

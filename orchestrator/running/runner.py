@@ -16,16 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.clock import now
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import ACCEPTABLE, Outcome, shown
 from orchestrator.contract.result import read_result
 from orchestrator.executors.base import Executor, Preflight, RunContext
+from orchestrator.executors.console import Progress
 from orchestrator.job.execute import DEFAULT_TIMEOUT_S, Interrupted, RunOptions
 from orchestrator.matrix.expand import Plan
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.results.rows import build_row, write_raw_summary
 from orchestrator.running import envinfo
-from orchestrator.running.progress import Progress
 from orchestrator.running.resultsdir import open_results
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Outcome", "RunOptions", "RunReport", "preflight", "run_plan"]
@@ -169,7 +170,7 @@ def run_plan(
                 ctx.fill("not run: the run was interrupted")
             finally:
                 _write_summary(plan, layout, ctx.outcomes)
-                env["finished_at"] = envinfo.now()
+                env["finished_at"] = now()
                 env["interrupted"] = interrupted
                 # submitted without waiting: `tunematrix report` records the run once they end
                 env["awaiting_jobs"] = any(o.status == "planned" for o in ctx.outcomes.values())

@@ -68,7 +68,7 @@ def _predecessor_checkout(home: Path) -> None:
 
 
 def test_the_three_command_migration_is_true(tmp_path: Path) -> None:
-    from orchestrator.running.hardware import gpu_count
+    from orchestrator.job.hardware import gpu_count
 
     home = tmp_path / "home"
     home.mkdir()

@@ -25,7 +25,8 @@ from orchestrator.doctor import (
 )
 from orchestrator.executors.slurm import settings as slurm_settings
 from orchestrator.executors.slurm.doctor import SlurmFacts
-from orchestrator.running import hardware, needs
+from orchestrator.job import hardware
+from orchestrator.running import needs
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1024**3

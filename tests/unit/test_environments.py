@@ -17,6 +17,7 @@ from orchestrator.config.scenarios import load_config
 from orchestrator.contract.errors import ConfigError, UserError
 from orchestrator.matrix.expand import Selection, build_plan
 from orchestrator.matrix.table import format_header, plan_csv
+from orchestrator.results import across
 from orchestrator.results import environments as report_envs
 from orchestrator.results.compare import compare
 from orchestrator.results.rows import build_row
@@ -350,9 +351,7 @@ def test_compare_across_takes_one_environment_as_the_reference() -> None:
             _rows("newer", 120.0, {"torch": "2.14.0"}),
         ]
     )
-    result, baseline, candidates = report_envs.compare_across(
-        rows, metrics=["tokens_per_second_global"]
-    )
+    result, baseline, candidates = across.compare_across(rows, metrics=["tokens_per_second_global"])
     assert (baseline, candidates) == ("old", ["new", "newer"])
     assert result.keys[0] == "environment"
     table = result.table.set_index("environment")
@@ -362,9 +361,9 @@ def test_compare_across_takes_one_environment_as_the_reference() -> None:
     assert "versions that differ: old: torch 2.12.0; new: torch 2.13.0; newer: torch 2.14.0" in (
         result.notes
     )
-    lines = report_envs.across_lines(result)
+    lines = across.across_lines(result)
     assert any(line.startswith("  new vs baseline:") and "80 vs 100" in line for line in lines)
-    again, baseline, _ = report_envs.compare_across(
+    again, baseline, _ = across.compare_across(
         rows, baseline="newer", metrics=["tokens_per_second_global"]
     )
     assert baseline == "newer" and set(again.table["environment"]) == {"old", "new"}
@@ -372,9 +371,9 @@ def test_compare_across_takes_one_environment_as_the_reference() -> None:
 
 def test_compare_across_needs_two_values() -> None:
     with pytest.raises(Exception, match="at least two"):
-        report_envs.compare_across(pd.DataFrame([_rows("old", 1.0)]))
+        across.compare_across(pd.DataFrame([_rows("old", 1.0)]))
     with pytest.raises(Exception, match="--baseline x: not a value of environment"):
-        report_envs.compare_across(pd.DataFrame([_rows("a", 1.0), _rows("b", 1.0)]), baseline="x")
+        across.compare_across(pd.DataFrame([_rows("a", 1.0), _rows("b", 1.0)]), baseline="x")
 
 
 def test_summary_shows_environments_side_by_side_only_when_there_are_several() -> None:
@@ -451,7 +450,7 @@ def test_cells_of_an_environment_need_deepspeed_and_bitsandbytes_in_its_interpre
 def test_compare_across_takes_any_key_column() -> None:
     rows = pd.DataFrame([_rows(None, 100.0), _rows(None, 90.0)])
     rows["framework_config"] = ["none", "ddp"]
-    result, baseline, candidates = report_envs.compare_across(
+    result, baseline, candidates = across.compare_across(
         rows, across="framework_config", metrics=["tokens_per_second_global"]
     )
     assert (baseline, candidates) == ("none", ["ddp"])

@@ -17,12 +17,12 @@ from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import Outcome, read_outcome, write_outcome
 from orchestrator.executors import registry
 from orchestrator.executors.base import Executor, ExecutorSection, Flags, RunContext
+from orchestrator.executors.console import Progress
 from orchestrator.executors.local import LocalExecutor
 from orchestrator.executors.packed import PackedExecutor
 from orchestrator.executors.raycluster import RayModel
 from orchestrator.executors.slurm import SlurmExecutor, SlurmModel
 from orchestrator.job.execute import RunOptions
-from orchestrator.running.progress import Progress
 
 REPO = Path(__file__).resolve().parents[2]
 ORCHESTRATOR = REPO / "orchestrator"

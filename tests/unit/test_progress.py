@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.contract.layout import RunPaths
 from orchestrator.contract.spec import RunSpec, read_spec
-from orchestrator.running.progress import Progress, StepProgress
+from orchestrator.executors.console import Progress, StepProgress
 from trainer_entry.progress import ProgressFile
 
 

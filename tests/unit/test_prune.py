@@ -20,6 +20,7 @@ from orchestrator.contract.outcome import (
     write_outcome,
 )
 from orchestrator.executors.base import RunContext
+from orchestrator.executors.console import Progress
 from orchestrator.job.execute import RunOptions
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.prune import Footprint, Size, family_key, footprint, pruned_by
@@ -27,7 +28,6 @@ from orchestrator.results.aggregate import aggregate
 from orchestrator.results.columns import measured
 from orchestrator.results.markdown import status_counts
 from orchestrator.results.plots import status_kind
-from orchestrator.running.progress import Progress
 
 BASE = """
 frameworks:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.contract.errors import UserError
-from orchestrator.running.resultsdir import keep_previous_attempt, open_results
+from orchestrator.job.attempts import keep_previous_attempt
+from orchestrator.running.resultsdir import open_results
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,12 +21,12 @@ from orchestrator.contract.outcome import (
     write_outcome,
 )
 from orchestrator.executors.base import RunContext, same_error
+from orchestrator.executors.console import Progress
 from orchestrator.job.execute import RunOptions
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.results.aggregate import aggregate
 from orchestrator.results.columns import measured
 from orchestrator.results.markdown import not_launched_note, status_counts
-from orchestrator.running.progress import Progress
 
 FOUR = """
 matrix:

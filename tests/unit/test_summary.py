@@ -10,10 +10,10 @@ from pathlib import Path
 
 from fakeruns import write_run
 
+from orchestrator.executors.console import Progress
 from orchestrator.results.markdown import summary_markdown
 from orchestrator.results.report import CostSettings, build_report
 from orchestrator.results.rows import build_row, to_csv
-from orchestrator.running.progress import Progress
 
 TEXT = """
 scenarios:

@@ -27,6 +27,7 @@ from orchestrator.executors.base import (
     Executor,
     ExecutorSection,
     Flags,
+    Need,
     Preflight,
     Readiness,
     RunContext,
@@ -48,7 +49,6 @@ from orchestrator.executors.raycluster.settings import (
     settings_from,
 )
 from orchestrator.executors.raycluster.submit import failure_status, run_on_ray
-from orchestrator.running.needs import Need
 
 __all__ = [
     "NodeInfo",

@@ -23,6 +23,7 @@ from orchestrator.executors.base import (
     Executor,
     ExecutorSection,
     Flags,
+    Need,
     Preflight,
     Readiness,
     RunContext,
@@ -49,7 +50,6 @@ from orchestrator.executors.slurm.settings import (
 )
 from orchestrator.executors.slurm.submit import run_on_slurm
 from orchestrator.executors.slurm.visible import check_shared
-from orchestrator.running.needs import Need
 
 __all__ = [
     "ClusterInfo",
