@@ -50,7 +50,7 @@ from trainer_entry.data.collate import pop_counts
 from trainer_entry.measure import first_measured_step
 
 if TYPE_CHECKING:
-    from trainer_entry.arguments import ParsedArguments
+    from trainer_entry.settings import ParsedArguments
     from trainer_entry.tasks.base import Task, TaskData
 
 #: the task whose eval loss is a mean over tokens, so that its exp is a perplexity

@@ -49,7 +49,7 @@ from orchestrator.contract.window import profile_problem, warmup_of
 
 if TYPE_CHECKING:
     from orchestrator.contract.spec import RunSpec
-    from trainer_entry.arguments import ParsedArguments
+    from trainer_entry.settings import ParsedArguments
 
 #: the span name of a profiled step (TensorBoard's and Perfetto's step marker)
 STEP_SPAN = "ProfilerStep#"

@@ -22,7 +22,6 @@ from orchestrator.contract.result import (
 )
 from orchestrator.contract.spec import RunSpec
 from trainer_entry import installed
-from trainer_entry.arguments import ParsedArguments
 from trainer_entry.backends.base import TrainSettings
 from trainer_entry.engine import EngineRecord, partitioned_flops_problem, zero3_build_note
 from trainer_entry.evaluate import EVAL_FIGURES, EvalResult, loss_trend
@@ -44,6 +43,7 @@ from trainer_entry.measure import (
     summarize,
 )
 from trainer_entry.profile import ProfileOutcome
+from trainer_entry.settings import ParsedArguments
 from trainer_entry.steady import SteadyStop, measure_figures
 from trainer_entry.tasks.base import Task
 

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from orchestrator.contract.spec import RunSpec
-    from trainer_entry.arguments import ParsedArguments
     from trainer_entry.hooks import StepHooks
+    from trainer_entry.settings import ParsedArguments
     from trainer_entry.tasks.base import Task, TaskData
 
 

@@ -10,11 +10,11 @@ from transformers.utils import logging as hf_logging
 from orchestrator.contract.argnames import training_fields, training_fields_version
 from orchestrator.contract.spec import RunSpec
 from trainer_entry import installed
-from trainer_entry.arguments import ParsedArguments
 from trainer_entry.backends.base import TrainOutput, TrainSettings
 from trainer_entry.data.collate import pop_counts
 from trainer_entry.hooks import StepHooks
 from trainer_entry.installed import Owner, Refused, in_installed_names
+from trainer_entry.settings import ParsedArguments
 from trainer_entry.tasks.base import Task, TaskData
 
 # Loading bars would fill stderr.log with carriage-return noise.

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from trainer_entry.arguments import DataConfig
 from trainer_entry.data.tokenize import PreparedData
 from trainer_entry.publish import build_once
+from trainer_entry.settings import DataConfig
 
 DATA_FORMAT_VERSION = 1
 #: what a cache folder holds; the second is written last

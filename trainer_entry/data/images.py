@@ -44,10 +44,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from trainer_entry.arguments import DataConfig
 from trainer_entry.data.collate import PADDED_TOKENS, REAL_LENGTHS, REAL_TOKENS
 from trainer_entry.data.load import LOCAL_SUFFIXES, file_records, load_hub_dataset
 from trainer_entry.errors import SpecError
+from trainer_entry.settings import DataConfig
 
 #: the generated dataset's name (``dataset: synthetic-shapes``)
 SYNTHETIC_NAME = "synthetic-shapes"

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer_entry.arguments import DataConfig
 from trainer_entry.data.cache import cache_key, cached
 from trainer_entry.data.formats import check_tokenizer
 from trainer_entry.data.load import load_records
@@ -23,6 +22,7 @@ from trainer_entry.data.tokenize import (
     tokenizer_identity,
 )
 from trainer_entry.errors import SpecError
+from trainer_entry.settings import DataConfig
 
 
 def prepare(cfg: DataConfig, tokenizer: Any, data_dir: Path) -> PreparedData:

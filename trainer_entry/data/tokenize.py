@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from trainer_entry.arguments import DataConfig
 from trainer_entry.data.formats import (
     IGNORE_INDEX,
     chat_messages,
@@ -27,6 +26,7 @@ from trainer_entry.data.formats import (
     split_at_response,
 )
 from trainer_entry.errors import SpecError
+from trainer_entry.settings import DataConfig
 
 
 @dataclass

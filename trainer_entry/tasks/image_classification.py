@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from trainer_entry.arguments import DataConfig, ParsedArguments
 from trainer_entry.data.holdout import holdout_count, holdout_indices
 from trainer_entry.data.images import (
     ImageCollator,
@@ -45,6 +44,7 @@ from trainer_entry.data.images import (
 )
 from trainer_entry.errors import SpecError
 from trainer_entry.models.kinds import model_kind
+from trainer_entry.settings import DataConfig, ParsedArguments
 from trainer_entry.tasks.base import TaskData
 
 #: positions a model puts before its patches, by ``model_type``: the class token,

@@ -46,7 +46,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer_entry.arguments import DataConfig, ParsedArguments
 from trainer_entry.data.cache import cache_key, is_cached
 from trainer_entry.data.collate import padded_batch
 from trainer_entry.data.formats import field
@@ -56,6 +55,7 @@ from trainer_entry.data.tokenize import tokenizer_identity
 from trainer_entry.errors import SpecError
 from trainer_entry.models.tiny_bert import REVIEWS
 from trainer_entry.publish import build_once
+from trainer_entry.settings import DataConfig, ParsedArguments
 from trainer_entry.tasks.base import TaskData
 
 #: the cache folder's prefix; a change of the layout below changes it
