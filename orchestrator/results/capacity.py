@@ -17,8 +17,9 @@ import pandas as pd
 
 from orchestrator.results.columns import numeric
 from orchestrator.results.envfile import read_env
+from orchestrator.contract.devices import GIB as GIB
+from orchestrator.contract.devices import KNOWN_GPU_MEMORY as DEVICE_MEMORY
 
-GIB = 2**30
 
 #: a failed run without metrics whose memory reached this share of the device's is
 #: likely out of memory. In the predecessor's published A100 80GB tables every row
@@ -34,13 +35,9 @@ RUN_FIGURES = (
     "train_loss",
 )
 #: nominal memory of GPUs known by name, for a table that does not record it: a name
-#: matched (lower case) in the rows' ``gpu_device_name``, else in the file or folder name
-KNOWN_GPU_MEMORY = (
-    (r"a100.{0,12}?80\s*gb", 80 * GIB, "A100 80GB"),
-    (r"a100.{0,12}?40\s*gb", 40 * GIB, "A100 40GB"),
-    (r"h100(?![-_ ]*nvl)", 80 * GIB, "H100 80GB"),
-    (r"h200", 141 * GIB, "H200"),
-)
+#: matched (lower case) in the rows' ``gpu_device_name``, else in the file or folder
+#: name (the device table, orchestrator/contract/devices.py)
+KNOWN_GPU_MEMORY = DEVICE_MEMORY
 
 
 @dataclass(frozen=True)
