@@ -37,6 +37,11 @@ def on_cpu(devices: Iterable[object]) -> bool:
     return bool(seen) and seen == {"cpu"}
 
 
+def worker(cpu: bool) -> str:
+    """One worker, without a count: "GPU", or "process" on the CPU."""
+    return "process" if cpu else "GPU"
+
+
 def workers(cpu: bool, count: int | None = None, *, short: bool = False) -> str:
     """ "GPUs"/"processes" (a count gives "1 GPU", "2 processes"); ``short``: "GPU"/"proc"."""
     if short:

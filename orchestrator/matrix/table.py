@@ -105,11 +105,12 @@ def _axis_values(plan: Plan, name: str, axis: Axis) -> str:
         value = getattr(e, name)
         if value is not None and value not in used.setdefault(e.scenario, []):
             used[e.scenario].append(value)
-    following = [s for s in plan.scenarios if used.get(s) and s not in _pins(plan, name)]
+    pins = {s: axes[name] for s, axes in plan.pinned_axes.items() if name in axes}
+    following = [s for s in plan.scenarios if used.get(s) and s not in pins]
     text = f"{', '.join(_cell(v) for v in axis.values)}  [{axis.source}]"
     pinned: dict[tuple[str, str], list[str]] = {}
     for scenario in plan.scenarios:
-        where = _pins(plan, name).get(scenario)
+        where = pins.get(scenario)
         if where and used.get(scenario):
             values = ", ".join(_cell(v) for v in used[scenario])
             pinned.setdefault((values, where), []).append(scenario)
@@ -121,11 +122,6 @@ def _axis_values(plan: Plan, name: str, axis: Axis) -> str:
         for (values, where), scenarios in pinned.items()
     ]
     return ("\n" + " " * 27).join(lines)
-
-
-def _pins(plan: Plan, name: str) -> dict[str, str]:
-    """Scenario -> where it pins the axis ``name``."""
-    return {s: axes[name] for s, axes in plan.pinned_axes.items() if name in axes}
 
 
 def format_table(plan: Plan) -> str:

@@ -10,13 +10,14 @@ same way.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pandas as pd
 
 from orchestrator.contract import metrics
 from orchestrator.contract.outcome import MEASURED, never_launched, shown
+from orchestrator.contract.wording import on_cpu
 
 #: columns a cell has besides the declared ones: how many repeats, how many ok
 CELL_COUNTS = ("repeats", "repeats_ok")
@@ -136,3 +137,12 @@ def numeric(df: pd.DataFrame, column: str) -> pd.Series:
     if column not in df.columns:
         return pd.Series([math.nan] * len(df), index=df.index, dtype=float)
     return pd.to_numeric(df[column], errors="coerce")
+
+
+def ran_on_cpu(frame: pd.DataFrame | pd.Series | Mapping[Any, Any]) -> bool:
+    """Whether every cell of ``frame`` (a table, or one cell's row) ran on the CPU, by its
+    ``device`` column; a table without one (written before it existed) ran on GPUs."""
+    device = frame.get("device")
+    if device is None:
+        return False
+    return on_cpu(device if isinstance(device, pd.Series) else [device])

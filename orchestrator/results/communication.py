@@ -12,7 +12,8 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.contract import metrics
-from orchestrator.contract.wording import on_cpu, workers
+from orchestrator.contract.wording import workers
+from orchestrator.results.columns import ran_on_cpu
 from orchestrator.results.mdtable import md_table
 
 #: the section's figures, in order
@@ -59,7 +60,7 @@ def communication_markdown(cells: pd.DataFrame) -> list[str]:
         "scenario",
         "model",
         "framework",
-        workers("device" in profiled.columns and on_cpu(profiled["device"])),
+        workers(ran_on_cpu(profiled)),
         *[metrics.get(name).header for name in COMMUNICATION_FIGURES],
     ]
     body = []

@@ -40,7 +40,13 @@ from orchestrator.contract.argnames import DEFAULT_TASK
 from orchestrator.contract.layout import ResultsLayout, write_atomic
 from orchestrator.contract.outcome import LOST, NOT_LAUNCHED, PRUNED
 from orchestrator.contract.wording import signed_change, workers
-from orchestrator.results.columns import argument_columns, is_output, measured, shown_status
+from orchestrator.results.columns import (
+    argument_columns,
+    is_output,
+    measured,
+    ran_on_cpu,
+    shown_status,
+)
 from orchestrator.results.environments import match_on_environment
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.stats import mann_whitney_u
@@ -522,7 +528,7 @@ def cell_label(row: Any, keys: list[str]) -> str:
         if k == "task" and value == DEFAULT_TASK:  # the usual one goes without saying
             continue
         declared = registry.find(k)
-        unit = workers(str(row["device"]) == "cpu" if "device" in row else False, short=True)
+        unit = workers(ran_on_cpu(row), short=True)
         short = registry.short_label(k, value, unit=unit, per="dev")
         if short is not None:
             parts.append(short)

@@ -18,6 +18,7 @@ import pandas as pd
 
 from orchestrator.config.environments import drift, short_labels
 from orchestrator.contract.errors import UserError
+from orchestrator.contract.wording import worker
 
 COLUMN = "environment"
 VERSIONS = "environment_versions"
@@ -126,7 +127,7 @@ def _label(row: Mapping[str, Any], keys: Sequence[str]) -> str:
         if value is None or (isinstance(value, float) and math.isnan(value)):
             continue
         if k == "num_gpus":
-            unit = "process" if str(row.get("device")) == "cpu" else "GPU"
+            unit = worker(str(row.get("device")) == "cpu")
             parts.append(f"{value} {unit}")
         elif k in _ALWAYS:
             parts.append(str(value))

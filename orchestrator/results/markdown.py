@@ -27,7 +27,7 @@ from orchestrator.contract.outcome import (
     PRUNED_PREFIX,
     not_launched_by,
 )
-from orchestrator.contract.wording import on_cpu, workers
+from orchestrator.contract.wording import worker, workers
 from orchestrator.results import equivalence, fitreport, quality, recommend
 from orchestrator.results.aggregate import (
     PEAK_MEMORY_SOURCES,
@@ -38,12 +38,12 @@ from orchestrator.results.aggregate import (
     shows_hf_estimate,
 )
 from orchestrator.results.capacity import GIB, LIKELY_OOM_FRACTION, Capacity, gib
-from orchestrator.results.columns import CELL_ORDER, config_columns, status_labels
+from orchestrator.results.columns import CELL_ORDER, config_columns, ran_on_cpu, status_labels
 from orchestrator.results.communication import communication_markdown
 from orchestrator.results.drift import drift_markdown
 from orchestrator.results.environments import side_by_side_markdown
 from orchestrator.results.mdtable import md_table
-from orchestrator.results.numbers import number
+from orchestrator.results.numbers import whole
 from orchestrator.results.steady import steady_markdown
 
 #: the header of HF Trainer's throughput estimate, and what it is
@@ -271,7 +271,7 @@ def reading_guide(
 ) -> list[str]:
     """The words and columns the tables use, each once, before the first table."""
     cells = report.cells
-    worker, many = ("process" if cpu else "GPU"), workers(cpu)
+    one, many = worker(cpu), workers(cpu)
     words = [
         "- **scenario**: one entry of the scenarios file, asking one question (which batch "
         "size, which trainer, LoRA or full fine-tuning); each has a section below.",
@@ -294,7 +294,7 @@ def reading_guide(
     columns = [
         "- **model**, **framework** (the accelerate overlay, `framework_config`), "
         f"**{many}** (how many trained: `num_gpus`), **batch/dev × accum** (the batch per "
-        f"{worker} × gradient accumulation steps; × {many} it is the effective batch). "
+        f"{one} × gradient accumulation steps; × {many} it is the effective batch). "
         "Other keys (task, trainer, PEFT method, sequence length, …) appear in a "
         "scenario's table where they vary in it.",
     ]
@@ -321,7 +321,7 @@ def reading_guide(
                     )
             columns.append(text + ".")
         elif name in _MEANINGS:
-            text = _MEANINGS[name].format(worker=worker, workers=many)
+            text = _MEANINGS[name].format(worker=one, workers=many)
             if name in ("gpu_util_mean_pct", "cpu_util_mean_pct"):
                 text += (
                     ". A figure marked (training) or (whole job) covers a wider window: the "
@@ -333,7 +333,7 @@ def reading_guide(
     if tasks.isin(CLASSIFICATION_TASKS).any() and has_figures(cells, SAMPLES_FIGURE):
         columns.append(
             f"- **{metrics.get(SAMPLES_FIGURE).header}**: "
-            + _MEANINGS[SAMPLES_FIGURE].format(worker=worker, workers=many)
+            + _MEANINGS[SAMPLES_FIGURE].format(worker=one, workers=many)
             + "."
         )
     if "task" in cells.columns and (cells["task"].astype(str) == "image-classification").any():
@@ -362,11 +362,6 @@ def _header(name: str, header: str, cpu: bool) -> str:
     return header.replace("/GPU", "/process") if cpu else header
 
 
-def _count(value: Any) -> int | None:
-    found = number(value)
-    return None if found is None else int(found)
-
-
 def summary_markdown(
     report: ReportTables,
     source: Path,
@@ -387,7 +382,7 @@ def summary_markdown(
         for name in SUMMARY_FIGURES
         if name != "train_tokens_per_second" and not has_figures(cells, name)
     ]
-    cpu = "device" in cells.columns and on_cpu(cells["device"])
+    cpu = ran_on_cpu(cells)
     lines = [
         "# Benchmark summary",
         "",
@@ -452,7 +447,7 @@ def summary_markdown(
                 error = error.removeprefix(PRUNED_PREFIX).removeprefix(NOT_LAUNCHED_PREFIX)
                 lines.append(
                     f"- {c['status']}: {c.get('model_name_or_path')}, {c.get('framework_config')}, "
-                    f"{workers(str(c.get('device')) == 'cpu', _count(c.get('num_gpus')))}: "
+                    f"{workers(str(c.get('device')) == 'cpu', whole(c.get('num_gpus')))}: "
                     f"{error}{where}"
                 )
     lines += side_by_side_markdown(cells, args, lambda name: metrics.get(name).header, figure_text)
@@ -506,7 +501,7 @@ def _capacity_lines(report: ReportTables) -> list[str]:
 
 
 def _family_title(row: Mapping[Any, Any], keys: list[str], varying: list[str]) -> str:
-    unit = workers(str(row.get("device")) == "cpu", short=True)
+    unit = workers(ran_on_cpu(row), short=True)
     parts = []
     for k in keys:
         value = row.get(k)
@@ -525,7 +520,7 @@ def _family_title(row: Mapping[Any, Any], keys: list[str], varying: list[str]) -
 def scaling_markdown(table: pd.DataFrame) -> list[str]:
     if table.empty:
         return []
-    count = workers("device" in table.columns and on_cpu(table["device"]))
+    count = workers(ran_on_cpu(table))
     lines = [
         "",
         "## Scaling",
@@ -571,7 +566,7 @@ def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
     if ok.empty:
         return []
     header = {name: metrics.get(name).header for name in _COST_FIGURES}
-    cpu = "device" in ok.columns and on_cpu(ok["device"])
+    cpu = ran_on_cpu(ok)
     headers = ["scenario", "model", "framework", workers(cpu), header["tokens_per_second_global"]]
     if cost.usd_per_gpu_hour is not None:
         headers += [header["cost_per_1m_tokens_usd"], header["cost_per_run_usd"]]

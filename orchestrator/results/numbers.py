@@ -7,6 +7,12 @@ import math
 from typing import Any
 
 
+def whole(value: Any) -> int | None:
+    """A count (GPUs, repeats) from a table value; None where ``number`` finds none."""
+    found = number(value)
+    return None if found is None else int(found)
+
+
 def number(value: Any) -> float | None:
     """One table value as a float; None where it is missing, a boolean, no number or NaN."""
     if value is None or isinstance(value, bool):

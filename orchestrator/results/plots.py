@@ -45,11 +45,11 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from orchestrator.contract import metrics
-from orchestrator.contract.wording import on_cpu, workers
+from orchestrator.contract.wording import worker, workers
 from orchestrator.matrix.ids import model_short_name
 from orchestrator.results.aggregate import SCALING_FIGURES, ReportTables, shows_hf_estimate
 from orchestrator.results.capacity import LIKELY_OOM_FRACTION
-from orchestrator.results.columns import CELL_ORDER, config_columns, measured
+from orchestrator.results.columns import CELL_ORDER, config_columns, measured, ran_on_cpu
 
 MAX_BARS = 60
 MAX_LINES = 12
@@ -153,33 +153,19 @@ def _value_text(value: Any) -> str:
     return str(value)
 
 
-def _cpu(frame: pd.DataFrame | pd.Series) -> bool:
-    """Whether every cell of ``frame`` ran on the CPU (its ``device`` column); a table
-    without one (written before it existed) ran on GPUs."""
-    device = frame.get("device")
-    if device is None:
-        return False
-    return on_cpu(device if isinstance(device, pd.Series) else [device])
-
-
 def _counted(frame: pd.DataFrame) -> str:
     """What a cell's num_gpus counts: GPUs, processes (CPU), or both in one table."""
-    cpu = _cpu(frame)
+    cpu = ran_on_cpu(frame)
     if not cpu and "device" in frame.columns and "cpu" in set(frame["device"].astype(str)):
         return f"{workers(False)} ({workers(True)} on the CPU)"
     return workers(cpu)
-
-
-def _worker(cpu: bool) -> str:
-    """One worker, without a count: "GPU", or "process" on the CPU."""
-    return workers(cpu, 1).removeprefix("1 ")
 
 
 def _part(column: str, cell: pd.Series) -> str:
     """One labelled part of a cell's label: a key column as it declares
     (``Column.short``, ``Column.flags``), else ``name=value``."""
     value = cell.get(column)
-    cpu = _cpu(cell)
+    cpu = ran_on_cpu(cell)
     unit = workers(cpu, short=True)
     if column == "scenario":
         return _scenario_name(value)
@@ -689,7 +675,7 @@ def hf_estimate_figure(cells: pd.DataFrame) -> Figure | None:
         shown,
         "train_tokens_per_second",
         scale=1.0,
-        xlabel=f"HF Trainer's train_tokens_per_second: per {_worker(_cpu(shown))}, padding "
+        xlabel=f"HF Trainer's train_tokens_per_second: per {worker(ran_on_cpu(shown))}, padding "
         "included, estimated from the first batch × steps",
         title="HF Trainer's throughput estimate per cell (not measured; not comparable "
         "with measured tokens/s)" + note,
@@ -730,7 +716,7 @@ def memory_figure(
     xlabel = {
         workers(True): "peak memory per process, GiB",
         workers(False): "peak memory per device, GiB",
-    }.get(counted, f"peak memory per device (per {_worker(True)} on the CPU), GiB")
+    }.get(counted, f"peak memory per device (per {worker(True)} on the CPU), GiB")
     if failed.notna().any():
         xlabel += "; hatched: the memory a run that did not finish reached"
         if rows is not None and "failed_peak_memory_bytes" in rows.columns:
@@ -798,7 +784,7 @@ def scaling_figure(table: pd.DataFrame) -> Figure | None:
     ax.set_xlabel(_counted(table))
     ax.set_ylabel("scaling efficiency, % (speedup / ideal speedup)")
     extra = f" ({len(shown)} of {len(families)} families)" if len(families) > len(shown) else ""
-    ax.set_title(f"Scaling efficiency vs {_worker(_cpu(table))} count" + extra, fontsize=11)
+    ax.set_title(f"Scaling efficiency vs {worker(ran_on_cpu(table))} count" + extra, fontsize=11)
     ax.grid(alpha=0.3)
     ax.set_ylim(0, max(110, float(100 * table["scaling_efficiency"].max()) + 10))
     _legend_below(fig, ax, len(shown))
@@ -983,15 +969,15 @@ def write_all(report: ReportTables, folder: Path, *, source: Path | None = None)
         notes.append(f"{name(path)}: not drawn, no cell has a memory figure")
     path = folder / "scaling.png"
     # a table without a device column ran on GPUs
-    worker = _worker(_cpu(cells))
+    unit = worker(ran_on_cpu(cells))
     scaled = scaling_plot(report.scaling, path)
     if scaled is not None:
         written.append(scaled)
-        notes.append(f"{name(path)}: scaling efficiency against the {worker} count")
+        notes.append(f"{name(path)}: scaling efficiency against the {unit} count")
     else:
         notes.append(
             f"{name(path)}: not drawn, no family of cells has a measured tokens/s at two or "
-            f"more {worker} counts"
+            f"more {unit} counts"
         )
     path = folder / "loss.png"
     loss = loss_curves(report.rows, source, path) if source is not None else None

@@ -33,10 +33,11 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.contract.outcome import PRUNED_PREFIX
-from orchestrator.contract.wording import fewer, on_cpu, times, workers
+from orchestrator.contract.wording import fewer, times, workers
 from orchestrator.results import equivalence
 from orchestrator.results.mdtable import md_table
-from orchestrator.results.numbers import number
+from orchestrator.results.columns import ran_on_cpu
+from orchestrator.results.numbers import number, whole
 
 #: with 1 repeat, a runner-up with fewer tokens/s by less than this share of the
 #: fastest's is not separable (a usual run-to-run spread of throughput on one
@@ -134,7 +135,7 @@ def markdown(cells: pd.DataFrame) -> list[str]:
     lines = ["## Recommendation", ""]
     if usable.empty:
         return [*lines, f"No cell finished ok ({len(cells)} cell(s)): nothing to recommend.", ""]
-    cpu = "device" in usable.columns and on_cpu(usable["device"])
+    cpu = ran_on_cpu(usable)
     count = workers(cpu)
     unit = _unit(usable)
     priced = "cost_per_1m_tokens_usd" in usable.columns and bool(
@@ -183,13 +184,16 @@ def markdown(cells: pd.DataFrame) -> list[str]:
 
     gpus = pd.to_numeric(usable["num_gpus"], errors="coerce")
     model = usable["model_name_or_path"].astype(str)
-    task = usable["task"].astype(str) if "task" in usable.columns else pd.Series("", usable.index)
-    device = usable["device"].astype(str) if "device" in usable.columns else task.map(str)
+    # a key an older table lacks groups as one value
+    task, device = (
+        usable[k].astype(str) if k in usable.columns else pd.Series("", usable.index)
+        for k in ("task", "device")
+    )
     # per scenario: the question each one asks
     per_scenario: list[list[str]] = []
     for key, group in usable.groupby([usable["scenario"].astype(str), model, gpus], sort=False):
         scenario, name, n = (str(k) for k in key)
-        on = workers(cpu, _count(n))
+        on = workers(cpu, whole(n))
         _, row = answer(group, f"of scenario {scenario} at {on} of {name}")
         per_scenario.append([scenario, name, _int(n), *row])
     # across scenarios: only where they share the model, task, device and GPU count
@@ -198,7 +202,7 @@ def markdown(cells: pd.DataFrame) -> list[str]:
         if group["scenario"].astype(str).nunique() < 2:
             continue
         name, kind, _, n = (str(k) for k in key)
-        _, row = answer(group, f"of {name} at {workers(cpu, _count(n))}")
+        _, row = answer(group, f"of {name} at {workers(cpu, whole(n))}")
         across.append([name, kind or "–", _int(n), *row])
     # per model, task and device across GPU counts: the cheapest per 1M tokens
     cheapest: list[str] = []
@@ -210,7 +214,7 @@ def markdown(cells: pd.DataFrame) -> list[str]:
         if hours is None:
             continue
         price = number(cheap.get("cost_per_1m_tokens_usd")) if priced else None
-        on = workers(str(cheap.get("device")) == "cpu", _count(cheap.get("num_gpus")))
+        on = workers(ran_on_cpu(cheap), whole(cheap.get("num_gpus")))
         cheapest.append(
             f"- cheapest per 1M tokens for {name}: `{cheap.get('cell_id')}` "
             f"({label(cheap)}) on {on}: {hours:.4g} {unit}"
@@ -235,11 +239,6 @@ def markdown(cells: pd.DataFrame) -> list[str]:
             *md_table(["model", "task", count, *figures], across),
         ]
     return [*lines, "", *cheapest, *warnings, ""]
-
-
-def _count(value: Any) -> int | None:
-    found = number(value)
-    return None if found is None else int(found)
 
 
 def _hours_or_inf(cell: Mapping[Any, Any]) -> float:
