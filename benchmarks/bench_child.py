@@ -17,7 +17,7 @@ both alike, and the medians are compared; the spread is the ratio of each
 adjacent pair.
 
 Where they run: by default both variants alternate inside one worker process
-(``trainer_entry.train.run`` called again and again); ``--processes`` runs
+(``trainer_entry.run.train.run`` called again and again); ``--processes`` runs
 each in a fresh ``python -m trainer_entry`` instead, as the orchestrator
 does. Either way the child is pinned to one core with one thread, which here
 brought the run-to-run CV from about 5% (two threads, unpinned) to 2–6%.
@@ -119,7 +119,7 @@ def alternate(runs: int, one: Callable[[bool], float]) -> tuple[list[float], lis
 def worker(folder: Path, runs: int, steps: int) -> None:
     """Both variants in this one process; prints ``{"instrumented": [...], "bare": [...]}``."""
     from orchestrator.contract.spec import read_spec
-    from trainer_entry import train
+    from trainer_entry.run import train
 
     def one(instrumented: bool, n: int = steps) -> float:
         result = train.run(read_spec(write_spec(folder, n, instrumented)), {}, time.time())
@@ -160,7 +160,7 @@ def bookkeeping_s_per_step(n: int = 20_000) -> float:
     bookkeeping of a micro-batch and the step clock (on a GPU, a device
     synchronisation as well, which this cannot time).
     """
-    from trainer_entry.measure import StepRecorder
+    from trainer_entry.measure.steps import StepRecorder
 
     recorder = StepRecorder(0)
     recorder.windows = ()
@@ -177,9 +177,9 @@ def progress_write_s(folder: Path, n: int = 2000) -> tuple[float, float]:
     """(median, 99th percentile) seconds of one write of the progress file, timed directly.
 
     Between writes a step adds two additions and a comparison; a write comes at
-    most once per second of training (``trainer_entry.progress``).
+    most once per second of training (``trainer_entry.measure.progressfile``).
     """
-    from trainer_entry.progress import ProgressFile
+    from trainer_entry.measure.progressfile import ProgressFile
 
     writer = ProgressFile(folder / "progress.json", world_size=1)
     writer.begin(n + 1)

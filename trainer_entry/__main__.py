@@ -100,16 +100,16 @@ def _main(argv: "list[str] | None") -> int:
         print(f"trainer_entry: error: {exc}", file=sys.stderr)
         return 2
 
-    from trainer_entry.failure import is_oom, write_failure
+    from trainer_entry.results.failure import is_oom, write_failure
 
     process_start = _process_start()
     timings: dict[str, float] = {"interpreter_start_s": _WALL_START - process_start}
     try:
-        from trainer_entry.preflight import preflight
+        from trainer_entry.settings.preflight import preflight
 
         preflight(spec)
         t = time.perf_counter()
-        from trainer_entry import train
+        from trainer_entry.run import train
 
         backend = train.load_backend(spec)  # its training stack, timed with the rest
         timings["import_s"] = time.perf_counter() - t

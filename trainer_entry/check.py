@@ -53,7 +53,7 @@ def versions() -> dict[str, str | None]:
 
 def _problem(cell: str, exc: BaseException) -> dict[str, Any]:
     """One problem: the cell, the message, and the key and library where one is to blame."""
-    from trainer_entry.installed import SettingError
+    from trainer_entry.settings.installed import SettingError
 
     if isinstance(exc, SettingError):
         return {
@@ -71,8 +71,8 @@ def _problem(cell: str, exc: BaseException) -> dict[str, Any]:
 
 def resolve_models(specs: Iterable[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each distinct model of ``specs`` (cell id, RunSpec) resolved once, by name."""
-    from trainer_entry.arguments import parse_arguments
     from trainer_entry.models.resolve import HubProbe, resolve
+    from trainer_entry.settings.parse import parse_arguments
 
     hub = HubProbe()
     out: dict[str, dict[str, Any]] = {}
@@ -102,9 +102,9 @@ def resolve_models(specs: Iterable[tuple[str, Any]]) -> dict[str, dict[str, Any]
 def check_cell(spec: Any, *, gpu_here: bool) -> bool:
     """Check one cell as a job would before its first step; False when its trainer
     configuration was not built here (a GPU cell on a machine without one)."""
-    from trainer_entry.arguments import parse_arguments
     from trainer_entry.backends import get_backend
-    from trainer_entry.preflight import preflight
+    from trainer_entry.settings.parse import parse_arguments
+    from trainer_entry.settings.preflight import preflight
     from trainer_entry.tasks import get_task
 
     preflight(spec, models=False)
@@ -129,7 +129,7 @@ def check_cell(spec: Any, *, gpu_here: bool) -> bool:
 def _blamed(exc: SpecError, spec: Any, parsed: Any, backend: Any, on_gpu: bool) -> SpecError:
     """``exc`` with the setting to blame, where the library refused the trainer
     configuration: the first of the run's settings that it refuses on its own."""
-    from trainer_entry.installed import Refused, SettingError
+    from trainer_entry.settings.installed import Refused, SettingError
 
     if not isinstance(exc, Refused):
         return exc

@@ -55,7 +55,7 @@ PEFT_KEYS = frozenset(
 )
 MEASURE_KEYS = frozenset({"warmup_steps_excluded", "peak_tflops_per_device", "instrumentation"})
 #: eval after training: ``eval: true`` evaluates on a held-out split of the prepared
-#: data (``holdout``: how many examples, a count or a fraction); see ``trainer_entry.evaluate``
+#: data (``holdout``: how many examples, a count or a fraction); see ``trainer_entry.run.evaluate``
 EVAL_KEY = "eval"
 HOLDOUT_KEY = "holdout"
 EVAL_KEYS = frozenset({EVAL_KEY, HOLDOUT_KEY})
@@ -75,7 +75,7 @@ TASK_BACKENDS: dict[str, tuple[str, ...]] = {
 
 
 #: the packages the training child cannot run without: it imports peft whatever it trains
-#: (``trainer_entry/record.py``) and the default backend, ``sft``, is TRL's; the
+#: (``trainer_entry/results/finished.py``) and the default backend, ``sft``, is TRL's; the
 #: orchestrator checks them before anything launches (``orchestrator.running.needs``)
 #: and in each ``environments:`` entry's interpreter (``orchestrator.config.environments``)
 TRAIN_STACK = ("torch", "transformers", "peft", "accelerate", "trl")
@@ -117,7 +117,7 @@ DATA_KEYS = frozenset({a for aliases in DATA_ALIASES.values() for a in aliases} 
 #: settings the libraries renamed between the releases tunematrix supports: the name
 #: tunematrix uses (the newest release's: scenarios, specs and rows spell it so) -> the
 #: names older releases take it under. The child passes each under the name the
-#: installed class or function accepts, read from its fields (``trainer_entry.installed``)
+#: installed class or function accepts, read from its fields (``trainer_entry.settings.installed``)
 SPELLINGS: dict[str, tuple[str, ...]] = {
     # TrainingArguments (transformers ≥ 5.23 renamed them; 5.17–5.22 know only the old names)
     "activation_checkpointing": ("gradient_checkpointing",),

@@ -10,7 +10,7 @@ columns (summary.md's figures, compare's default metrics), each name checked
 against this registry by a test.
 
 To add a metric the child measures: compute it in the child
-(``trainer_entry/record.py``), give the typed record a field for it
+(``trainer_entry/results/finished.py``), give the typed record a field for it
 (``ChildMetrics`` in ``orchestrator/contract/result.py``), and declare it here
 with one ``Column`` line, where ``raw_summary.csv`` should show it. With
 ``aggregate="median"`` it is in ``benchmarks.csv``; with a ``better``
@@ -222,7 +222,7 @@ _DECLARED: tuple[Column, ...] = (
     _child("step_time_median_s", "s", aggregate="spread", better="lower"),
     _child("step_time_cv", "fraction", aggregate="median"),
     _child("train_loss", "", aggregate="median", better="lower", label="mean train loss"),
-    # quality beside speed (trainer_entry/evaluate.py; summary.md's quality column,
+    # quality beside speed (trainer_entry/run/evaluate.py; summary.md's quality column,
     # orchestrator/results/quality.py): eval: true's figures on the held-out split, the
     # Trainer's eval loss (each eval batch's mean loss, causal-lm per label token, averaged
     # with the batches weighted by their rows: the exact per-token mean for trainer hf's
@@ -265,7 +265,7 @@ _DECLARED: tuple[Column, ...] = (
         raw=True,
     ),
     _child("gpu_device_name", "", aggregate="first", path=("gpu_device_name",), fallback="outcome"),
-    # what trained, as accelerate set it up (trainer_entry/engine.py): NO, MULTI_CPU,
+    # what trained, as accelerate set it up (trainer_entry/run/engine.py): NO, MULTI_CPU,
     # MULTI_GPU, FSDP, DEEPSPEED; a run whose config names DeepSpeed but that did not run
     # under it fails instead. ZeRO stage and partitioned parameters: DeepSpeed runs only
     _child("distributed_type", "", aggregate="first", path=("distributed_type",)),
@@ -308,7 +308,7 @@ _DECLARED: tuple[Column, ...] = (
     _child("mem_load_peak_bytes", "bytes"),
     _child("mem_stage_source", ""),
     _child("mfu_precision", ""),
-    # a profile (profile: true, --profile; trainer_entry/profile.py), from each rank's
+    # a profile (profile: true, --profile; trainer_entry/measure/profile.py), from each rank's
     # trace over its profiled steps, the mean over the ranks; empty when not profiled.
     # Communication and compute are unions of intervals over the profiled steps' time:
     # they overlap, so they may sum above 100; exposed is communication without compute

@@ -1,6 +1,6 @@
 """``progress.json``: where a training child is, written by its rank 0 while it trains.
 
-The child writes it (``trainer_entry.progress``); the parent reads it on its
+The child writes it (``trainer_entry.measure.progressfile``); the parent reads it on its
 progress tick (``orchestrator.executors.console``) for step counters and the ETA.
 """
 

@@ -58,7 +58,7 @@ class RunTimings(_Record):
 
 
 class ChildMetrics(_Record):
-    """The measured figures of a finished run (``trainer_entry.measure``, ``trainer_entry.flops``).
+    """The measured figures of a finished run (``trainer_entry.measure.steps``, ``trainer_entry.measure.flops``).
 
     The step and token figures are absent when no step was recorded
     (``instrumentation: false``); the rest are always written, None where unknown.
@@ -109,13 +109,13 @@ class ChildMetrics(_Record):
     loss_last: float | None
     loss_mean_last10pct: float | None
     #: least-squares slope of the logged training loss over the measured steps, in loss
-    #: per optimizer step: negative, the loss falls (``trainer_entry.evaluate``)
+    #: per optimizer step: negative, the loss falls (``trainer_entry.run.evaluate``)
     loss_slope_per_step: float | None = None
     #: logged steps whose loss or gradient norm is NaN or infinite
     loss_nonfinite_steps: int | None = None
     #: ``eval: true``: the Trainer's eval loss on the held-out split (each batch's mean
     #: loss, per label token for causal-lm, averaged with batches weighted by their rows;
-    #: see ``trainer_entry.evaluate``)
+    #: see ``trainer_entry.run.evaluate``)
     eval_loss: float | None = None
     #: exp(eval_loss), causal-lm only
     perplexity: float | None = None
@@ -145,7 +145,7 @@ class ChildMetrics(_Record):
     torch_max_memory_allocated_bytes: int | None
     torch_max_memory_reserved_bytes: int | None
     mem_peak_rss_bytes: int | None
-    # -- a profile (profile: true; trainer_entry.profile), empty otherwise ------------------
+    # -- a profile (profile: true; trainer_entry.measure.profile), empty otherwise ------------------
     #: steps recorded with torch.profiler after the warm-up, left out of the window
     profiled_steps: int | None = None
     #: communication (collective kernels; on the CPU gloo's collectives) over the
@@ -231,7 +231,7 @@ class DataRecord(_Record):
 
 
 class RankRecord(_Record):
-    """One rank's step records (``trainer_entry.measure.RankStats``)."""
+    """One rank's step records (``trainer_entry.measure.steps.RankStats``)."""
 
     rank: int
     pid: int

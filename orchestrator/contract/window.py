@@ -2,7 +2,7 @@
 
 Shared by the planner, which refuses a run too short to leave a measured step
 after its warm-up and profile, and the child, which measures throughput over
-the window (``trainer_entry.measure.measured_window``). One formula on both
+the window (``trainer_entry.measure.steps.measured_window``). One formula on both
 sides, so the plan and the result agree on which steps are measured.
 """
 

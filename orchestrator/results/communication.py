@@ -1,7 +1,7 @@
 """summary.md's "Communication" section: the profiled cells' communication time per step.
 
 Only where some cell was profiled (``profile: true`` or ``--profile``); the
-figures are the child's, from each rank's trace (``trainer_entry.profile``).
+figures are the child's, from each rank's trace (``trainer_entry.measure.profile``).
 """
 
 from __future__ import annotations

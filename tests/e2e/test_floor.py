@@ -101,7 +101,7 @@ def test_the_tiny_matrix_runs_end_to_end_at_the_floors(tmp_path: Path) -> None:
         assert "did not recompute" not in notes
         from transformers import TrainingArguments
 
-        from trainer_entry.installed import init_fields
+        from trainer_entry.settings.installed import init_fields
 
         if "activation_checkpointing" not in init_fields(TrainingArguments):
             assert "activation_checkpointing is passed as gradient_checkpointing" in notes

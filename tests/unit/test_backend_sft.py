@@ -11,8 +11,8 @@ import pytest
 
 from orchestrator.contract.argnames import SFT_FIELDS_FILE, sft_fields
 from orchestrator.contract.spec import RunSpec
-from trainer_entry.arguments import parse_arguments
 from trainer_entry.errors import SpecError
+from trainer_entry.settings.parse import parse_arguments
 
 pytest.importorskip("trl")
 
@@ -115,7 +115,7 @@ def test_sft_arguments_belong_to_sft_only() -> None:
 def test_without_trl_the_sft_backend_is_refused_before_the_training_stack(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from trainer_entry import preflight
+    from trainer_entry.settings import preflight
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

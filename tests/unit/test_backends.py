@@ -13,9 +13,9 @@ from orchestrator.contract.argnames import BACKEND_KEY, unknown_argument
 from orchestrator.contract.result import load_result
 from orchestrator.contract.spec import RunSpec
 from trainer_entry import backends
-from trainer_entry.arguments import ParsedArguments, parse_arguments
 from trainer_entry.backends.base import TrainOutput, TrainSettings
 from trainer_entry.errors import SpecError
+from trainer_entry.settings.parse import ParsedArguments, parse_arguments
 
 
 def test_the_default_backend_is_sft_and_a_name_must_be_registered() -> None:
@@ -151,7 +151,7 @@ class LoopBackend:
 def test_a_backend_is_one_module_and_one_registry_line(
     tmp_path: Path, tiny_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer_entry import train
+    from trainer_entry.run import train
 
     monkeypatch.setitem(backends.BACKENDS, "loop", f"{__name__}:LoopBackend")
     monkeypatch.setitem(backends.TASK_BACKENDS, "causal-lm", ("sft", "hf", "loop"))

@@ -36,7 +36,9 @@ def imported_after(*modules: str) -> set[str]:
 def test_the_checks_before_training_import_no_training_stack() -> None:
     # a misspelt dataset or backend fails in a fraction of a second, not after torch loads
     loaded = imported_after(
-        "trainer_entry.preflight", "trainer_entry.failure", "trainer_entry.backends"
+        "trainer_entry.settings.preflight",
+        "trainer_entry.results.failure",
+        "trainer_entry.backends",
     )
     assert not {"torch", "transformers", "numpy"} & loaded
 

@@ -188,7 +188,7 @@ def test_preflight_finds_the_package_without_running_it(
 
 
 def test_preflight_refuses_model_kwargs_for_other_models(tmp_path: Path) -> None:
-    from trainer_entry.preflight import preflight
+    from trainer_entry.settings.preflight import preflight
 
     spec = RunSpec(arguments={"model_name_or_path": "tiny-llama", "model_kwargs": {"a": 1}})
     with pytest.raises(SpecError, match="model 'tiny-llama' takes none"):
@@ -206,8 +206,8 @@ def test_preflight_refuses_model_kwargs_for_other_models(tmp_path: Path) -> None
 
 
 def _load(name: str, kwargs: dict[str, Any] | None = None, **options: Any) -> Any:
-    from trainer_entry.arguments import ModelConfig, PeftConfig
     from trainer_entry.models.load import load_model
+    from trainer_entry.settings.parse import ModelConfig, PeftConfig
 
     model_options = {
         k: options.pop(k) for k in ("tokenizer", "dtype", "attn_implementation") if k in options
@@ -250,7 +250,7 @@ def test_a_returned_tokenizer_is_used_and_checked(clean_imports: None, tiny_path
 
 
 def test_the_scenarios_dtype_and_lora_apply_to_a_built_model(clean_imports: None) -> None:
-    from trainer_entry.arguments import PeftConfig
+    from trainer_entry.settings.parse import PeftConfig
 
     loaded = _load(
         f"{FACTORY}:build_tiny",
@@ -355,7 +355,7 @@ def test_qlora_is_refused_for_a_built_model(clean_imports: None) -> None:
 def test_a_config_the_flops_formula_cannot_read_gives_no_figure(clean_imports: None) -> None:
     """A model of the user's own whose config has no attention fields: no FLOPs figure
     (and no crash where the hooks ask for its sliding windows)."""
-    from trainer_entry.flops import FlopsUnavailable, estimate_flops, sliding_windows
+    from trainer_entry.measure.flops import FlopsUnavailable, estimate_flops, sliding_windows
 
     mixer = _load(f"{FACTORY}:build_mixer").model
     with pytest.raises(FlopsUnavailable, match="MixerConfig\\) has no num_hidden_layers"):

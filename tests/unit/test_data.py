@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer_entry.arguments import DataConfig
 from trainer_entry.data.collate import Collator
 from trainer_entry.data.formats import IGNORE_INDEX
 from trainer_entry.data.prepare import load_unprocessed, prepare
 from trainer_entry.errors import SpecError
+from trainer_entry.settings.parse import DataConfig
 
 RECORDS = [
     {"instruction": "Add 2 and 3.", "input": "", "output": "5"},
@@ -348,12 +348,12 @@ def test_without_a_working_lock_the_cache_still_works(
 ) -> None:
     import errno
 
-    from trainer_entry import publish
+    from trainer_entry import buildonce
 
     def no_lock(fd: int, op: int) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(publish.fcntl, "flock", no_lock)
+    monkeypatch.setattr(buildonce.fcntl, "flock", no_lock)
     cfg = DataConfig(dataset=str(dataset))
     assert prepare(cfg, tiny_tokenizer, tmp_path / "data").meta["cache_hit"] is False
     assert prepare(cfg, tiny_tokenizer, tmp_path / "data").meta["cache_hit"] is True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from orchestrator.contract.devices import DEVICES, PEAK_TFLOPS
 from orchestrator.results.capacity import known_gpu_memory
-from trainer_entry.flops import peak_tflops
+from trainer_entry.measure.flops import peak_tflops
 
 
 def test_every_named_device_reads_its_own_row_on_both_sides() -> None:

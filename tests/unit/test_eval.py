@@ -12,11 +12,11 @@ import pytest
 from orchestrator.contract.argnames import inapplicable_argument, unknown_argument
 from orchestrator.contract.spec import RunSpec
 from orchestrator.results import quality
-from trainer_entry.arguments import parse_arguments
 from trainer_entry.data.holdout import holdout_count, holdout_indices, split_sequences
 from trainer_entry.data.tokenize import PreparedData
 from trainer_entry.errors import SpecError
-from trainer_entry.evaluate import (
+from trainer_entry.measure.steps import first_measured_step, loss_summary
+from trainer_entry.run.evaluate import (
     accuracy,
     eval_figures,
     loss_points,
@@ -24,7 +24,7 @@ from trainer_entry.evaluate import (
     nonfinite_steps,
     slope,
 )
-from trainer_entry.measure import first_measured_step, loss_summary
+from trainer_entry.settings.parse import parse_arguments
 from trainer_entry.tasks.causal_lm import CausalLMTask
 
 
@@ -301,7 +301,7 @@ def test_eval_loss_is_what_the_column_says(tiny_path, tiny_tokenizer, tmp_path, 
     import torch
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
-    from trainer_entry.evaluate import evaluate
+    from trainer_entry.run.evaluate import evaluate
 
     parsed = parse(
         {
@@ -369,7 +369,7 @@ def test_eval_loss_is_what_the_column_says(tiny_path, tiny_tokenizer, tmp_path, 
 
 def test_eval_figures_are_the_columns_a_run_without_eval_leaves_empty() -> None:
     # record.py fills EVAL_FIGURES with None when eval is off: the lists must agree
-    from trainer_entry.evaluate import EVAL_FIGURES, eval_figures
+    from trainer_entry.run.evaluate import EVAL_FIGURES, eval_figures
 
     figures = eval_figures({"eval_loss": 1.0}, task="causal-lm", samples=3, runtime_s=0.5).figures
     assert tuple(figures) == EVAL_FIGURES

@@ -8,8 +8,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from trainer_entry.arguments import PeftConfig
-from trainer_entry.flops import (
+from trainer_entry.measure.flops import (
     PEAK_TFLOPS,
     compute_mode,
     estimate_flops,
@@ -17,8 +16,9 @@ from trainer_entry.flops import (
     peak_tflops,
     utilization,
 )
-from trainer_entry.measure import RankStats, SequenceLengths, StepRecorder
+from trainer_entry.measure.steps import RankStats, SequenceLengths, StepRecorder
 from trainer_entry.models.load import apply_peft
+from trainer_entry.settings.parse import PeftConfig
 
 BATCH, SEQ = 4, 128
 
@@ -162,8 +162,8 @@ def _figures(
     backend="hf",
     completion_only_loss=False,
 ):
-    from trainer_entry.arguments import DataConfig, MeasureConfig
-    from trainer_entry.record import flops_figures
+    from trainer_entry.results.finished import flops_figures
+    from trainer_entry.settings.parse import DataConfig, MeasureConfig
 
     parsed = SimpleNamespace(
         data=DataConfig(

@@ -16,15 +16,15 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from trainer_entry.arguments import PeftConfig
-from trainer_entry.flops import (
+from trainer_entry.measure.flops import (
     FlopsUnavailable,
     _decoder_layer_linears,
     attention_windows,
     estimate_flops,
 )
-from trainer_entry.measure import SequenceLengths
+from trainer_entry.measure.steps import SequenceLengths
 from trainer_entry.models.load import ARCHITECTURES, apply_peft, shipped_architectures
+from trainer_entry.settings.parse import PeftConfig
 
 BATCH, SEQ, WINDOW, VOCAB = 2, 64, 16, 512
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": VOCAB}

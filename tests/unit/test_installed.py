@@ -1,4 +1,4 @@
-"""Settings passed under the names the installed libraries take (trainer_entry.installed).
+"""Settings passed under the names the installed libraries take (trainer_entry.settings.installed).
 
 The rules are tested on field sets as two releases of transformers have them (5.17's
 ``TrainingArguments`` knows only ``gradient_checkpointing``; 5.24's both), and on the
@@ -16,10 +16,10 @@ import pytest
 
 from orchestrator.contract.argnames import RENAMED, SPELLINGS, canonical_name
 from orchestrator.contract.spec import RunSpec
-from trainer_entry import installed
-from trainer_entry.arguments import parse_arguments
 from trainer_entry.errors import SpecError
-from trainer_entry.installed import Owner, SettingError, in_installed_names
+from trainer_entry.settings import installed
+from trainer_entry.settings.installed import Owner, SettingError, in_installed_names
+from trainer_entry.settings.parse import parse_arguments
 
 OLD = frozenset({"gradient_checkpointing", "gradient_checkpointing_kwargs", "learning_rate"})
 NEW = OLD | {"activation_checkpointing", "activation_checkpointing_kwargs"}

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.contract.window import default_warmup
-from trainer_entry.measure import (
+from trainer_entry.measure.memory import hf_stage_memory
+from trainer_entry.measure.steps import (
     RankStats,
     SequenceLengths,
     StepRecorder,
     fed_sequences,
-    hf_stage_memory,
     loss_summary,
     summarize,
 )

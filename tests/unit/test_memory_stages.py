@@ -12,7 +12,7 @@ import torch
 from orchestrator.config.values import MEMORY_LOGGING
 from orchestrator.contract.spec import RunSpec, read_spec
 from orchestrator.results.rows import build_row, to_csv
-from trainer_entry.measure import (
+from trainer_entry.measure.memory import (
     MemoryCounters,
     MemoryReading,
     hf_stage_memory,
@@ -208,8 +208,8 @@ def test_memory_logging_values(logging: str, sidecar: bool, stages: str | None) 
 def test_default_memory_logging_does_not_run_hf_tracker(tmp_path: Path) -> None:
     """What the parent writes by default, read by the child: skip_memory_metrics stays on."""
     from orchestrator.job.execute import RunOptions
-    from trainer_entry.arguments import parse_arguments
     from trainer_entry.backends.hf import training_arguments
+    from trainer_entry.settings.parse import parse_arguments
 
     stages = MEMORY_LOGGING[RunOptions().memory_logging][1]
     spec = RunSpec(memory_stages=stages, output_dir=str(tmp_path))
@@ -296,8 +296,8 @@ def test_config_models_are_built_on_the_cpu_under_fsdp() -> None:
 def test_a_rank_that_does_not_draw_weights_keeps_correct_buffers(tmp_path: Path) -> None:
     """Skipped weights are overwritten by rank 0's broadcast; buffers that are not
     broadcast (rotary frequencies) must still be right."""
-    from trainer_entry.arguments import ModelConfig, PeftConfig
     from trainer_entry.models.load import load_model
+    from trainer_entry.settings.parse import ModelConfig, PeftConfig
 
     arch = tmp_path / "arch.json"
     arch.write_text(
@@ -371,8 +371,8 @@ def test_the_hooks_read_the_counters_where_training_starts_and_ends(reset_at_beg
     """What every backend's trainer reports through StepHooks: training's peak is its own,
     unless HF's tracker (which measures all of train()) is the source."""
     from trainer_entry.data.collate import BatchCounts
-    from trainer_entry.hooks import StepHooks
-    from trainer_entry.measure import StepRecorder
+    from trainer_entry.measure.hooks import StepHooks
+    from trainer_entry.measure.steps import StepRecorder
 
     cuda = FakeCuda()
     c = counters(cuda)

@@ -97,7 +97,7 @@ def test_watch_reads_this_machines_cgroups() -> None:
 def test_every_node_of_a_launch_shares_one_id(tmp_path, monkeypatch) -> None:
     """Node 1's rank, stopped after node 0's OOM, must not replace node 0's report."""
     from orchestrator.contract.spec import RunSpec
-    from trainer_entry.failure import write_failure
+    from trainer_entry.results.failure import write_failure
 
     spec = RunSpec(
         experiment_id="e",

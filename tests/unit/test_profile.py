@@ -17,8 +17,7 @@ from orchestrator.contract.layout import RunPaths
 from orchestrator.contract.spec import RunSpec, read_spec, write_spec
 from orchestrator.contract.window import DEFAULT_PROFILE_STEPS, profile_problem
 from orchestrator.results.communication import communication_markdown
-from trainer_entry.measure import RankStats, measured_window, summarize
-from trainer_entry.profile import (
+from trainer_entry.measure.profile import (
     RankProfile,
     StepProfiler,
     analyze_events,
@@ -29,6 +28,7 @@ from trainer_entry.profile import (
     top_ops,
     union,
 )
+from trainer_entry.measure.steps import RankStats, measured_window, summarize
 
 
 def x(name: str, ts: float, dur: float, *, tid: int = 1, cat: str = "cpu_op", **args: Any):
@@ -440,7 +440,7 @@ def test_run_benchmarks_sh_profile_true_profiles_every_cell(tmp_path: Path) -> N
 
 def test_an_unprofiled_result_reports_every_profile_column_empty() -> None:
     from orchestrator.contract import metrics
-    from trainer_entry.profile import PROFILE_COLUMNS, ProfileOutcome
+    from trainer_entry.measure.profile import PROFILE_COLUMNS, ProfileOutcome
 
     assert ProfileOutcome().columns() == dict.fromkeys(PROFILE_COLUMNS)
     figures = ProfileOutcome((3, 2), {"comm_time_pct": 12.5}).columns()

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.contract.layout import RunPaths
 from orchestrator.contract.spec import RunSpec, read_spec
 from orchestrator.executors.console import Progress, StepProgress
-from trainer_entry.progress import ProgressFile
+from trainer_entry.measure.progressfile import ProgressFile
 
 
 class Terminal(io.StringIO):
@@ -299,7 +299,7 @@ def test_packed_jobs_from_threads(tmp_path: Path) -> None:
 def test_child_writes_steps_throttled_and_atomically(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trainer_entry.progress as child
+    import trainer_entry.measure.progressfile as child
 
     path = tmp_path / "progress.json"
     replaced: list[tuple[str, str]] = []
@@ -369,8 +369,8 @@ def test_child_carries_on_when_the_file_cannot_be_written(
 
 def test_the_trainer_callback_reports_the_steps(tmp_path: Path) -> None:
     from trainer_entry.backends.hf import MeasureCallback
-    from trainer_entry.hooks import StepHooks
-    from trainer_entry.measure import StepRecorder
+    from trainer_entry.measure.hooks import StepHooks
+    from trainer_entry.measure.steps import StepRecorder
 
     path = tmp_path / "progress.json"
     recorder = StepRecorder(0)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_entry.publish import build_once
+from trainer_entry.buildonce import build_once
 
 
 def marked(folder: Path) -> bool:

@@ -24,9 +24,9 @@ from orchestrator.contract.steady import (
     t_quantile,
     window_start,
 )
-from trainer_entry.hooks import StepHooks
-from trainer_entry.measure import StepRecorder, summarize
-from trainer_entry.steady import SteadyStop, measure_figures, steady_stop, with_step_cap
+from trainer_entry.measure.hooks import StepHooks
+from trainer_entry.measure.steadystop import SteadyStop, measure_figures, steady_stop, with_step_cap
+from trainer_entry.measure.steps import StepRecorder, summarize
 
 
 def _iid(n: int, seed: int, mean: float = 1.0, sd: float = 0.05) -> list[float]:
@@ -245,7 +245,7 @@ def test_no_steady_stop_without_measure() -> None:
 
 
 def _metrics(steps: int, times: list[float]) -> dict[str, object]:
-    from trainer_entry.measure import RankStats
+    from trainer_entry.measure.steps import RankStats
 
     rank = RankStats(rank=0, step_times_s=times, step_tokens=[10] * steps)
     return summarize([rank])

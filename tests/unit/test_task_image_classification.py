@@ -22,7 +22,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from orchestrator.contract.result import DataRecord
 from orchestrator.contract.spec import RunSpec
-from trainer_entry.arguments import DataConfig, ModelConfig, PeftConfig, parse_arguments
 from trainer_entry.data.collate import PADDED_TOKENS, REAL_LENGTHS, REAL_TOKENS, pop_counts
 from trainer_entry.data.images import (
     MEAN,
@@ -34,11 +33,12 @@ from trainer_entry.data.images import (
     to_pixels,
 )
 from trainer_entry.errors import SpecError
-from trainer_entry.flops import estimate_flops
-from trainer_entry.measure import SequenceLengths
+from trainer_entry.measure.flops import estimate_flops
+from trainer_entry.measure.steps import SequenceLengths
 from trainer_entry.models import tiny_vit
 from trainer_entry.models.kinds import model_kind
 from trainer_entry.models.load import ARCHITECTURES, load_model, shipped_architectures
+from trainer_entry.settings.parse import DataConfig, ModelConfig, PeftConfig, parse_arguments
 from trainer_entry.tasks import get_task
 from trainer_entry.tasks.image_classification import (
     ImageClassificationTask,

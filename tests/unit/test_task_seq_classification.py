@@ -19,14 +19,14 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from orchestrator.contract.result import DataRecord
 from orchestrator.contract.spec import RunSpec
-from trainer_entry.arguments import ParsedArguments, PeftConfig, parse_arguments
 from trainer_entry.data.collate import PADDED_TOKENS, REAL_LENGTHS, REAL_TOKENS, pop_counts
 from trainer_entry.errors import SpecError
-from trainer_entry.flops import estimate_flops
-from trainer_entry.measure import SequenceLengths
+from trainer_entry.measure.flops import estimate_flops
+from trainer_entry.measure.steps import SequenceLengths
 from trainer_entry.models import tiny_bert
 from trainer_entry.models.kinds import TINY_MODELS, model_kind
 from trainer_entry.models.load import ARCHITECTURES, apply_peft, shipped_architectures
+from trainer_entry.settings.parse import ParsedArguments, PeftConfig, parse_arguments
 from trainer_entry.tasks import get_task
 from trainer_entry.tasks.seq_classification import (
     ClassificationCollator,
@@ -417,8 +417,8 @@ def test_every_shipped_encoder_is_checked() -> None:
 @pytest.mark.parametrize("name", SHIPPED_ENCODERS)
 def test_shipped_encoders_load_at_full_size_for_the_task(name) -> None:
     """``config:<encoder>`` through the child's loader, at full size; its FLOPs on a short batch."""
-    from trainer_entry.arguments import ModelConfig
     from trainer_entry.models.load import load_model
+    from trainer_entry.settings.parse import ModelConfig
 
     task = SeqClassificationTask()
     loaded = load_model(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_entry import publish
+from trainer_entry import buildonce
 from trainer_entry.models import tiny
 
 
@@ -161,15 +161,15 @@ def test_stale_private_folders_are_removed_live_ones_kept(tmp_path, monkeypatch)
         capture_output=True,
         text=True,
     )
-    dead = tmp_path / f".{name}.{publish.host()}-{int(gone.stdout)}-0123abcd"
-    alive = tmp_path / f".{name}.{publish.host()}-{os.getppid()}-0123abcd"
+    dead = tmp_path / f".{name}.{buildonce.host()}-{int(gone.stdout)}-0123abcd"
+    alive = tmp_path / f".{name}.{buildonce.host()}-{os.getppid()}-0123abcd"
     elsewhere = tmp_path / f".{name}.otherhost-{os.getppid()}-0123abcd"
     old_elsewhere = tmp_path / f".{name}.otherhost-{os.getppid()}-4567abcd"
     older_naming = tmp_path / f".{name}.x1y2z3_w"
     for folder in (dead, alive, elsewhere, old_elsewhere, older_naming):
         folder.mkdir()
         (folder / "config.json").write_text("half")
-    hours_ago = time.time() - 2 * publish.STALE_AFTER_S
+    hours_ago = time.time() - 2 * buildonce.STALE_AFTER_S
     for folder in (old_elsewhere, older_naming):
         os.utime(folder, (hours_ago, hours_ago))
     tiny.ensure_tiny()
@@ -197,5 +197,5 @@ def test_without_a_working_lock_the_build_still_happens(tmp_path, monkeypatch) -
     def no_lock(fd: int, op: int) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(publish.fcntl, "flock", no_lock)
+    monkeypatch.setattr(buildonce.fcntl, "flock", no_lock)
     assert tiny.is_complete(tiny.ensure_tiny())

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.contract.argnames import BACKEND_KEY, DEFAULT_TASK, TASK_BACKENDS, default_backend
 from trainer_entry.errors import SpecError
-from trainer_entry.settings import DEFAULT_BACKEND as DEFAULT_BACKEND  # one definition
+from trainer_entry.settings.parsed import DEFAULT_BACKEND as DEFAULT_BACKEND  # one definition
 
 if TYPE_CHECKING:
     from trainer_entry.backends.base import TrainerBackend
@@ -27,7 +27,7 @@ BACKENDS: dict[str, str] = {
     "sft": "trainer_entry.backends.sft:SFTTrainerBackend",
     "hf": "trainer_entry.backends.hf:HFTrainerBackend",
 }
-# DEFAULT_BACKEND, the backend of the default task, is trainer_entry.settings'
+# DEFAULT_BACKEND, the backend of the default task, is trainer_entry.settings.parsed'
 
 
 def backend_name(arguments: Mapping[str, Any], task: str = DEFAULT_TASK) -> str:

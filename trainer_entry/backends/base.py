@@ -11,7 +11,7 @@ backend:
   reads (``configure`` -> ``TrainSettings``);
 - builds its trainer from the model, the tokenizer (or processor) and the
   task's prepared data (``build``; the task, ``trainer_entry.tasks``, gives the
-  dataset and the collator), calling the measurement hooks (``trainer_entry.hooks.StepHooks``)
+  dataset and the collator), calling the measurement hooks (``trainer_entry.measure.hooks.StepHooks``)
   at the start of training, for every micro-batch with its token counts
   (``trainer_entry.data.collate.pop_counts``), at every optimizer step's end
   and at the end;
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from orchestrator.contract.spec import RunSpec
-    from trainer_entry.hooks import StepHooks
-    from trainer_entry.settings import ParsedArguments
+    from trainer_entry.measure.hooks import StepHooks
+    from trainer_entry.settings.parsed import ParsedArguments
     from trainer_entry.tasks.base import Task, TaskData
 
 
@@ -75,7 +75,7 @@ class TrainerBackend(Protocol):
 
     def arguments(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> dict[str, Any]:
         """The keyword arguments ``configure`` builds its configuration from, each under
-        the name the installed library takes (``trainer_entry.installed``); a
+        the name the installed library takes (``trainer_entry.settings.installed``); a
         ``SettingError`` names one it takes under no name. Builds nothing, so the check
         before launch (``trainer_entry.check``) can ask on a machine without the GPUs."""
         ...

@@ -9,12 +9,12 @@ from transformers.utils import logging as hf_logging
 
 from orchestrator.contract.argnames import training_fields, training_fields_version
 from orchestrator.contract.spec import RunSpec
-from trainer_entry import installed
 from trainer_entry.backends.base import TrainOutput, TrainSettings
 from trainer_entry.data.collate import pop_counts
-from trainer_entry.hooks import StepHooks
-from trainer_entry.installed import Owner, Refused, in_installed_names
-from trainer_entry.settings import ParsedArguments
+from trainer_entry.measure.hooks import StepHooks
+from trainer_entry.settings import installed
+from trainer_entry.settings.installed import Owner, Refused, in_installed_names
+from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.tasks.base import Task, TaskData
 
 # Loading bars would fill stderr.log with carriage-return noise.
@@ -32,7 +32,7 @@ class MeasureCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.hooks.step_end(state.global_step):
-            # steady state reached (trainer_entry.steady): every rank stops after this step
+            # steady state reached (trainer_entry.measure.steadystop): every rank stops after this step
             control.should_training_stop = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

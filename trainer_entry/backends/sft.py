@@ -40,7 +40,6 @@ from trl import SFTConfig, SFTTrainer
 from orchestrator.contract.argnames import sft_fields, sft_fields_version, training_fields
 from orchestrator.contract.packing import masked_note, masked_per_document, trl_strategy
 from orchestrator.contract.spec import RunSpec
-from trainer_entry import installed
 from trainer_entry.backends import trl_cost
 from trainer_entry.backends.base import TrainSettings
 from trainer_entry.backends.hf import (
@@ -64,10 +63,11 @@ from trainer_entry.data.collate import (
 from trainer_entry.data.formats import IGNORE_INDEX
 from trainer_entry.data.tokenize import PreparedData
 from trainer_entry.errors import SpecError, first_line
-from trainer_entry.hooks import StepHooks
-from trainer_entry.installed import Owner, Refused, in_installed_names
-from trainer_entry.measure import RankStats
-from trainer_entry.settings import DataConfig, ParsedArguments
+from trainer_entry.measure.hooks import StepHooks
+from trainer_entry.measure.steps import RankStats
+from trainer_entry.settings import installed
+from trainer_entry.settings.installed import Owner, Refused, in_installed_names
+from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.tasks.base import Task, TaskData
 
 # TRL prepares its dataset with datasets' map: no loading bars in stderr.log

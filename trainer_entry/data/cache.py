@@ -8,7 +8,7 @@ prepares a new one.
 
 The ranks of a job and the jobs sharing a results folder may all ask for one
 key at once: the folder is built once and published whole
-(``trainer_entry.publish``). ``meta.json`` is written last, so a folder with
+(``trainer_entry.buildonce``). ``meta.json`` is written last, so a folder with
 it is finished.
 """
 
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from trainer_entry.buildonce import build_once
 from trainer_entry.data.tokenize import PreparedData
-from trainer_entry.publish import build_once
-from trainer_entry.settings import DataConfig
+from trainer_entry.settings.parsed import DataConfig
 
 DATA_FORMAT_VERSION = 1
 #: what a cache folder holds; the second is written last

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from trainer_entry.errors import SpecError
 
 if TYPE_CHECKING:
-    from trainer_entry.settings import DataConfig
+    from trainer_entry.settings.parsed import DataConfig
 
 #: every ``formatting`` a scenario may name
 FORMATTINGS = ("instruct", "chat", "text", "template")

@@ -22,7 +22,7 @@ from trainer_entry.data.tokenize import (
     tokenizer_identity,
 )
 from trainer_entry.errors import SpecError
-from trainer_entry.settings import DataConfig
+from trainer_entry.settings.parsed import DataConfig
 
 
 def prepare(cfg: DataConfig, tokenizer: Any, data_dir: Path) -> PreparedData:

@@ -26,7 +26,7 @@ from trainer_entry.data.formats import (
     split_at_response,
 )
 from trainer_entry.errors import SpecError
-from trainer_entry.settings import DataConfig
+from trainer_entry.settings.parsed import DataConfig
 
 
 @dataclass

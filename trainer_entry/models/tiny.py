@@ -9,7 +9,7 @@ stale one.
 
 Any number of processes may ask for it at once (the ranks of one job, packed
 jobs, several users sharing one cache): it is built once and published whole
-(``trainer_entry.publish``), and a reader takes the folder only with the
+(``trainer_entry.buildonce``), and a reader takes the folder only with the
 ``COMPLETE`` marker, which names this recipe's key, inside.
 """
 
@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from trainer_entry.buildonce import build_once
 from trainer_entry.data.formats import INSTRUCT_PROMPT, INSTRUCT_PROMPT_NO_INPUT
 from trainer_entry.data.load import SHIPPED_DATASET
-from trainer_entry.publish import build_once
 
 TINY_NAME = "tiny-llama"
 #: what the tokenizer is trained on (part of the cache key)
@@ -97,7 +97,7 @@ def ensure_built(
 
     The build must write ``files``; the ``COMPLETE`` marker, naming ``key``, is
     written last, and a reader takes the folder only with it (see
-    ``trainer_entry.publish``). Every embedded tiny model is built this way.
+    ``trainer_entry.buildonce``). Every embedded tiny model is built this way.
     """
 
     def build_and_mark(folder: Path) -> None:

@@ -15,7 +15,7 @@ that expects one).
 
 Built into the same cache as ``tiny-llama`` (``cache_root``), under a name
 carrying a hash of the recipe and of the texts, and published once however
-many processes ask (``trainer_entry.publish``).
+many processes ask (``trainer_entry.buildonce``).
 """
 
 from __future__ import annotations

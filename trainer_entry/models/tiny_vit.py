@@ -10,7 +10,7 @@ downloaded. It has no tokenizer and needs no image processor: the
 
 Built and published like ``tiny-llama`` (``trainer_entry.models.tiny``): into
 the same cache, in a folder named for a hash of the recipe, published whole
-(``trainer_entry.publish``) and taken only with its ``COMPLETE`` marker.
+(``trainer_entry.buildonce``) and taken only with its ``COMPLETE`` marker.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from trainer_entry.settings import ParsedArguments
+    from trainer_entry.settings.parsed import ParsedArguments
 
 
 @dataclass

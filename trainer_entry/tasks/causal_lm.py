@@ -16,7 +16,7 @@ import torch
 from trainer_entry.data.collate import Collator, SequenceDataset
 from trainer_entry.data.holdout import pack_part, split_sequences
 from trainer_entry.data.prepare import load_unprocessed, prepare
-from trainer_entry.settings import ParsedArguments
+from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.tasks.base import TaskData
 
 

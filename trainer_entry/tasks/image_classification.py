@@ -44,7 +44,7 @@ from trainer_entry.data.images import (
 )
 from trainer_entry.errors import SpecError
 from trainer_entry.models.kinds import model_kind
-from trainer_entry.settings import DataConfig, ParsedArguments
+from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.tasks.base import TaskData
 
 #: positions a model puts before its patches, by ``model_type``: the class token,

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer_entry.buildonce import build_once
 from trainer_entry.data.cache import cache_key, is_cached
 from trainer_entry.data.collate import padded_batch
 from trainer_entry.data.formats import field
@@ -54,8 +55,7 @@ from trainer_entry.data.load import load_records
 from trainer_entry.data.tokenize import tokenizer_identity
 from trainer_entry.errors import SpecError
 from trainer_entry.models.tiny_bert import REVIEWS
-from trainer_entry.publish import build_once
-from trainer_entry.settings import DataConfig, ParsedArguments
+from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.tasks.base import TaskData
 
 #: the cache folder's prefix; a change of the layout below changes it

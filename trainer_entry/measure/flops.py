@@ -68,7 +68,7 @@ import torch
 
 # one table of devices, their peaks and memory (orchestrator/contract/devices.py)
 from orchestrator.contract.devices import PEAK_TFLOPS, ComputeMode, DevicePeaks
-from trainer_entry.measure import SequenceLengths
+from trainer_entry.measure.steps import SequenceLengths
 
 __all__ = ["PEAK_TFLOPS", "ComputeMode", "DevicePeaks"]
 

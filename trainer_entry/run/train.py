@@ -16,10 +16,18 @@ import torch
 
 from orchestrator.contract.result import ChildResult, timestamp, write_result
 from orchestrator.contract.spec import RunSpec
-from trainer_entry.arguments import check_launch_env, parse_arguments
 from trainer_entry.backends import backend_name, get_backend
 from trainer_entry.backends.base import TrainerBackend
-from trainer_entry.engine import (
+from trainer_entry.errors import SpecError
+from trainer_entry.measure.hooks import StepHooks
+from trainer_entry.measure.memory import MemoryCounters, memory_stages, peak_rss_bytes
+from trainer_entry.measure.profile import profile_outcome, step_profiler
+from trainer_entry.measure.progressfile import ProgressFile
+from trainer_entry.measure.steadystop import steady_stop, with_step_cap
+from trainer_entry.measure.steps import RankStats, StepRecorder
+from trainer_entry.models.load import config_placement, fsdp_loading, load_model
+from trainer_entry.results.finished import build_result
+from trainer_entry.run.engine import (
     built_by_zero_init,
     check_devices,
     check_engine,
@@ -29,21 +37,8 @@ from trainer_entry.engine import (
     running_type,
     seed_before_load,
 )
-from trainer_entry.errors import SpecError
-from trainer_entry.evaluate import evaluate
-from trainer_entry.hooks import StepHooks
-from trainer_entry.measure import (
-    MemoryCounters,
-    RankStats,
-    StepRecorder,
-    memory_stages,
-    peak_rss_bytes,
-)
-from trainer_entry.models.load import config_placement, fsdp_loading, load_model
-from trainer_entry.profile import profile_outcome, step_profiler
-from trainer_entry.progress import ProgressFile
-from trainer_entry.record import build_result
-from trainer_entry.steady import steady_stop, with_step_cap
+from trainer_entry.run.evaluate import evaluate
+from trainer_entry.settings.parse import check_launch_env, parse_arguments
 from trainer_entry.tasks import get_task, task_name
 
 

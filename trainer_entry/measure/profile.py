@@ -1,6 +1,6 @@
 """Opt-in profiles: a few steps after the warm-up recorded with ``torch.profiler``.
 
-``StepProfiler`` is called by the measurement hooks (``trainer_entry.hooks``)
+``StepProfiler`` is called by the measurement hooks (``trainer_entry.measure.hooks``)
 at each step end, on both sides of the step clock. It starts the profiler just
 after the clock of the last warm-up step, marks each profiled step with a
 ``ProfilerStep#<n>`` span (the name TensorBoard and Perfetto know as a step),
@@ -8,7 +8,7 @@ and in the last profiled step, before its clock stops, stops the profiler,
 writes the rank's Chrome/Perfetto trace (``RunSpec.profile_dir``/``rank<k>.json``)
 and waits for every rank at a barrier. So the start, the stop, the export and
 the ranks' different export times all fall inside the profiled steps, which the
-measured window leaves out (``trainer_entry.measure.measured_window``); the
+measured window leaves out (``trainer_entry.measure.steps.measured_window``); the
 window starts with every rank past its export.
 
 After training, each rank reads its own trace back and ``analyze_events``
@@ -49,7 +49,7 @@ from orchestrator.contract.window import profile_problem, warmup_of
 
 if TYPE_CHECKING:
     from orchestrator.contract.spec import RunSpec
-    from trainer_entry.settings import ParsedArguments
+    from trainer_entry.settings.parsed import ParsedArguments
 
 #: the span name of a profiled step (TensorBoard's and Perfetto's step marker)
 STEP_SPAN = "ProfilerStep#"

@@ -32,7 +32,7 @@ from orchestrator.contract.steady import (
 
 if TYPE_CHECKING:
     from orchestrator.contract.spec import RunSpec
-    from trainer_entry.profile import StepProfiler
+    from trainer_entry.measure.profile import StepProfiler
 
 
 class SteadyStop:

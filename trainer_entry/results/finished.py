@@ -21,11 +21,11 @@ from orchestrator.contract.result import (
     timestamp,
 )
 from orchestrator.contract.spec import RunSpec
-from trainer_entry import installed
+from trainer_entry.settings import installed
 from trainer_entry.backends.base import TrainSettings
-from trainer_entry.engine import EngineRecord, partitioned_flops_problem, zero3_build_note
-from trainer_entry.evaluate import EVAL_FIGURES, EvalResult, loss_trend
-from trainer_entry.flops import (
+from trainer_entry.run.engine import EngineRecord, partitioned_flops_problem, zero3_build_note
+from trainer_entry.run.evaluate import EVAL_FIGURES, EvalResult, loss_trend
+from trainer_entry.measure.flops import (
     FlopsUnavailable,
     compute_mode,
     estimate_flops,
@@ -34,17 +34,11 @@ from trainer_entry.flops import (
     sequences_or_uniform,
     utilization,
 )
-from trainer_entry.measure import (
-    RankStats,
-    fed_sequences,
-    first_measured_step,
-    loss_summary,
-    stage_memory_figures,
-    summarize,
-)
-from trainer_entry.profile import ProfileOutcome
-from trainer_entry.settings import ParsedArguments
-from trainer_entry.steady import SteadyStop, measure_figures
+from trainer_entry.measure.steps import RankStats, fed_sequences, first_measured_step, loss_summary, summarize
+from trainer_entry.measure.memory import stage_memory_figures
+from trainer_entry.measure.profile import ProfileOutcome
+from trainer_entry.settings.parsed import ParsedArguments
+from trainer_entry.measure.steadystop import SteadyStop, measure_figures
 from trainer_entry.tasks.base import Task
 
 
@@ -162,7 +156,7 @@ def _masked_head_note(model: Any, flops_per_token: float) -> str:
 def checkpointing_read_back(model: Any, settings: TrainSettings) -> tuple[TrainSettings, list[str]]:
     """``settings`` with activation checkpointing as the trained model reports it.
 
-    The setting's name changed between releases (``trainer_entry.installed``), and
+    The setting's name changed between releases (``trainer_entry.settings.installed``), and
     the FLOPs per token count the recompute: what the row says is what the model did
     (``is_activation_checkpointing``), with a note where that is not what was asked.
     A model that does not say (a ``python:`` model's own class) keeps the setting.
@@ -202,7 +196,7 @@ def build_result(
 ) -> ChildResult:
     """The result of a finished run, from every rank's records (``ranks``, ``stage_memory``).
 
-    ``engine``: what trained (``trainer_entry.engine``); its devices per process
+    ``engine``: what trained (``trainer_entry.run.engine``); its devices per process
     make the device count (``DataParallel``: one process, several GPUs), which the
     batch and the per-device figures count, not the processes.
     """

@@ -31,7 +31,7 @@ perplexity. For classification the weighting makes it the mean over samples.
 
 **Loss trend** (always, from the trainer's log): the least-squares slope of the
 logged training loss over the measured steps (the throughput window
-``trainer_entry.measure.summarize`` reports), and how many logged steps had a loss or
+``trainer_entry.measure.steps.summarize`` reports), and how many logged steps had a loss or
 gradient norm that is NaN or infinite. The Trainer's ``logging_nan_inf_filter``
 (on by default) logs a non-finite step's loss as a finite stand-in, so the
 gradient norm is what shows such a step.
@@ -47,10 +47,10 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.contract.argnames import CLASSIFICATION_TASKS
 from trainer_entry.data.collate import pop_counts
-from trainer_entry.measure import first_measured_step
+from trainer_entry.measure.steps import first_measured_step
 
 if TYPE_CHECKING:
-    from trainer_entry.settings import ParsedArguments
+    from trainer_entry.settings.parsed import ParsedArguments
     from trainer_entry.tasks.base import Task, TaskData
 
 #: the task whose eval loss is a mean over tokens, so that its exp is a perplexity
@@ -113,12 +113,12 @@ def loss_trend(
 ) -> dict[str, Any]:
     """``loss_slope_per_step`` and ``loss_nonfinite_steps`` of a run.
 
-    ``summary``: ``trainer_entry.measure.summarize``'s figures. The slope is
+    ``summary``: ``trainer_entry.measure.steps.summarize``'s figures. The slope is
     fitted over the window they measured throughput in, its last
     ``steps_measured`` of ``steps`` (after the warm-up and any profiled steps);
     None without step records (``instrumentation: false``) or with fewer than
     two logged losses in the window. ``losses``: the (step, loss) pairs of
-    ``log_history`` already read from it (``trainer_entry.measure.loss_summary``'s
+    ``log_history`` already read from it (``trainer_entry.measure.steps.loss_summary``'s
     ``loss_history``); None: read them here.
     """
     steps, measured = summary.get("steps"), summary.get("steps_measured")

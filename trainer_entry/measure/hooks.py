@@ -1,7 +1,7 @@
 """The measurement hooks every trainer backend calls while it trains.
 
 One object gathers what a run measures while the trainer runs: the step
-clock and token counts (``trainer_entry.measure.StepRecorder``), the GPU
+clock and token counts (``trainer_entry.measure.steps.StepRecorder``), the GPU
 memory counters at the start and end of training, and the progress file.
 A backend calls it at four moments (see ``trainer_entry.backends.base``), so
 every backend is measured by the same code.
@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trainer_entry.data.collate import BatchCounts
-from trainer_entry.flops import FlopsUnavailable, sliding_windows
-from trainer_entry.measure import MemoryCounters, StepRecorder
-from trainer_entry.progress import ProgressFile
+from trainer_entry.measure.flops import FlopsUnavailable, sliding_windows
+from trainer_entry.measure.memory import MemoryCounters
+from trainer_entry.measure.progressfile import ProgressFile
+from trainer_entry.measure.steps import StepRecorder
 
 if TYPE_CHECKING:
-    from trainer_entry.profile import StepProfiler
-    from trainer_entry.steady import SteadyStop
+    from trainer_entry.measure.profile import StepProfiler
+    from trainer_entry.measure.steadystop import SteadyStop
 
 
 class StepHooks:
@@ -83,7 +84,7 @@ class StepHooks:
         )
         if self.progress is not None:
             # inside the next step's time, like everything between step ends; a write
-            # (about once a second) is a small file replaced, see trainer_entry.progress
+            # (about once a second) is a small file replaced, see trainer_entry.measure.progressfile
             stats = self.recorder.stats
             self.progress.step(global_step, stats.step_tokens[-1], stats.step_times_s[-1])
         return stop

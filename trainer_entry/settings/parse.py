@@ -37,7 +37,7 @@ from orchestrator.contract.spec import RunSpec
 from trainer_entry.backends import backend_name, get_backend
 from trainer_entry.data.formats import FORMATTINGS
 from trainer_entry.errors import SpecError
-from trainer_entry.settings import (
+from trainer_entry.settings.parsed import (
     DataConfig,
     EvalConfig,
     MeasureConfig,

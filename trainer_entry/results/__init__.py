@@ -1,0 +1,1 @@
+"""What a run leaves behind: the result of a finished run, or the failure of one that did not finish."""
