@@ -46,7 +46,6 @@ from orchestrator.config.values import (
 from orchestrator.config.yamlio import Loc, YamlDoc, load_yaml
 from orchestrator.contract.argnames import (
     BACKEND_KEY,
-    BACKEND_NAMES,
     BATCH_SHARING_SIZES,
     RENAMED,
     TASK_KEY,
@@ -59,6 +58,7 @@ from orchestrator.contract.argnames import (
 )
 from orchestrator.contract.errors import ConfigError
 from orchestrator.contract.steady import SteadyMeasure
+from orchestrator.contract.trainers import trainer_names
 
 # ---------------------------------------------------------------------------
 # Resolved configuration (what the matrix is built from)
@@ -198,8 +198,8 @@ def _value_problem(key: str, value: Any) -> str | None:
     counterpart here, and task or trainer names nothing runs."""
     if key == TASK_KEY and value not in TASKS:
         return f"task must be one of {', '.join(TASKS)}, got {value!r}"
-    if key == BACKEND_KEY and value not in BACKEND_NAMES:
-        return f"trainer must be one of {', '.join(BACKEND_NAMES)}, got {value!r}"
+    if key == BACKEND_KEY and value not in trainer_names():
+        return f"trainer must be one of {', '.join(trainer_names())}, got {value!r}"
     return predecessor_argument(key, value)
 
 

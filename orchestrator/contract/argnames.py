@@ -24,9 +24,16 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+# the tasks and trainer backends are declared in ``trainers``; named here too, as the
+# applicability rules speak of them
+from orchestrator.contract.trainers import BACKEND_KEY as BACKEND_KEY
+from orchestrator.contract.trainers import DEFAULT_TASK as DEFAULT_TASK
+from orchestrator.contract.trainers import TASK_KEY as TASK_KEY
+from orchestrator.contract.trainers import TASKS as TASKS
+from orchestrator.contract.trainers import TRAINERS, own_fields, task_backends, trainer_names
+from orchestrator.contract.trainers import default_backend as default_backend
+
 FIELDS_FILE = Path(__file__).resolve().parent / "assets" / "training_arguments.json"
-#: ``trl.SFTConfig``'s fields that ``TrainingArguments`` lacks (the ``sft`` backend's own)
-SFT_FIELDS_FILE = FIELDS_FILE.with_name("sft_arguments.json")
 
 MODEL_KEYS = frozenset(
     {
@@ -59,19 +66,6 @@ MEASURE_KEYS = frozenset({"warmup_steps_excluded", "peak_tflops_per_device", "in
 EVAL_KEY = "eval"
 HOLDOUT_KEY = "holdout"
 EVAL_KEYS = frozenset({EVAL_KEY, HOLDOUT_KEY})
-#: names the child's trainer backend (``sft``: TRL's SFTTrainer; ``hf``: the Hugging Face Trainer)
-BACKEND_KEY = "trainer"
-#: names what the run trains: its model class, data, collator, FLOPs and throughput unit
-TASK_KEY = "task"
-#: every task, the default first
-TASKS = ("causal-lm", "seq-classification", "image-classification")
-DEFAULT_TASK = TASKS[0]
-#: the trainer backends each task can run, its default first
-TASK_BACKENDS: dict[str, tuple[str, ...]] = {
-    "causal-lm": ("sft", "hf"),
-    "seq-classification": ("hf",),
-    "image-classification": ("hf",),
-}
 
 
 #: the packages the training child cannot run without: it imports peft whatever it trains
@@ -79,11 +73,6 @@ TASK_BACKENDS: dict[str, tuple[str, ...]] = {
 #: orchestrator checks them before anything launches (``orchestrator.running.needs``)
 #: and in each ``environments:`` entry's interpreter (``orchestrator.config.environments``)
 TRAIN_STACK = ("torch", "transformers", "peft", "accelerate", "trl")
-
-
-def default_backend(task: str) -> str:
-    """The trainer backend a run of ``task`` uses when its scenario names none."""
-    return TASK_BACKENDS.get(task, TASK_BACKENDS[DEFAULT_TASK])[0]
 
 
 #: tunematrix's data setting <- the spellings accepted for it (in arguments and in
@@ -237,48 +226,41 @@ def training_fields_version() -> str:
     return str(json.loads(FIELDS_FILE.read_text()).get("transformers", "?"))
 
 
-def sft_fields() -> frozenset[str]:
-    """``SFTConfig`` field names that ``TrainingArguments`` lacks, as saved in ``SFT_FIELDS_FILE``."""
-    return frozenset(json.loads(SFT_FIELDS_FILE.read_text())["fields"])
-
-
-def sft_fields_version() -> str:
-    """The trl whose ``SFTConfig`` fields ``SFT_FIELDS_FILE`` saved."""
-    return str(json.loads(SFT_FIELDS_FILE.read_text()).get("trl", "?"))
-
-
 def unknown_argument(
     key: str, fields: frozenset[str] | None = None, *, backend: str | None = None
 ) -> str | None:
     """Why ``key`` is not an argument anything accepts (with the closest name), or None.
 
     ``fields``: the trainer's argument names; by default ``TrainingArguments``', with
-    ``SFTConfig``'s own when ``backend`` is ``sft`` or not known yet (None: the planner
-    checks a scenario's names before its cells, whose ``trainer`` a sweep may choose;
-    ``inapplicable_argument`` then refuses an ``SFTConfig`` field in a cell of another
-    trainer). The predecessor's names (``REPLACED``) are known: ``predecessor_argument``
-    says what to use instead.
+    the backend's own (``trainers.own_fields``: ``SFTConfig``'s for ``sft``), or every
+    backend's while ``backend`` is not known yet (None: the planner checks a scenario's
+    names before its cells, whose ``trainer`` a sweep may choose;
+    ``inapplicable_argument`` then refuses one backend's field in a cell of another).
+    The predecessor's names (``REPLACED``) are known: ``predecessor_argument`` says
+    what to use instead.
     """
-    sft = "SFTConfig" if fields is None and backend in (None, "sft") else None
+    classes: list[str] = []
     if fields is None:
-        fields = training_fields() | (_sft_names() if sft else frozenset())
+        fields = training_fields()
+        for t in TRAINERS:
+            if (backend is None or t.name == backend) and own_fields(t.name):
+                fields |= own_fields(t.name)
+                classes.append(t.config_class)
     known = OWN_KEYS | REPLACED.keys() | RENAMED.keys() | DROPPED.keys() | CONTROLLED
     if key in known or key in fields:
         return None
-    if backend not in (None, "sft") and key in _sft_names():
-        return sft_only_problem(key, backend)
+    owners = backends_taking(key)
+    if backend is not None and owners and backend not in owners:
+        return backend_only_problem(key, backend, owners)
     close = difflib.get_close_matches(key, sorted(OWN_KEYS | fields), n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
-    what = "a TrainingArguments" + (f" or {sft}" if sft else "") + " field"
+    what = " or ".join(["a TrainingArguments", *dict.fromkeys(classes)]) + " field"
     return f"unknown argument '{key}': not {what} nor a tunematrix setting{hint}"
 
 
-def _sft_names() -> frozenset[str]:
-    """``SFTConfig``'s own fields, or none where the saved list is missing."""
-    try:
-        return sft_fields()
-    except OSError:
-        return frozenset()
+def backends_taking(key: str) -> tuple[str, ...]:
+    """The backends whose own configuration has field ``key`` (``trainers.own_fields``)."""
+    return tuple(name for name in trainer_names() if key in own_fields(name))
 
 
 # ---------------------------------------------------------------------------
@@ -323,8 +305,6 @@ ARGUMENT_TASKS: dict[str, tuple[str, ...]] = {
 LORA_METHODS = ("lora", "qlora")
 #: settings of LoRA adapters (``peft_method: lora`` or ``qlora``)
 LORA_KEYS = PEFT_KEYS - {"peft_method"}
-#: every trainer backend a task can run
-BACKEND_NAMES = tuple(dict.fromkeys(b for runs in TASK_BACKENDS.values() for b in runs))
 
 
 def peft_method_of(arguments: Mapping[str, object]) -> str | None:
@@ -335,14 +315,22 @@ def peft_method_of(arguments: Mapping[str, object]) -> str | None:
     return method.lower()
 
 
-def sft_only_fields() -> frozenset[str]:
-    """``SFTConfig``'s settings that only trainer ``sft`` takes (ours excluded: the
-    ``sft`` backend maps tunematrix's data settings onto TRL's itself)."""
-    return _sft_names() - OWN_KEYS - training_fields()
+def backend_only_fields() -> dict[str, tuple[str, ...]]:
+    """Each setting that only some backends take -> those backends (``SFTConfig``'s own
+    for ``sft``; ours excluded: a backend maps tunematrix's data settings onto its own)."""
+    common = OWN_KEYS | training_fields()
+    owners: dict[str, tuple[str, ...]] = {}
+    for name in trainer_names():
+        for key in sorted(own_fields(name) - common):
+            owners[key] = (*owners.get(key, ()), name)
+    return owners
 
 
-def sft_only_problem(key: str, backend: str) -> str:
-    return f"'{key}' is an option of trainer sft (TRL); this scenario runs trainer {backend}"
+def backend_only_problem(key: str, backend: str, owners: tuple[str, ...]) -> str:
+    """The refusal of a setting of backends ``owners`` in a run of trainer ``backend``."""
+    libraries = {t.name: t.library for t in TRAINERS}
+    whose = " or ".join(f"trainer {o} ({libraries[o]})" for o in owners)
+    return f"'{key}' is an option of {whose}; this scenario runs trainer {backend}"
 
 
 def inapplicable_argument(
@@ -352,13 +340,13 @@ def inapplicable_argument(
     task: str,
     backend: str,
     arguments: Mapping[str, object],
-    sft_only: frozenset[str] | None = None,
+    backend_only: Mapping[str, tuple[str, ...]] | None = None,
 ) -> str | None:
     """Why ``key: value`` does not apply to a run of ``task`` with trainer ``backend``
     (one line, saying what to do), or None when it does.
 
     ``arguments``: the run's other arguments (the LoRA settings need ``peft_method``).
-    ``sft_only``: ``sft_only_fields()``, when the caller asks for many keys at once.
+    ``backend_only``: ``backend_only_fields()``, when the caller asks for many keys at once.
     The key's old names (``RENAMED``) are judged as the new one.
     """
     if key == TASK_KEY:
@@ -366,9 +354,9 @@ def inapplicable_argument(
             return f"task must be one of {', '.join(TASKS)}, got {value!r}"
         return None
     if key == BACKEND_KEY:
-        if value not in BACKEND_NAMES:
-            return f"trainer must be one of {', '.join(BACKEND_NAMES)}, got {value!r}"
-        runs = TASK_BACKENDS.get(task, ())
+        if value not in trainer_names():
+            return f"trainer must be one of {', '.join(trainer_names())}, got {value!r}"
+        runs = task_backends(task)
         if value not in runs:
             return (
                 f"trainer {value} does not train task {task}; it runs with "
@@ -383,8 +371,9 @@ def inapplicable_argument(
         return f"'{key}' needs peft_method: lora; set peft_method or remove {key}"
     if name == HOLDOUT_KEY and arguments.get(EVAL_KEY) is not True:
         return f"'{key}' is the eval set's size and needs eval: true; set eval or remove {key}"
-    if backend != "sft" and key in (sft_only_fields() if sft_only is None else sft_only):
-        return sft_only_problem(key, backend)
+    owners = (backend_only_fields() if backend_only is None else backend_only).get(key)
+    if owners and backend not in owners:
+        return backend_only_problem(key, backend, owners)
     return None
 
 

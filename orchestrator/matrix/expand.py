@@ -43,10 +43,10 @@ from orchestrator.contract.argnames import (
     LORA_KEYS,
     RENAMED,
     TASK_KEY,
+    backend_only_fields,
     canonical_name,
     default_backend,
     inapplicable_argument,
-    sft_only_fields,
 )
 from orchestrator.contract.errors import ConfigError, Place, UserError
 from orchestrator.contract.modelnames import is_python_model
@@ -362,7 +362,7 @@ def build_plan(
     seen: dict[str, Experiment] = {}
     notes: list[str] = []
     swept_keys: dict[str, None] = {}
-    checks = _Applicability(sft_only=sft_only_fields())
+    checks = _Applicability(backend_only=backend_only_fields())
 
     for scenario in scenarios:
         counts = gpus.values
@@ -553,8 +553,8 @@ class _Applicability:
     """What a plan's variants are checked against, what the shared settings left out, and
     the scenario's own settings a swept value left out of some of its cells."""
 
-    #: ``SFTConfig``'s own settings (read once per plan)
-    sft_only: frozenset[str]
+    #: the settings only some trainer backends take -> those backends (read once per plan)
+    backend_only: Mapping[str, tuple[str, ...]]
     #: (where it was set, why it does not apply, scenario) -> the keys left out
     left_out: dict[tuple[str, str, str], dict[str, None]] = field(default_factory=dict)
     #: (scenario, key) -> the refusal of a setting a swept value left out of a cell
@@ -593,7 +593,9 @@ def _per_document_notes(experiments: Sequence[Experiment]) -> list[str]:
     under an attention implementation that takes no per-document lengths."""
     found: dict[tuple[str, str, str | None], None] = {}
     for e in experiments:
-        strategy = trl_strategy(e.packing, e.arguments) if e.trainer == "sft" else None
+        # a packing strategy is an argument only the sft backend takes: any other cell's
+        # was refused or left out by the applicability check
+        strategy = trl_strategy(e.packing, e.arguments)
         attn = e.arguments.get("attn_implementation")
         if masked_per_document(strategy, attn):
             found[(e.scenario, str(strategy), attn)] = None
@@ -669,10 +671,10 @@ def _why(problem: str) -> str:
     return problem.split("; ", 1)[0]
 
 
-def _decider(key: str, sft_only: frozenset[str]) -> str | None:
+def _decider(key: str, backend_only: Mapping[str, tuple[str, ...]]) -> str | None:
     """The argument that decides whether ``key`` applies: the task (for a task's setting,
     and the trainer), the PEFT method (LoRA's), ``eval`` (``holdout``) or the trainer
-    (``SFTConfig``'s own)."""
+    (a backend's own: ``SFTConfig``'s)."""
     name = RENAMED.get(key, key)
     if key == BACKEND_KEY or name in ARGUMENT_TASKS:
         return TASK_KEY
@@ -680,7 +682,7 @@ def _decider(key: str, sft_only: frozenset[str]) -> str | None:
         return "peft_method"
     if name == HOLDOUT_KEY:
         return EVAL_KEY
-    if key in sft_only:
+    if key in backend_only:
         return BACKEND_KEY
     return None
 
@@ -723,7 +725,7 @@ def _check_applicable(
             if layer != _DEFAULTS:
                 checks.applied.add((scenario.name, key))
             return
-        decider = _decider(key, checks.sft_only)
+        decider = _decider(key, checks.backend_only)
         swept_decider = (
             decider is not None
             and decider in swept
@@ -749,7 +751,7 @@ def _check_applicable(
             settle(
                 key,
                 inapplicable_argument(
-                    key, merged[key], task=task, backend="", arguments=merged, sft_only=frozenset()
+                    key, merged[key], task=task, backend="", arguments=merged, backend_only={}
                 ),
             )
     merged[TASK_KEY] = task
@@ -765,7 +767,7 @@ def _check_applicable(
                 task=task,
                 backend=backend,
                 arguments=merged,
-                sft_only=checks.sft_only,
+                backend_only=checks.backend_only,
             ),
         )
     return str(task)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -9,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.contract.argnames import SFT_FIELDS_FILE, sft_fields
 from orchestrator.contract.spec import RunSpec
+from orchestrator.contract.trainers import own_fields as saved_own_fields
+from orchestrator.contract.trainers import trainer
 from trainer_entry.errors import SpecError
 from trainer_entry.settings.parse import parse_arguments
 
@@ -32,9 +34,10 @@ def configure(tmp_path: Path, **arguments: Any) -> Any:
 def test_the_saved_sft_fields_match_the_installed_trl() -> None:
     import trl
 
-    saved = json.loads(SFT_FIELDS_FILE.read_text())
-    assert sft_fields() == own_fields(), (
-        f"{SFT_FIELDS_FILE.name} lists trl {saved['trl']}, installed is {trl.__version__}: "
+    saved_file = trainer("sft").own_fields_file
+    saved = json.loads(saved_file.read_text())
+    assert saved_own_fields("sft") == own_fields(), (
+        f"{saved_file.name} lists trl {saved['trl']}, installed is {trl.__version__}: "
         "run python -m trainer_entry.backends"
     )
 
@@ -216,8 +219,13 @@ def built(tmp_path: Path, **arguments: Any) -> tuple[Any, Any, Any]:
     settings = backend.configure(spec, parsed, on_gpu=False)
     task = get_task(parsed.task)
     loaded = load_model(parsed.model, parsed.peft, task=task, on_gpu=False, local_rank=0)
+    # as a run prepares it: with the backend's data settings
     data = task.prepare(
-        parsed, loaded.tokenizer, Path(spec.data_dir), as_given=False, model_config=None
+        dataclasses.replace(parsed, data=backend.data_settings(parsed)),
+        loaded.tokenizer,
+        Path(spec.data_dir),
+        as_given=False,
+        model_config=None,
     )
     whole = [
         (x.tolist(), y.tolist())

@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator.contract.argnames import BACKEND_KEY, unknown_argument
+from orchestrator.contract import trainers
+from orchestrator.contract.argnames import BACKEND_KEY, inapplicable_argument, unknown_argument
 from orchestrator.contract.result import load_result
 from orchestrator.contract.spec import RunSpec
+from orchestrator.contract.trainers import Trainer, trainer_names
 from trainer_entry import backends
-from trainer_entry.backends.base import TrainOutput, TrainSettings
+from trainer_entry.backends.base import TrainerBackend, TrainOutput, TrainSettings
 from trainer_entry.errors import SpecError
 from trainer_entry.settings.parse import ParsedArguments, parse_arguments
 
@@ -28,7 +30,7 @@ def test_the_default_backend_is_sft_and_a_name_must_be_registered() -> None:
         backends.backend_name({BACKEND_KEY: 3})
 
 
-@pytest.mark.parametrize("name", sorted(backends.BACKENDS))
+@pytest.mark.parametrize("name", trainer_names())
 def test_every_registered_backend_loads_and_has_the_protocol(name: str) -> None:
     backend = backends.get_backend(name)
     for method in ("argument_fields", "configure", "build"):
@@ -109,8 +111,9 @@ class _Loop:
         return TrainOutput({"train_runtime": runtime, "train_loss": log[-1]["loss"]}, log)
 
 
-class LoopBackend:
-    """What a new backend module holds: its arguments, its settings, its trainer."""
+class LoopBackend(TrainerBackend):
+    """What a new backend module holds: its arguments, its settings, its trainer (the
+    rest, such as its eval set and data settings, the Hugging Face defaults)."""
 
     def argument_fields(self) -> frozenset[str]:
         return frozenset({"max_steps", "per_device_train_batch_size", "learning_rate"})
@@ -153,8 +156,19 @@ def test_a_backend_is_one_module_and_one_registry_line(
 ) -> None:
     from trainer_entry.run import train
 
-    monkeypatch.setitem(backends.BACKENDS, "loop", f"{__name__}:LoopBackend")
-    monkeypatch.setitem(backends.TASK_BACKENDS, "causal-lm", ("sft", "hf", "loop"))
+    # the one registry line: its name, the tasks it trains, its module
+    loop = Trainer("loop", ("causal-lm",), f"{__name__}:LoopBackend", library="a plain loop")
+    monkeypatch.setattr(trainers, "TRAINERS", (*trainers.TRAINERS, loop))
+    # the planner knows it from that line: for the tasks it trains, and for no other
+    assert (
+        inapplicable_argument("trainer", "loop", task="causal-lm", backend="", arguments={}) is None
+    )
+    assert inapplicable_argument(
+        "trainer", "loop", task="seq-classification", backend="", arguments={}
+    ) == (
+        "trainer loop does not train task seq-classification; it runs with hf "
+        "(remove trainer for the default, hf)"
+    )
     spec = RunSpec(
         device="cpu",
         arguments={
@@ -182,3 +196,25 @@ def test_a_backend_is_one_module_and_one_registry_line(
     spec.arguments["lr_scheduler_type"] = "cosine"
     with pytest.raises(SpecError, match="unknown argument 'lr_scheduler_type'"):
         train.run(spec, {}, time.time())
+
+
+def test_a_backend_s_package_is_checked_before_the_training_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer_entry.settings.preflight import preflight
+
+    needy = Trainer(
+        "needy",
+        ("causal-lm",),
+        f"{__name__}:LoopBackend",
+        library="a plain loop",
+        needs="tunematrix_no_such_package",
+    )
+    monkeypatch.setattr(trainers, "TRAINERS", (*trainers.TRAINERS, needy))
+    spec = RunSpec(arguments={"model_name_or_path": "tiny-llama", BACKEND_KEY: "needy"})
+    with pytest.raises(SpecError) as err:
+        preflight(spec.resolve(tmp_path), models=False)
+    assert str(err.value) == (
+        "trainer needy needs tunematrix_no_such_package: pip install "
+        "tunematrix_no_such_package, or set trainer: hf"
+    )

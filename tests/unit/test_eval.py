@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ import pytest
 from orchestrator.contract.argnames import inapplicable_argument, unknown_argument
 from orchestrator.contract.spec import RunSpec
 from orchestrator.results import quality
+from trainer_entry.backends import get_backend
 from trainer_entry.data.holdout import holdout_count, holdout_indices, split_sequences
 from trainer_entry.data.tokenize import PreparedData
 from trainer_entry.errors import SpecError
@@ -82,7 +84,11 @@ def test_split_sequences_counts_each_part() -> None:
 
 def _task_data(tokenizer, data_dir: Path, **arguments):
     parsed = parse({"model_name_or_path": "tiny-llama", "trainer": "hf", **arguments})
-    return CausalLMTask().prepare(parsed, tokenizer, data_dir, as_given=False)
+    # as a run prepares it: with its backend's data settings
+    data = get_backend(parsed.backend).data_settings(parsed)
+    return CausalLMTask().prepare(
+        dataclasses.replace(parsed, data=data), tokenizer, data_dir, as_given=False
+    )
 
 
 def test_training_set_is_unchanged_without_eval(tiny_tokenizer, tmp_path) -> None:
@@ -331,7 +337,13 @@ def test_eval_loss_is_what_the_column_says(tiny_path, tiny_tokenizer, tmp_path, 
         data_collator=task.collator(tiny_tokenizer, parsed),
         processing_class=tiny_tokenizer,
     )
-    result = evaluate(SimpleNamespace(trainer=trainer), task=task, data=data, parsed=parsed)
+    result = evaluate(
+        SimpleNamespace(trainer=trainer),
+        task=task,
+        data=data,
+        parsed=parsed,
+        backend=get_backend("hf"),
+    )
     sums, counts, rows = [], [], []
     collator = task.collator(tiny_tokenizer, parsed)
     held = data.eval_examples

@@ -35,7 +35,9 @@ SFT_ONLY = frozenset({"padding_free", "packing_strategy", "packing", "max_length
 @pytest.fixture
 def sft_fields(monkeypatch: pytest.MonkeyPatch) -> None:
     """``SFTConfig``'s fields that ``TrainingArguments`` lacks, fixed for the test."""
-    monkeypatch.setattr(argnames, "sft_fields", lambda: SFT_ONLY)
+    monkeypatch.setattr(
+        argnames, "own_fields", lambda name: SFT_ONLY if name == "sft" else frozenset()
+    )
 
 
 def _check(
@@ -52,7 +54,7 @@ def _check(
         task=task,
         backend=backend,
         arguments=arguments or {},
-        sft_only=frozenset({"padding_free", "packing_strategy"}),
+        backend_only={"padding_free": ("sft",), "packing_strategy": ("sft",)},
     )
 
 
@@ -142,7 +144,10 @@ def test_trainer_and_task_names() -> None:
 def test_sft_only_settings_come_from_the_saved_sft_fields(sft_fields) -> None:
     # ours (packing, max_length) are mapped onto TRL's by the sft backend: every trainer
     # takes them; what only SFTConfig has is for trainer sft
-    assert argnames.sft_only_fields() == {"padding_free", "packing_strategy"}
+    assert argnames.backend_only_fields() == {
+        "padding_free": ("sft",),
+        "packing_strategy": ("sft",),
+    }
     message = inapplicable_argument(
         "packing_strategy", "bfd", task="causal-lm", backend="hf", arguments={}
     )

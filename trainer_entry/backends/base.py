@@ -16,6 +16,14 @@ backend:
   (``trainer_entry.data.collate.pop_counts``), at every optimizer step's end
   and at the end;
 - trains and returns its own metrics and log (``BuiltTrainer.train``).
+
+What a backend does differently from the Hugging Face ``Trainer`` besides has a
+default here, which a backend that subclasses ``TrainerBackend`` overrides: the
+data settings the task prepares with (``data_settings``: TRL truncates and packs
+itself), the held-out set as its trainer takes it (``eval_dataset``), notes on
+what its FLOPs figure overstates (``flops_notes``) and its configuration's own
+fields (``own_fields``). Which tasks it trains and what it needs installed are
+declared with it, in ``orchestrator.contract.trainers``.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from orchestrator.contract.spec import RunSpec
     from trainer_entry.measure.hooks import StepHooks
-    from trainer_entry.settings.parsed import ParsedArguments
+    from trainer_entry.settings.parsed import DataConfig, ParsedArguments
     from trainer_entry.tasks.base import Task, TaskData
 
 
@@ -100,3 +108,23 @@ class TrainerBackend(Protocol):
     ) -> BuiltTrainer:
         """The trainer, ready to train; ``hooks`` None: no measurement (instrumentation off)."""
         ...
+
+    def data_settings(self, parsed: ParsedArguments) -> DataConfig:
+        """The data settings the task prepares the records with (default: the run's own)."""
+        return parsed.data
+
+    def eval_dataset(self, task: Task, data: TaskData, parsed: ParsedArguments) -> Any:
+        """The held-out examples as this backend's trainer takes a dataset (default:
+        the task's dataset, as for training)."""
+        from trainer_entry.tasks.base import TaskData
+
+        return task.dataset(TaskData(examples=data.eval_examples, meta={}))
+
+    def flops_notes(self, model: Any, flops_per_token: float, parsed: ParsedArguments) -> list[str]:
+        """What the run's FLOPs figure overstates under this backend (default: nothing)."""
+        return []
+
+    def own_fields(self) -> frozenset[str]:
+        """The installed configuration's fields that ``TrainingArguments`` lacks (saved
+        by ``python -m trainer_entry.backends``; default: none)."""
+        return frozenset()

@@ -9,7 +9,7 @@ from transformers.utils import logging as hf_logging
 
 from orchestrator.contract.argnames import training_fields, training_fields_version
 from orchestrator.contract.spec import RunSpec
-from trainer_entry.backends.base import TrainOutput, TrainSettings
+from trainer_entry.backends.base import TrainerBackend, TrainOutput, TrainSettings
 from trainer_entry.data.collate import pop_counts
 from trainer_entry.measure.hooks import StepHooks
 from trainer_entry.settings import installed
@@ -143,7 +143,7 @@ def processing_class(trainer: type, tokenizer: Any) -> dict[str, Any]:
     return {name or "processing_class": tokenizer}
 
 
-class HFTrainerBackend:
+class HFTrainerBackend(TrainerBackend):
     """``transformers.Trainer`` configured by ``TrainingArguments``."""
 
     def argument_fields(self) -> frozenset[str]:

@@ -37,11 +37,12 @@ import pyarrow.compute as pc
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from orchestrator.contract.argnames import sft_fields, sft_fields_version, training_fields
+from orchestrator.contract import trainers
+from orchestrator.contract.argnames import training_fields
 from orchestrator.contract.packing import masked_note, masked_per_document, trl_strategy
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.backends import trl_cost
-from trainer_entry.backends.base import TrainSettings
+from trainer_entry.backends.base import TrainerBackend, TrainSettings
 from trainer_entry.backends.hf import (
     RUN_DEFAULTS,
     TRAINING_ARGUMENTS,
@@ -152,7 +153,9 @@ def _owner(key: str) -> Owner:
     """Whose setting ``key`` is: ``TrainingArguments``' (which ``SFTConfig`` takes as its
     base class's) or ``SFTConfig``'s own."""
     return (
-        TRAINING_ARGUMENTS if key in training_fields() and key not in sft_fields() else SFT_CONFIG
+        TRAINING_ARGUMENTS
+        if key in training_fields() and key not in trainers.own_fields("sft")
+        else SFT_CONFIG
     )
 
 
@@ -160,7 +163,8 @@ def _newer(key: str) -> str:
     """Which release takes a setting the installed one lacks (the saved lists')."""
     if _owner(key) is TRAINING_ARGUMENTS:
         return newer_field(key)
-    return f" (trl {sft_fields_version()}'s does)" if key in sft_fields() else ""
+    saved = trainers.own_fields("sft")
+    return f" (trl {trainers.own_fields_version('sft')}'s does)" if key in saved else ""
 
 
 def sft_kwargs(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> dict[str, Any]:
@@ -310,12 +314,12 @@ class SFTTrainerRun(TrainerRun):
         return [trl_cost.cost_note(cost, micro_batches=micro_batches, step_time_s=step)]
 
 
-class SFTTrainerBackend:
+class SFTTrainerBackend(TrainerBackend):
     """TRL's ``SFTTrainer`` configured by ``SFTConfig``."""
 
     def argument_fields(self) -> frozenset[str]:
         """``SFTConfig``'s fields (``TrainingArguments``' with them), installed and saved."""
-        return installed_fields() | training_fields() | sft_fields()
+        return installed_fields() | training_fields() | trainers.own_fields("sft")
 
     def arguments(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> dict[str, Any]:
         return sft_kwargs(spec, parsed, on_gpu)
@@ -361,3 +365,36 @@ class SFTTrainerBackend:
         if strategy is not None and masked_per_document(strategy, attn):
             parsed.notes.append(masked_note(strategy, attn))
         return SFTTrainerRun(trainer)
+
+    def data_settings(self, parsed: ParsedArguments) -> DataConfig:
+        """TRL truncates and packs itself where it can (``data_config``)."""
+        return data_config(parsed)
+
+    def eval_dataset(self, task: Task, data: TaskData, parsed: ParsedArguments) -> Any:
+        """TRL prepares (truncates, packs) the held-out set as it did the training set."""
+        return sft_dataset(data.eval_examples, parsed.data.completion_only_loss)
+
+    def flops_notes(self, model: Any, flops_per_token: float, parsed: ParsedArguments) -> list[str]:
+        """Under ``completion_only_loss`` TRL's fused LM head skips the prompt positions."""
+        return (
+            [masked_head_note(model, flops_per_token)] if parsed.data.completion_only_loss else []
+        )
+
+    def own_fields(self) -> frozenset[str]:
+        return own_fields()
+
+
+def masked_head_note(model: Any, flops_per_token: float) -> str:
+    """What FLOPs per token overstate under TRL's fused LM head with a prompt mask."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    share = (
+        f" (the LM head is at most {3 * 2 * weight.numel() / flops_per_token:.1%} of them)"
+        if weight is not None and flops_per_token
+        else ""
+    )
+    return (
+        "flops_per_token counts the LM head for every token, but under completion_only_loss "
+        "TRL's fused LM head skips the prompt positions, so flops_per_token and MFU are "
+        f"overstated by up to the LM head's share times the prompt share{share}"
+    )

@@ -22,7 +22,8 @@ from orchestrator.contract.result import (
 )
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.settings import installed
-from trainer_entry.backends.base import TrainSettings
+from trainer_entry.backends import get_backend
+from trainer_entry.backends.base import TrainerBackend, TrainSettings
 from trainer_entry.run.engine import EngineRecord, partitioned_flops_problem, zero3_build_note
 from trainer_entry.run.evaluate import EVAL_FIGURES, EvalResult, loss_trend
 from trainer_entry.measure.flops import (
@@ -77,12 +78,14 @@ def flops_figures(
     dtype: str | None,
     device_name: str | None,
     per_sample: set[int] | frozenset[int] = frozenset(),
+    backend: TrainerBackend | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(metrics, the result's ``flops`` record, notes) of FLOPs per token and MFU.
 
     FLOPs per token come from the sequence lengths fed in the measured steps
     (the rows each rank actually fed, a short last micro-batch included); a
-    figure that cannot be trusted is None, with a note saying why.
+    figure that cannot be trusted is None, with a note saying why. ``backend``: the
+    run's (default: the one ``parsed`` names), for what its FLOPs figure overstates.
     """
     steps = metrics.get("steps", 0)
     # the measured window's first step: after the warm-up and any profiled steps
@@ -132,25 +135,10 @@ def flops_figures(
             attention=flops.attention,
             recompute=flops.recompute,
         )
-    if flops is not None and parsed.backend == "sft" and parsed.data.completion_only_loss:
-        notes.append(_masked_head_note(model, flops.model_flops_per_token))
+    if flops is not None:
+        backend = backend or get_backend(parsed.backend)
+        notes += backend.flops_notes(model, flops.model_flops_per_token, parsed)
     return figures, record, notes + mfu_notes
-
-
-def _masked_head_note(model: Any, flops_per_token: float) -> str:
-    """What FLOPs per token overstate under TRL's fused LM head with a prompt mask."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    weight = getattr(head, "weight", None)
-    share = (
-        f" (the LM head is at most {3 * 2 * weight.numel() / flops_per_token:.1%} of them)"
-        if weight is not None and flops_per_token
-        else ""
-    )
-    return (
-        "flops_per_token counts the LM head for every token, but under completion_only_loss "
-        "TRL's fused LM head skips the prompt positions, so flops_per_token and MFU are "
-        f"overstated by up to the LM head's share times the prompt share{share}"
-    )
 
 
 def checkpointing_read_back(model: Any, settings: TrainSettings) -> tuple[TrainSettings, list[str]]:
@@ -193,34 +181,23 @@ def build_result(
     evaluation: EvalResult | None = None,
     profile: ProfileOutcome | None = None,
     steady: SteadyStop | None = None,
+    backend: TrainerBackend | None = None,
 ) -> ChildResult:
     """The result of a finished run, from every rank's records (``ranks``, ``stage_memory``).
 
     ``engine``: what trained (``trainer_entry.run.engine``); its devices per process
     make the device count (``DataParallel``: one process, several GPUs), which the
-    batch and the per-device figures count, not the processes.
+    batch and the per-device figures count, not the processes. ``backend``: the
+    run's (default: the one ``parsed`` names).
     """
     world = len(ranks)
     devices = world * (engine.devices_per_process if engine else 1)
     settings, checkpointing_notes = checkpointing_read_back(model, settings)
-    pd = settings.per_device_train_batch_size
-    ga = settings.gradient_accumulation_steps
     profile = profile or ProfileOutcome()
-    # the profiled steps (profile_steps) are left out of the window, like the warm-up
-    metrics = summarize(
-        ranks, parsed.measure.warmup_steps_excluded, devices=devices, profiled=profile.profiled
+    metrics, loss, measure_notes = window_figures(
+        spec, parsed, ranks, devices=devices, profile=profile, steady=steady,
+        log_history=log_history, evaluation=evaluation,
     )
-    metrics.update(profile.columns())
-    # how long it measured (a fixed max_steps or steady state) and how it stopped
-    measure_columns, measure_notes = measure_figures(spec, steady, metrics)
-    metrics.update(measure_columns)
-    loss = loss_summary(log_history)
-    # the loss trend over the measured steps, and eval's figures (eval: true)
-    metrics.update(loss_trend(log_history, metrics, losses=loss["loss_history"]))
-    metrics.update(dict.fromkeys(EVAL_FIGURES))
-    if evaluation is not None:
-        metrics.update(evaluation.figures)
-
     device_name = torch.cuda.get_device_name() if on_gpu else None
     dtype = loaded_info.get("dtype")
     flop_figures, flops_record, flops_notes = flops_figures(
@@ -232,6 +209,7 @@ def build_result(
         dtype=dtype,
         device_name=device_name,
         per_sample=task.per_sample_modules(model),
+        backend=backend,
     )
     shape_problem = (
         partitioned_flops_problem(model) if engine and engine.params_partitioned else None
@@ -245,50 +223,22 @@ def build_result(
     mem = stage_memory_figures(
         spec.memory_stages, hf_metrics, stage_memory[0] if stage_memory else {}
     )
-    runtime = hf_metrics.get("train_runtime")
-    rank0_padded = sum(ranks[0].step_padded_tokens)
-
     metrics.update(
-        train_runtime=runtime,
-        train_samples_per_second=hf_metrics.get("train_samples_per_second"),
-        train_steps_per_second=hf_metrics.get("train_steps_per_second"),
-        # HF's old definition: one device's tokens, padding included, over the whole run
-        train_tokens_per_second=rank0_padded / runtime if runtime else None,
-        train_loss=hf_metrics.get("train_loss"),
-        loss_first=loss["loss_first"],
-        loss_last=loss["loss_last"],
-        loss_mean_last10pct=loss["loss_mean_last10pct"],
+        **trainer_figures(hf_metrics, ranks, loss),
         **flop_figures,
-        mem_peak_torch_mem_alloc_in_bytes=mem["mem_peak_torch_mem_alloc_in_bytes"],
-        mem_torch_mem_alloc_in_bytes=mem["mem_torch_mem_alloc_in_bytes"],
-        mem_stage_source=mem["mem_stage_source"],
-        mem_load_peak_bytes=_max(m.get("mem_load_peak_bytes") for m in stage_memory),
-        torch_max_memory_allocated_bytes=_max(r.cuda_max_allocated_bytes for r in ranks),
-        torch_max_memory_reserved_bytes=_max(r.cuda_max_reserved_bytes for r in ranks),
-        mem_peak_rss_bytes=_max(r.peak_rss_bytes for r in ranks),
+        **memory_figures(mem, stage_memory, ranks),
     )
     notes = [
         *parsed.notes,
         *checkpointing_notes,
         *flops_notes,
         *(evaluation.notes if evaluation else []),
+        *profile.notes,
+        *measure_notes,
+        *run_notes(spec, parsed, engine, zero_init=zero_init, on_gpu=on_gpu),
     ]
-    notes.extend(profile.notes)
-    notes.extend(measure_notes)
-    if engine is not None:
-        notes.extend(engine.notes)
-        if engine.zero_stage == 3:
-            notes.append(zero3_build_note(zero_init))
-    if spec.memory_stages == "hf-tracker" and not on_gpu:
-        notes.append(
-            "HF's memory tracker is not run on the CPU: its polling thread would compete "
-            "with training for the cores it measures"
-        )
-    elif spec.memory_stages == "hf-tracker" and parsed.measure.instrumentation:
-        notes.append(
-            "hf-tracker: torch_max_memory_* cover all of train(), model wrapping included, "
-            "so HF's train stage is left as HF measures it"
-        )
+    pd = settings.per_device_train_batch_size
+    ga = settings.gradient_accumulation_steps
     return ChildResult(
         experiment_id=spec.experiment_id,
         cell_id=spec.cell_id,
@@ -335,6 +285,97 @@ def build_result(
         notes=notes,
         memory_stages=mem["stages"],
     )
+
+
+def window_figures(
+    spec: RunSpec,
+    parsed: ParsedArguments,
+    ranks: list[RankStats],
+    *,
+    devices: int,
+    profile: ProfileOutcome,
+    steady: SteadyStop | None,
+    log_history: list[dict[str, Any]],
+    evaluation: EvalResult | None,
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(metrics, the loss summary, notes) of the measured window: throughput and step
+    times, how long it measured and how it stopped, the loss trend and eval's figures."""
+    # the profiled steps (profile_steps) are left out of the window, like the warm-up
+    metrics = summarize(
+        ranks, parsed.measure.warmup_steps_excluded, devices=devices, profiled=profile.profiled
+    )
+    metrics.update(profile.columns())
+    # how long it measured (a fixed max_steps or steady state) and how it stopped
+    measure_columns, measure_notes = measure_figures(spec, steady, metrics)
+    metrics.update(measure_columns)
+    loss = loss_summary(log_history)
+    # the loss trend over the measured steps, and eval's figures (eval: true)
+    metrics.update(loss_trend(log_history, metrics, losses=loss["loss_history"]))
+    metrics.update(dict.fromkeys(EVAL_FIGURES))
+    if evaluation is not None:
+        metrics.update(evaluation.figures)
+    return metrics, loss, measure_notes
+
+
+def trainer_figures(
+    hf_metrics: Mapping[str, Any], ranks: list[RankStats], loss: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The trainer's own figures over the whole run, and the loss's first and last."""
+    runtime = hf_metrics.get("train_runtime")
+    rank0_padded = sum(ranks[0].step_padded_tokens)
+    return {
+        "train_runtime": runtime,
+        "train_samples_per_second": hf_metrics.get("train_samples_per_second"),
+        "train_steps_per_second": hf_metrics.get("train_steps_per_second"),
+        # HF's old definition: one device's tokens, padding included, over the whole run
+        "train_tokens_per_second": rank0_padded / runtime if runtime else None,
+        "train_loss": hf_metrics.get("train_loss"),
+        "loss_first": loss["loss_first"],
+        "loss_last": loss["loss_last"],
+        "loss_mean_last10pct": loss["loss_mean_last10pct"],
+    }
+
+
+def memory_figures(
+    mem: Mapping[str, Any], stage_memory: Sequence[Mapping[str, Any]], ranks: list[RankStats]
+) -> dict[str, Any]:
+    """The memory figures: rank 0's stages (``mem``), and every rank's peaks, the fullest."""
+    return {
+        "mem_peak_torch_mem_alloc_in_bytes": mem["mem_peak_torch_mem_alloc_in_bytes"],
+        "mem_torch_mem_alloc_in_bytes": mem["mem_torch_mem_alloc_in_bytes"],
+        "mem_stage_source": mem["mem_stage_source"],
+        "mem_load_peak_bytes": _max(m.get("mem_load_peak_bytes") for m in stage_memory),
+        "torch_max_memory_allocated_bytes": _max(r.cuda_max_allocated_bytes for r in ranks),
+        "torch_max_memory_reserved_bytes": _max(r.cuda_max_reserved_bytes for r in ranks),
+        "mem_peak_rss_bytes": _max(r.peak_rss_bytes for r in ranks),
+    }
+
+
+def run_notes(
+    spec: RunSpec,
+    parsed: ParsedArguments,
+    engine: EngineRecord | None,
+    *,
+    zero_init: bool,
+    on_gpu: bool,
+) -> list[str]:
+    """The notes on what trained (the engine's) and on how memory was measured."""
+    notes: list[str] = []
+    if engine is not None:
+        notes.extend(engine.notes)
+        if engine.zero_stage == 3:
+            notes.append(zero3_build_note(zero_init))
+    if spec.memory_stages == "hf-tracker" and not on_gpu:
+        notes.append(
+            "HF's memory tracker is not run on the CPU: its polling thread would compete "
+            "with training for the cores it measures"
+        )
+    elif spec.memory_stages == "hf-tracker" and parsed.measure.instrumentation:
+        notes.append(
+            "hf-tracker: torch_max_memory_* cover all of train(), model wrapping included, "
+            "so HF's train stage is left as HF measures it"
+        )
+    return notes
 
 
 def _max(values: Iterable[int | None]) -> int | None:

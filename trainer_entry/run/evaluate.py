@@ -50,6 +50,7 @@ from trainer_entry.data.collate import pop_counts
 from trainer_entry.measure.steps import first_measured_step
 
 if TYPE_CHECKING:
+    from trainer_entry.backends.base import TrainerBackend
     from trainer_entry.settings.parsed import ParsedArguments
     from trainer_entry.tasks.base import Task, TaskData
 
@@ -169,21 +170,12 @@ def accuracy(prediction: Any) -> dict[str, float]:
     return {"accuracy": float((np.asarray(logits).argmax(axis=-1) == labels).mean())}
 
 
-def eval_dataset(task: Task, data: TaskData, parsed: ParsedArguments) -> Any:
-    """The held-out examples as the trainer takes its training set."""
-    from trainer_entry.tasks.base import TaskData
-
-    if parsed.backend == "sft":  # TRL prepares (truncates, packs) it as it did the training set
-        from trainer_entry.backends.sft import sft_dataset
-
-        return sft_dataset(data.eval_examples, parsed.data.completion_only_loss)
-    return task.dataset(TaskData(examples=data.eval_examples, meta={}))
-
-
-def evaluate(built: Any, *, task: Task, data: TaskData, parsed: ParsedArguments) -> EvalResult:
+def evaluate(
+    built: Any, *, task: Task, data: TaskData, parsed: ParsedArguments, backend: TrainerBackend
+) -> EvalResult:
     """Run the trainer's ``evaluate()`` on the held-out examples (every rank calls it).
 
-    ``built``: the backend's trainer after ``train()``. A backend without a
+    ``built``: ``backend``'s trainer after ``train()``. A backend without a
     Hugging Face ``Trainer`` gets no figures and a note saying so.
     """
     from transformers import Trainer
@@ -195,7 +187,7 @@ def evaluate(built: Any, *, task: Task, data: TaskData, parsed: ParsedArguments)
         )
     if data.eval_examples is None:
         raise RuntimeError("eval: the task prepared no held-out examples")
-    dataset = eval_dataset(task, data, parsed)
+    dataset = backend.eval_dataset(task, data, parsed)
     args = trainer.args
     saved = (trainer.data_collator, trainer.compute_metrics, args.per_device_eval_batch_size)
     trainer.data_collator = WithoutCounts(trainer.data_collator)

@@ -1,7 +1,8 @@
 """One training run: arguments, model, data, the backend's trainer, measurement, the result.
 
 The same for every trainer backend (``trainer_entry.backends``): the backend
-builds and runs the trainer, this module does everything around it.
+builds and runs the trainer, this module does everything around it. ``run``
+reads as the steps of a run, in order; each step is a function below it.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +19,23 @@ import torch
 from orchestrator.contract.result import ChildResult, timestamp, write_result
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.backends import backend_name, get_backend
-from trainer_entry.backends.base import TrainerBackend
+from trainer_entry.backends.base import BuiltTrainer, TrainerBackend, TrainSettings
 from trainer_entry.errors import SpecError
 from trainer_entry.measure.hooks import StepHooks
 from trainer_entry.measure.memory import MemoryCounters, memory_stages, peak_rss_bytes
-from trainer_entry.measure.profile import profile_outcome, step_profiler
+from trainer_entry.measure.profile import (
+    ProfileOutcome,
+    StepProfiler,
+    profile_outcome,
+    step_profiler,
+)
 from trainer_entry.measure.progressfile import ProgressFile
-from trainer_entry.measure.steadystop import steady_stop, with_step_cap
+from trainer_entry.measure.steadystop import SteadyStop, steady_stop, with_step_cap
 from trainer_entry.measure.steps import RankStats, StepRecorder
-from trainer_entry.models.load import config_placement, fsdp_loading, load_model
+from trainer_entry.models.load import LoadedModel, config_placement, fsdp_loading, load_model
 from trainer_entry.results.finished import build_result
 from trainer_entry.run.engine import (
+    EngineRecord,
     built_by_zero_init,
     check_devices,
     check_engine,
@@ -39,7 +47,9 @@ from trainer_entry.run.engine import (
 )
 from trainer_entry.run.evaluate import evaluate
 from trainer_entry.settings.parse import check_launch_env, parse_arguments
+from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.tasks import get_task, task_name
+from trainer_entry.tasks.base import Task, TaskData
 
 
 def distributed_env() -> tuple[int, int, int]:
@@ -89,22 +99,96 @@ def run(
     ``backend`` is the one the spec names (``load_backend``), given by a caller
     that imports it ahead to time the import.
     """
-    rank, world, local_rank = distributed_env()
     started_at = timestamp()
     # steady state: the trainer's max_steps is the cap, the hooks stop it earlier
     spec = with_step_cap(spec)
-    backend = backend or load_backend(spec)
+    job = configure(spec, backend or load_backend(spec))
+    loaded, zero_init = load(job, timings)
+    data = prepare_data(job, loaded, timings)
+    measuring = instrument(job)
+    trainer, engine_note = build_trainer(job, loaded, data, measuring, timings)
+
+    output = trainer.train()
+    engine = engine_record(
+        loaded.model,
+        devices_per_process=job.per_process,
+        notes=(engine_note,) if engine_note else (),
+    )
+    stats = read_peaks(job, measuring.recorder.stats, engine)
+    after_training = getattr(trainer, "after_training", None)
+    if job.rank == 0 and after_training is not None:
+        # measured after training's figures are read: none of it is training's
+        job.parsed.notes.extend(after_training(stats, job.settings.gradient_accumulation_steps))
+    # eval: true, on every rank, once training's figures are read (none of it is training's)
+    evaluation = (
+        evaluate(trainer, task=job.task, data=data, parsed=job.parsed, backend=job.backend)
+        if job.parsed.evaluation.enabled
+        else None
+    )
+    ranks, stage_memory, profile = gather_ranks(job, stats, measuring)
+    if job.rank != 0:
+        return None
+
+    if stats.first_step_s is not None and stats.first_step_end_unix is not None:
+        timings["first_step_s"] = stats.first_step_s
+        timings["time_to_first_step_s"] = stats.first_step_end_unix - process_start
+    result = build_result(
+        spec=spec,
+        parsed=job.parsed,
+        settings=job.settings,
+        task=job.task,
+        ranks=ranks,
+        loaded_info=loaded.info,
+        data_meta=data.meta,
+        hf_metrics=output.metrics,
+        log_history=output.log_history,
+        model=loaded.model,
+        on_gpu=job.on_gpu,
+        timings=timings,
+        started_at=started_at,
+        stage_memory=stage_memory,
+        engine=engine,
+        zero_init=zero_init,
+        evaluation=evaluation,
+        profile=profile,
+        steady=measuring.steady,
+        backend=job.backend,
+    )
+    write_result(Path(spec.result_path), result)
+    return result
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a run is set to do, settled before anything loads."""
+
+    spec: RunSpec
+    backend: TrainerBackend
+    parsed: ParsedArguments
+    settings: TrainSettings
+    task: Task
+    on_gpu: bool
+    #: the devices each process drives (several under DataParallel)
+    per_process: int
+    #: counters at stage boundaries, on GPUs, unless measurement is off
+    memory: MemoryCounters | None
+    rank: int
+    world: int
+    local_rank: int
+
+
+def configure(spec: RunSpec, backend: TrainerBackend) -> Job:
+    """The run's settings, checked before loading anything: a bad argument, or a job
+    given another number of GPUs than its cell, fails now."""
+    rank, world, local_rank = distributed_env()
     parsed = parse_arguments(spec, backend.argument_fields())
     check_launch_env(os.environ)
     on_gpu = _on_gpu(spec)
     if on_gpu:
         torch.cuda.set_device(local_rank)
     settings = backend.configure(spec, parsed, on_gpu=on_gpu)
-    # before loading anything: a job given another number of GPUs than its cell fails now
     per_process = devices_per_process(settings.native, on_gpu=on_gpu)
     check_devices(spec.num_gpus, world, per_process, on_gpu=on_gpu)
-    task = get_task(parsed.task)
-    # counters at stage boundaries, on GPUs, unless measurement is off
     memory = (
         MemoryCounters(
             torch.cuda.memory_allocated,
@@ -115,162 +199,179 @@ def run(
         if on_gpu and parsed.measure.instrumentation
         else None
     )
-    fsdp, broadcast = fsdp_loading(os.environ, settings.fsdp)
-    placement = config_placement(on_gpu=on_gpu, fsdp=fsdp, broadcast=broadcast, rank=rank)
+    return Job(
+        spec=spec,
+        backend=backend,
+        parsed=parsed,
+        settings=settings,
+        task=get_task(parsed.task),
+        on_gpu=on_gpu,
+        per_process=per_process,
+        memory=memory,
+        rank=rank,
+        world=world,
+        local_rank=local_rank,
+    )
 
+
+def load(job: Job, timings: dict[str, float]) -> tuple[LoadedModel, bool]:
+    """The model (with its adapters) and its tokenizer, timed (``model_load_s``), and
+    whether ZeRO-3 with zero3_init_flag built it already in shards (``deepspeed.zero.Init``).
+    """
+    fsdp, broadcast = fsdp_loading(os.environ, job.settings.fsdp)
+    placement = config_placement(on_gpu=job.on_gpu, fsdp=fsdp, broadcast=broadcast, rank=job.rank)
     # the run's seed before the model is built, not only at the trainer's start: what
     # the framework's setup drew from the generator (DeepSpeed's does) must not change
     # a LoRA adapter's or a config: model's initial weights
-    seed_before_load(settings.native)
+    seed_before_load(job.settings.native)
     t = time.perf_counter()
-    if memory is not None:
-        memory.mark("load_begin")
+    if job.memory is not None:
+        job.memory.mark("load_begin")
     loaded = load_model(
-        parsed.model,
-        parsed.peft,
-        task=task,
-        task_kwargs=task.model_kwargs(parsed),
-        search_path=spec.python_path,
-        on_gpu=on_gpu,
-        local_rank=local_rank,
+        job.parsed.model,
+        job.parsed.peft,
+        task=job.task,
+        task_kwargs=job.task.model_kwargs(job.parsed),
+        search_path=job.spec.python_path,
+        on_gpu=job.on_gpu,
+        local_rank=job.local_rank,
         placement=placement,
     )
     timings["model_load_s"] = time.perf_counter() - t
-    # ZeRO-3 with zero3_init_flag builds the model already in shards (deepspeed.zero.Init)
-    zero_init = built_by_zero_init(loaded.model)
+    return loaded, built_by_zero_init(loaded.model)
 
+
+def prepare_data(job: Job, loaded: LoadedModel, timings: dict[str, float]) -> TaskData:
+    """The task's examples, prepared with the backend's data settings (TRL truncates
+    and packs itself), timed (``data_prep_s``)."""
     t = time.perf_counter()
-    data = task.prepare(
-        parsed,
+    data = job.task.prepare(
+        replace(job.parsed, data=job.backend.data_settings(job.parsed)),
         loaded.tokenizer,
-        Path(spec.data_dir),
-        as_given=spec.no_data_processing,
+        Path(job.spec.data_dir),
+        as_given=job.spec.no_data_processing,
         model_config=loaded.model.config,
     )
     timings["data_prep_s"] = time.perf_counter() - t
+    return data
 
-    model = loaded.model
-    if settings.activation_checkpointing and parsed.peft.method is not None:
-        # frozen embeddings: checkpointed blocks need an input that requires grad
-        model.enable_input_require_grads()
 
-    recorder = StepRecorder(rank, sync=torch.cuda.synchronize if on_gpu else None)
-    profiler = step_profiler(spec, parsed, rank=rank, world=world, on_gpu=on_gpu)
-    steady = steady_stop(spec, parsed.measure.warmup_steps_excluded, profiler, on_gpu=on_gpu)
+@dataclass(frozen=True)
+class Measuring:
+    """What measures the run while it trains; ``hooks`` None: instrumentation is off."""
+
+    recorder: StepRecorder
+    profiler: StepProfiler | None
+    steady: SteadyStop | None
+    hooks: StepHooks | None
+
+
+def instrument(job: Job) -> Measuring:
+    """The step clock, the opt-in profiler and steady-state stop, and the hooks the
+    backend calls (with the progress file, rank 0's alone: it needs no collective)."""
+    spec, parsed = job.spec, job.parsed
+    recorder = StepRecorder(job.rank, sync=torch.cuda.synchronize if job.on_gpu else None)
+    profiler = step_profiler(spec, parsed, rank=job.rank, world=job.world, on_gpu=job.on_gpu)
+    steady = steady_stop(spec, parsed.measure.warmup_steps_excluded, profiler, on_gpu=job.on_gpu)
+    progress = (
+        ProgressFile(
+            Path(spec.progress_path),
+            world_size=job.world,
+            warmup_steps=parsed.measure.warmup_steps_excluded,
+        )
+        if job.rank == 0 and spec.progress_path
+        else None
+    )
     hooks = (
         StepHooks(
             recorder,
-            memory,
+            job.memory,
             # HF's tracker measures train() from its start; a reset inside would cut its peak
             reset_peak_at_begin=spec.memory_stages != "hf-tracker",
-            # rank 0 alone: the parent's progress line needs no collective
-            progress=ProgressFile(
-                Path(spec.progress_path),
-                world_size=world,
-                warmup_steps=parsed.measure.warmup_steps_excluded,
-            )
-            if rank == 0 and spec.progress_path
-            else None,
+            progress=progress,
             profiler=profiler,
             steady=steady,
         )
         if parsed.measure.instrumentation
         else None
     )
+    return Measuring(recorder, profiler, steady, hooks)
+
+
+def build_trainer(
+    job: Job,
+    loaded: LoadedModel,
+    data: TaskData,
+    measuring: Measuring,
+    timings: dict[str, float],
+) -> tuple[BuiltTrainer, str | None]:
+    """The backend's trainer, timed (``trainer_init_s``), and a note when the launch
+    overrode the framework its accelerate config names."""
+    model = loaded.model
+    if job.settings.activation_checkpointing and job.parsed.peft.method is not None:
+        # frozen embeddings: checkpointed blocks need an input that requires grad
+        model.enable_input_require_grads()
     t = time.perf_counter()
-    if memory is not None:
-        memory.mark("init_begin")
-    trainer = backend.build(
-        settings,
+    if job.memory is not None:
+        job.memory.mark("init_begin")
+    trainer = job.backend.build(
+        job.settings,
         model=model,
         tokenizer=loaded.tokenizer,
-        task=task,
+        task=job.task,
         data=data,
-        parsed=parsed,
-        hooks=hooks,
+        parsed=job.parsed,
+        hooks=measuring.hooks,
     )
-    if memory is not None:
-        memory.mark("init_end")
+    if job.memory is not None:
+        job.memory.mark("init_end")
     timings["trainer_init_s"] = time.perf_counter() - t
     # a config naming DeepSpeed or FSDP that the launch overrode would train as something else
     engine_note = check_engine(
-        configured_type(spec.accelerate_config), running_type(), on_gpu=on_gpu
+        configured_type(job.spec.accelerate_config), running_type(), on_gpu=job.on_gpu
     )
+    return trainer, engine_note
 
-    output = trainer.train()
-    engine = engine_record(
-        model,
-        devices_per_process=per_process,
-        notes=(engine_note,) if engine_note else (),
-    )
 
-    stats = recorder.stats
+def read_peaks(job: Job, stats: RankStats, engine: EngineRecord) -> RankStats:
+    """``stats`` with this process's peak RSS and, on GPUs, training's memory peaks."""
     stats.peak_rss_bytes = peak_rss_bytes()
-    if memory is not None:
-        # since the reset at the start of training: training's peak, not loading's
-        # (under DataParallel, the fullest of the GPUs this process drove: GPU 0 holds
-        # the master copy and gathers the outputs; the others hold replicas)
-        # (one device per process: this rank's own, set from LOCAL_RANK above)
-        devices = (
-            range(engine.devices_per_process)
-            if engine.devices_per_process > 1
-            else [torch.cuda.current_device()]
-        )
-        stats.cuda_max_allocated_bytes = max(
-            int(torch.cuda.max_memory_allocated(d)) for d in devices
-        )
-        stats.cuda_max_reserved_bytes = max(int(torch.cuda.max_memory_reserved(d)) for d in devices)
-    after_training = getattr(trainer, "after_training", None)
-    if rank == 0 and after_training is not None:
-        # measured after training's figures are read: none of it is training's
-        parsed.notes.extend(after_training(stats, settings.gradient_accumulation_steps))
-    # eval: true, on every rank, once training's figures are read (none of it is training's)
-    evaluation = (
-        evaluate(trainer, task=task, data=data, parsed=parsed)
-        if parsed.evaluation.enabled
-        else None
+    if job.memory is None:
+        return stats
+    # since the reset at the start of training: training's peak, not loading's (under
+    # DataParallel, the fullest of the GPUs this process drove: GPU 0 holds the master
+    # copy and gathers the outputs; the others hold replicas; one device per process:
+    # this rank's own, set from LOCAL_RANK)
+    devices = (
+        range(engine.devices_per_process)
+        if engine.devices_per_process > 1
+        else [torch.cuda.current_device()]
     )
-    # one collective for all: each rank's step records, its memory stages and (profiled
-    # runs only) its figures from its own trace, read back after training
+    stats.cuda_max_allocated_bytes = max(int(torch.cuda.max_memory_allocated(d)) for d in devices)
+    stats.cuda_max_reserved_bytes = max(int(torch.cuda.max_memory_reserved(d)) for d in devices)
+    return stats
+
+
+def gather_ranks(
+    job: Job, stats: RankStats, measuring: Measuring
+) -> tuple[list[RankStats], list[dict[str, int | None]], ProfileOutcome]:
+    """Every rank's step records and memory stages, and the profile's outcome.
+
+    One collective for all: each rank's records, its memory stages and (profiled runs
+    only) its figures from its own trace, read back after training.
+    """
+    memory, profiler = job.memory, measuring.profiler
     gathered = _gather_object(
         (
             stats.as_dict(),
             memory_stages(memory.readings) if memory else {},
             profiler.figures() if profiler else None,
         ),
-        world,
+        job.world,
     )
     ranks = [RankStats(**record) for record, _, _ in gathered]
     stage_memory = [stages for _, stages, _ in gathered]
     profile = profile_outcome(
-        spec, profiler, [figures for _, _, figures in gathered] if profiler else []
+        job.spec, profiler, [figures for _, _, figures in gathered] if profiler else []
     )
-    if rank != 0:
-        return None
-
-    if stats.first_step_s is not None and stats.first_step_end_unix is not None:
-        timings["first_step_s"] = stats.first_step_s
-        timings["time_to_first_step_s"] = stats.first_step_end_unix - process_start
-    result = build_result(
-        spec=spec,
-        parsed=parsed,
-        settings=settings,
-        task=task,
-        ranks=ranks,
-        loaded_info=loaded.info,
-        data_meta=data.meta,
-        hf_metrics=output.metrics,
-        log_history=output.log_history,
-        model=model,
-        on_gpu=on_gpu,
-        timings=timings,
-        started_at=started_at,
-        stage_memory=stage_memory,
-        engine=engine,
-        zero_init=zero_init,
-        evaluation=evaluation,
-        profile=profile,
-        steady=steady,
-    )
-    write_result(Path(spec.result_path), result)
-    return result
+    return ranks, stage_memory, profile

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from orchestrator.contract.modelnames import hub_offline
 from orchestrator.contract.spec import RunSpec
+from orchestrator.contract.trainers import task_backends, trainer
 from trainer_entry.data.load import LOCAL_SUFFIXES
 from trainer_entry.errors import SpecError
 from trainer_entry.models.custom import check_findable
@@ -25,8 +26,7 @@ def preflight(spec: RunSpec, *, models: bool = True) -> ParsedArguments:
     """The checks; ``models=False`` leaves the model to the caller (the check before
     launch resolves each model once, ``trainer_entry.models.resolve``)."""
     parsed = parse_arguments(spec, check_names=False)
-    if parsed.backend == "sft" and importlib.util.find_spec("trl") is None:
-        raise SpecError("trainer sft needs trl: pip install trl, or set trainer: hf")
+    _check_backend_needs(parsed)
     if parsed.peft.method == "qlora" and spec.device == "cpu":
         raise SpecError(
             "peft_method qlora needs a CUDA GPU (4-bit bitsandbytes); this run is on the CPU"
@@ -59,3 +59,22 @@ def _check_python_model(spec: RunSpec, parsed: ParsedArguments) -> None:
             f"model_kwargs are the keyword arguments of a python:<module>:<function> model; "
             f"model '{name}' takes none"
         )
+
+
+def _check_backend_needs(parsed: ParsedArguments) -> None:
+    """The package the run's trainer backend needs besides the stack, found without
+    importing it; the error names a backend of the task that needs none."""
+    declared = trainer(parsed.backend)
+    if declared is None or declared.needs is None:
+        return
+    if importlib.util.find_spec(declared.needs) is not None:
+        return
+    others = [
+        name
+        for name in task_backends(parsed.task)
+        if name != declared.name and (other := trainer(name)) is not None and other.needs is None
+    ]
+    instead = f", or set trainer: {others[0]}" if others else ""
+    raise SpecError(
+        f"trainer {declared.name} needs {declared.needs}: pip install {declared.needs}{instead}"
+    )

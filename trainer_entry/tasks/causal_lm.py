@@ -50,11 +50,9 @@ class CausalLMTask:
         as_given: bool,
         model_config: Any = None,
     ) -> TaskData:
+        # the trainer backend's data settings (``TrainerBackend.data_settings``: TRL
+        # truncates and packs itself)
         cfg = parsed.data
-        if parsed.backend == "sft":  # TRL's SFTTrainer truncates and packs
-            from trainer_entry.backends.sft import data_config
-
-            cfg = data_config(parsed)
         split = parsed.evaluation.enabled
         # eval: split documents, then pack each part, so no document is in both
         load_cfg = (
