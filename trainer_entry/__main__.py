@@ -100,6 +100,7 @@ def _main(argv: "list[str] | None") -> int:
         print(f"trainer_entry: error: {exc}", file=sys.stderr)
         return 2
 
+    from orchestrator.contract.outcome import Status
     from trainer_entry.results.failure import is_oom, write_failure
 
     process_start = _process_start()
@@ -126,7 +127,7 @@ def _main(argv: "list[str] | None") -> int:
 
         if not isinstance(exc, SpecError):
             traceback.print_exc()
-        status = "oom" if is_oom(exc) else "failed"
+        status: Status = "oom" if is_oom(exc) else "failed"
         line = write_failure(spec, status, exc, timings)
         print(f"trainer_entry: error: {line}", file=sys.stderr)
         return 1

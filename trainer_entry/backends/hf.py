@@ -139,7 +139,7 @@ def installed_fields() -> frozenset[str]:
 
 def processing_class(trainer: type, tokenizer: Any) -> dict[str, Any]:
     """``trainer``'s keyword for the tokenizer (``processing_class``; ``tokenizer`` before)."""
-    name = installed.installed_name("processing_class", installed.parameters(trainer.__init__))
+    name = installed.installed_name("processing_class", installed.parameters(trainer))
     return {name or "processing_class": tokenizer}
 
 

@@ -283,6 +283,9 @@ class CountingCollator:
 class BenchSFTTrainer(SFTTrainer):
     """An ``SFTTrainer`` that hands the hooks what every micro-batch fed."""
 
+    #: the collator TRL chose, wrapped (``SFTTrainer``'s attribute)
+    data_collator: Any
+
     def __init__(self, *args: Any, hooks: StepHooks | None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._hooks = hooks

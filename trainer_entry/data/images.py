@@ -96,7 +96,8 @@ def _stripes(direction: str) -> _Shape:
     def draw(rng: np.random.Generator, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         period, phase = rng.uniform(0.15, 0.35), rng.uniform(0.0, 1.0)
         coord = {"h": y, "v": x, "d": (x + y) / math.sqrt(2.0)}[direction]
-        return ((coord / period + phase) % 1.0 < 0.5).astype(np.float32)
+        stripes: np.ndarray = ((coord / period + phase) % 1.0 < 0.5).astype(np.float32)
+        return stripes
 
     return draw
 
@@ -104,7 +105,8 @@ def _stripes(direction: str) -> _Shape:
 def _checkerboard(rng: np.random.Generator, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     cells = int(rng.integers(2, 6))
     ox, oy = rng.uniform(0.0, 1.0, 2)
-    return ((np.floor(x * cells + ox) + np.floor(y * cells + oy)) % 2).astype(np.float32)
+    board: np.ndarray = (np.floor(x * cells + ox) + np.floor(y * cells + oy)) % 2
+    return board.astype(np.float32)
 
 
 def _centre(rng: np.random.Generator, low: float, high: float) -> tuple[float, float, float]:

@@ -90,11 +90,12 @@ def load_records(cfg: DataConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]
         if not path.is_file():
             raise SpecError(f"dataset file not found: {path}")
         records = file_records(path)
-        identity = {
+        identity: dict[str, Any] = {
             "file": path.name,
             "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         }
     else:
+        assert name is not None  # no name: the shipped file, local
         ds = load_hub_dataset(name, cfg)
         records = [dict(r) for r in ds]
         identity = {

@@ -110,7 +110,9 @@ def tokenizer_identity(tokenizer: Any) -> str:
 
 
 def sequences(
-    tokenized: Iterable[tuple[list[int], list[int]]], cfg: DataConfig, meta: dict[str, Any]
+    tokenized: Iterable[tuple[Sequence[int] | np.ndarray, Sequence[int] | np.ndarray]],
+    cfg: DataConfig,
+    meta: dict[str, Any],
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Truncated (or packed) sequences and their labels; what was cut goes into ``meta``."""
     ids_out: list[np.ndarray] = []

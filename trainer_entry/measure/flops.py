@@ -340,7 +340,7 @@ def _fp32_matmuls_in_tf32() -> bool:
     if precision is not None:
         # torch >= 2.9; the legacy query raises once the new API has been used
         return str(precision) == "tf32"
-    return torch.get_float32_matmul_precision() != "highest"
+    return bool(torch.get_float32_matmul_precision() != "highest")
 
 
 def compute_mode(

@@ -144,10 +144,11 @@ def dtype_keyword() -> str:
     before)."""
     from transformers import PretrainedConfig
 
+    config_class: type = PretrainedConfig
     fields = (
-        installed.init_fields(PretrainedConfig)
-        if dataclasses.is_dataclass(PretrainedConfig)
-        else installed.parameters(PretrainedConfig.__init__)
+        installed.init_fields(config_class)
+        if dataclasses.is_dataclass(config_class)
+        else installed.parameters(config_class)
     )
     return installed.installed_name("dtype", fields) or installed.spellings("dtype")[-1]
 
@@ -361,7 +362,6 @@ def _init_owners(model: Any) -> list[tuple[Any, Any]]:
     return out
 
 
-@torch.no_grad()
 def draw_weights(model: Any, device: torch.device | str) -> None:
     """Draw an uninitialised model's weights with its own ``_init_weights``, one module at
     a time on ``device``, each module's tensors moved back where they were.
@@ -370,6 +370,15 @@ def draw_weights(model: Any, device: torch.device | str) -> None:
     ``device`` never holds more than one module's tensors (the largest is the
     embedding); its cache is emptied after, so no loading spike is left behind.
     """
+    with torch.no_grad():
+        _draw_each_module(model, device)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _draw_each_module(model: Any, device: torch.device | str) -> None:
     for module, owner in _init_owners(model):
         params = dict(module.named_parameters(recurse=False))
         buffers = {k: v for k, v in module.named_buffers(recurse=False) if v is not None}
@@ -385,10 +394,6 @@ def draw_weights(model: Any, device: torch.device | str) -> None:
             p.data = p.data.to(home[name])
         for name in buffers:
             module._buffers[name] = module._buffers[name].to(home[name])
-    if hasattr(model, "tie_weights"):
-        model.tie_weights()
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def _weights_drawn(draw: bool) -> contextlib.AbstractContextManager[Any]:
@@ -397,7 +402,8 @@ def _weights_drawn(draw: bool) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
     from transformers.initialization import no_init_weights
 
-    return no_init_weights()
+    switch: contextlib.AbstractContextManager[Any] = no_init_weights()
+    return switch
 
 
 def _qlora_quantization(on_gpu: bool, dtype: torch.dtype | str, kind: str) -> Any:

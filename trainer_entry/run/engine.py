@@ -185,7 +185,8 @@ def partitioned_flops_problem(model: Any) -> str | None:
 def _conv_type() -> type:
     import torch
 
-    return torch.nn.modules.conv._ConvNd
+    conv: type = torch.nn.modules.conv._ConvNd
+    return conv
 
 
 def zero3_build_note(zero_init: bool) -> str:

@@ -43,7 +43,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from orchestrator.contract.argnames import CLASSIFICATION_TASKS
 from trainer_entry.data.collate import pop_counts
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 PERPLEXITY_TASKS = ("causal-lm",)
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -215,18 +215,18 @@ def eval_figures(
     """The columns from the Trainer's eval metrics (``eval_loss``, ``eval_accuracy``)."""
     result = EvalResult()
     loss = metrics.get("eval_loss")
-    finite = _finite(loss)
-    if loss is not None and not finite:
+    finite = float(loss) if _finite(loss) else None
+    if loss is not None and finite is None:
         result.notes.append(f"eval: the eval loss is {loss}: the model diverged")
     perplexity = None
-    if finite and task in PERPLEXITY_TASKS:
+    if finite is not None and task in PERPLEXITY_TASKS:
         try:
-            perplexity = math.exp(float(loss))
+            perplexity = math.exp(finite)
         except OverflowError:
             result.notes.append(f"eval: perplexity exp({loss}) overflows; left empty")
     acc = metrics.get("eval_accuracy")
     result.figures = {
-        "eval_loss": float(loss) if finite else None,
+        "eval_loss": finite,
         "perplexity": perplexity,
         "eval_accuracy": float(acc) if _finite(acc) else None,
         "eval_runtime": runtime_s,

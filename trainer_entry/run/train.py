@@ -71,7 +71,7 @@ def _on_gpu(spec: RunSpec) -> bool:
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r})"
             )
         return True
-    return torch.cuda.is_available()
+    return bool(torch.cuda.is_available())
 
 
 def _gather_object(value: Any, world: int) -> list[Any]:

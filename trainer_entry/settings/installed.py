@@ -70,7 +70,8 @@ def init_fields(cls: type) -> frozenset[str]:
 
 
 def parameters(function: Callable[..., Any]) -> frozenset[str]:
-    """The named parameters of ``function`` (``Trainer.__init__``)."""
+    """The named parameters of ``function`` (``Trainer.__init__``; of a class: its
+    constructor's)."""
     return frozenset(inspect.signature(function).parameters)
 
 

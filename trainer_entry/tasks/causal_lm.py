@@ -24,7 +24,7 @@ class CausalLMTask:
     name = "causal-lm"
     sample_unit = "sequences"
     modality = "text"
-    tokenizer_model = "tiny-llama"
+    tokenizer_model: str | None = "tiny-llama"
     loss_counts_items = True
 
     def model_class(self) -> Any:

@@ -76,7 +76,7 @@ class ImageClassificationTask:
     sample_unit = "images"
     modality = "image"
     #: the loss sums over the images and divides by the item count it is passed
-    tokenizer_model = None
+    tokenizer_model: str | None = None
     loss_counts_items = True
 
     def __init__(self) -> None:

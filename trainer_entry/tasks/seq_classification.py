@@ -302,7 +302,7 @@ class SeqClassificationTask:
     #: heads accept ``num_items_in_batch`` and drop it), so a trainer must divide
     #: the loss by the accumulation steps and not scale it by the processes itself;
     #: without that the loss and the gradients come out that many times too large
-    tokenizer_model = "tiny-bert"
+    tokenizer_model: str | None = "tiny-bert"
     loss_counts_items = False
 
     def __init__(self) -> None:
