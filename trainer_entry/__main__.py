@@ -123,7 +123,7 @@ def _main(argv: "list[str] | None") -> int:
         write_failure(spec, "interrupted", exc, timings)
         return 143
     except BaseException as exc:
-        from trainer_entry.errors import SpecError
+        from trainer_entry.spec_errors import SpecError
 
         if not isinstance(exc, SpecError):
             traceback.print_exc()

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.checking import ANSWER
-from trainer_entry.errors import SpecError, first_line
+from trainer_entry.spec_errors import SpecError, first_line
 
 #: the packages whose versions the answer gives
 STACK = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "huggingface_hub")

@@ -7,7 +7,7 @@ its check before the training stack loads (``trainer_entry.settings.preflight``)
 reads what the backend needs. Pure: nothing imported beyond the standard library.
 
 To add a trainer backend: write its module, a class implementing
-``trainer_entry.backends.base.TrainerBackend``, and add one ``Trainer`` line to
+``trainer_entry.backends.trainer_protocol.TrainerBackend``, and add one ``Trainer`` line to
 ``TRAINERS``. Its order there matters once: a task's default backend is the
 first line that trains it.
 """

@@ -8,8 +8,8 @@ import pytest
 
 from orchestrator.contract.argnames import FIELDS_FILE, training_fields
 from orchestrator.contract.spec import RunSpec
-from trainer_entry.errors import SpecError
 from trainer_entry.settings.parse import parse_arguments
+from trainer_entry.spec_errors import SpecError
 
 
 def parse(arguments: dict, **spec: object):

@@ -13,8 +13,8 @@ import pytest
 from orchestrator.contract.spec import RunSpec
 from orchestrator.contract.trainers import own_fields as saved_own_fields
 from orchestrator.contract.trainers import trainer
-from trainer_entry.errors import SpecError
 from trainer_entry.settings.parse import parse_arguments
+from trainer_entry.spec_errors import SpecError
 
 pytest.importorskip("trl")
 

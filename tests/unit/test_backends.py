@@ -15,9 +15,9 @@ from orchestrator.contract.result import load_result
 from orchestrator.contract.spec import RunSpec
 from orchestrator.contract.trainers import Trainer, trainer_names
 from trainer_entry import backends
-from trainer_entry.backends.base import TrainerBackend, TrainOutput, TrainSettings
-from trainer_entry.errors import SpecError
+from trainer_entry.backends.trainer_protocol import TrainerBackend, TrainOutput, TrainSettings
 from trainer_entry.settings.parse import ParsedArguments, parse_arguments
+from trainer_entry.spec_errors import SpecError
 
 
 def test_the_default_backend_is_sft_and_a_name_must_be_registered() -> None:

@@ -15,9 +15,9 @@ from orchestrator.contract.errors import ConfigError
 from orchestrator.contract.modelnames import python_factory
 from orchestrator.contract.spec import RunSpec, read_spec, write_spec
 from orchestrator.matrix.ids import model_short_name
-from trainer_entry.errors import SpecError
 from trainer_entry.models.custom import check_findable, factory_arguments
 from trainer_entry.models.kinds import model_kind
+from trainer_entry.spec_errors import SpecError
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "custom_model"
 FACTORY = "python:my_models.zoo"

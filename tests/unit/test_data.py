@@ -11,8 +11,8 @@ import pytest
 from trainer_entry.data.collate import Collator
 from trainer_entry.data.formats import IGNORE_INDEX
 from trainer_entry.data.prepare import load_unprocessed, prepare
-from trainer_entry.errors import SpecError
 from trainer_entry.settings.parse import DataConfig
+from trainer_entry.spec_errors import SpecError
 
 RECORDS = [
     {"instruction": "Add 2 and 3.", "input": "", "output": "5"},

@@ -16,7 +16,6 @@ from orchestrator.results import quality
 from trainer_entry.backends import get_backend
 from trainer_entry.data.holdout import holdout_count, holdout_indices, split_sequences
 from trainer_entry.data.tokenize import PreparedData
-from trainer_entry.errors import SpecError
 from trainer_entry.measure.steps import first_measured_step, loss_summary
 from trainer_entry.run.evaluate import (
     accuracy,
@@ -27,6 +26,7 @@ from trainer_entry.run.evaluate import (
     slope,
 )
 from trainer_entry.settings.parse import parse_arguments
+from trainer_entry.spec_errors import SpecError
 from trainer_entry.tasks.causal_lm import CausalLMTask
 
 

@@ -25,7 +25,6 @@ from orchestrator.matrix.frameworks import cpu_launch_flag, distributed_type, pr
 from orchestrator.matrix.table import format_table, plan_rows
 from orchestrator.results.collect import normalise
 from orchestrator.running.needs import require
-from trainer_entry.errors import SpecError
 from trainer_entry.measure.steps import RankStats, summarize
 from trainer_entry.run.engine import (
     check_devices,
@@ -33,6 +32,7 @@ from trainer_entry.run.engine import (
     configured_type,
     devices_per_process,
 )
+from trainer_entry.spec_errors import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "scenarios.yaml"

@@ -24,8 +24,8 @@ from orchestrator.contract.errors import ConfigError
 from orchestrator.contract.spec import RunSpec
 from orchestrator.matrix.expand import Selection, build_plan
 from orchestrator.matrix.table import format_table, plan_rows
-from trainer_entry.errors import SpecError
 from trainer_entry.settings.parse import parse_arguments
+from trainer_entry.spec_errors import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
 #: SFTConfig's own settings, as a test stands them in

@@ -20,13 +20,13 @@ from torch.utils.flop_counter import FlopCounterMode
 from orchestrator.contract.result import DataRecord
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.data.collate import PADDED_TOKENS, REAL_LENGTHS, REAL_TOKENS, pop_counts
-from trainer_entry.errors import SpecError
 from trainer_entry.measure.flops import estimate_flops
 from trainer_entry.measure.steps import SequenceLengths
 from trainer_entry.models import tiny_bert
 from trainer_entry.models.kinds import TINY_MODELS, model_kind
 from trainer_entry.models.load import ARCHITECTURES, apply_peft, shipped_architectures
 from trainer_entry.settings.parse import ParsedArguments, PeftConfig, parse_arguments
+from trainer_entry.spec_errors import SpecError
 from trainer_entry.tasks import get_task
 from trainer_entry.tasks.seq_classification import (
     ClassificationCollator,

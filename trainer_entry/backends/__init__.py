@@ -4,7 +4,7 @@ A scenario picks one with the ``trainer`` argument (default: the first declared
 for its task in ``orchestrator.contract.trainers.TRAINERS``: ``sft``, TRL's
 ``SFTTrainer``, for causal LMs; ``hf``, the Hugging Face ``Trainer``, for the
 others). Each backend is one module implementing
-``trainer_entry.backends.base.TrainerBackend``, declared by one line there.
+``trainer_entry.backends.trainer_protocol.TrainerBackend``, declared by one line there.
 The declaration names the module rather than importing it, so choosing and
 checking a backend costs nothing before the training stack is imported.
 """
@@ -23,11 +23,11 @@ from orchestrator.contract.trainers import (
     trainer,
     trainer_names,
 )
-from trainer_entry.errors import SpecError
 from trainer_entry.settings.parsed import DEFAULT_BACKEND as DEFAULT_BACKEND  # one definition
+from trainer_entry.spec_errors import SpecError
 
 if TYPE_CHECKING:
-    from trainer_entry.backends.base import TrainerBackend
+    from trainer_entry.backends.trainer_protocol import TrainerBackend
 
 
 def backend_name(arguments: Mapping[str, Any], task: str = DEFAULT_TASK) -> str:

@@ -9,13 +9,13 @@ from transformers.utils import logging as hf_logging
 
 from orchestrator.contract.argnames import training_fields, training_fields_version
 from orchestrator.contract.spec import RunSpec
-from trainer_entry.backends.base import TrainerBackend, TrainOutput, TrainSettings
+from trainer_entry.backends.trainer_protocol import TrainerBackend, TrainOutput, TrainSettings
 from trainer_entry.data.collate import pop_counts
 from trainer_entry.measure.hooks import StepHooks
 from trainer_entry.settings import installed
 from trainer_entry.settings.installed import Owner, Refused, in_installed_names
 from trainer_entry.settings.parsed import ParsedArguments
-from trainer_entry.tasks.base import Task, TaskData
+from trainer_entry.tasks.task_protocol import Task, TaskData
 
 # Loading bars would fill stderr.log with carriage-return noise.
 hf_logging.disable_progress_bar()

@@ -42,7 +42,6 @@ from orchestrator.contract.argnames import training_fields
 from orchestrator.contract.packing import masked_note, masked_per_document, trl_strategy
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.backends import trl_cost
-from trainer_entry.backends.base import TrainerBackend, TrainSettings
 from trainer_entry.backends.hf import (
     RUN_DEFAULTS,
     TRAINING_ARGUMENTS,
@@ -54,6 +53,7 @@ from trainer_entry.backends.hf import (
     settings_of,
 )
 from trainer_entry.backends.hf import installed_fields as training_arguments_fields
+from trainer_entry.backends.trainer_protocol import TrainerBackend, TrainSettings
 from trainer_entry.data.collate import (
     PADDED_TOKENS,
     REAL_LENGTHS,
@@ -63,13 +63,13 @@ from trainer_entry.data.collate import (
 )
 from trainer_entry.data.formats import IGNORE_INDEX
 from trainer_entry.data.tokenize import PreparedData
-from trainer_entry.errors import SpecError, first_line
 from trainer_entry.measure.hooks import StepHooks
 from trainer_entry.measure.steps import RankStats
 from trainer_entry.settings import installed
 from trainer_entry.settings.installed import Owner, Refused, in_installed_names
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
-from trainer_entry.tasks.base import Task, TaskData
+from trainer_entry.spec_errors import SpecError, first_line
+from trainer_entry.tasks.task_protocol import Task, TaskData
 
 # TRL prepares its dataset with datasets' map: no loading bars in stderr.log
 datasets.disable_progress_bars()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainer_entry.errors import SpecError
+from trainer_entry.spec_errors import SpecError
 
 if TYPE_CHECKING:
     from trainer_entry.settings.parsed import DataConfig

@@ -27,8 +27,8 @@ import numpy as np
 
 from trainer_entry.data.formats import IGNORE_INDEX
 from trainer_entry.data.tokenize import PreparedData, sequences
-from trainer_entry.errors import SpecError
 from trainer_entry.settings.parsed import DataConfig
+from trainer_entry.spec_errors import SpecError
 
 #: the default held-out share of the prepared examples, and its cap
 DEFAULT_FRACTION = 0.1

@@ -45,9 +45,9 @@ import numpy as np
 import torch
 
 from trainer_entry.data.collate import PADDED_TOKENS, REAL_LENGTHS, REAL_TOKENS
-from trainer_entry.data.load import LOCAL_SUFFIXES, file_records, load_hub_dataset
-from trainer_entry.errors import SpecError
+from trainer_entry.data.sources import LOCAL_SUFFIXES, file_records, load_hub_dataset
 from trainer_entry.settings.parsed import DataConfig
+from trainer_entry.spec_errors import SpecError
 
 #: the generated dataset's name (``dataset: synthetic-shapes``)
 SYNTHETIC_NAME = "synthetic-shapes"

@@ -13,7 +13,7 @@ from typing import Any
 
 from trainer_entry.data.cache import cache_key, cached
 from trainer_entry.data.formats import check_tokenizer
-from trainer_entry.data.load import load_records
+from trainer_entry.data.sources import load_records
 from trainer_entry.data.tokenize import (
     PreparedData,
     as_given,
@@ -21,8 +21,8 @@ from trainer_entry.data.tokenize import (
     tokenize_records,
     tokenizer_identity,
 )
-from trainer_entry.errors import SpecError
 from trainer_entry.settings.parsed import DataConfig
+from trainer_entry.spec_errors import SpecError
 
 
 def prepare(cfg: DataConfig, tokenizer: Any, data_dir: Path) -> PreparedData:

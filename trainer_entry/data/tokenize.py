@@ -25,8 +25,8 @@ from trainer_entry.data.formats import (
     render_template,
     split_at_response,
 )
-from trainer_entry.errors import SpecError
 from trainer_entry.settings.parsed import DataConfig
+from trainer_entry.spec_errors import SpecError
 
 
 @dataclass

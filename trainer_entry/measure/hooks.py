@@ -3,7 +3,7 @@
 One object gathers what a run measures while the trainer runs: the step
 clock and token counts (``trainer_entry.measure.steps.StepRecorder``), the GPU
 memory counters at the start and end of training, and the progress file.
-A backend calls it at four moments (see ``trainer_entry.backends.base``), so
+A backend calls it at four moments (see ``trainer_entry.backends.trainer_protocol``), so
 every backend is measured by the same code.
 """
 

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator.contract.modelnames import python_factory
-from trainer_entry.errors import SpecError
+from trainer_entry.spec_errors import SpecError
 
 #: the keyword that gives a function naming it the task's name (besides ``model_kwargs``)
 TASK_KEYWORD = "task"

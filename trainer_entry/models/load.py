@@ -34,14 +34,14 @@ from typing import Any
 import torch
 
 from orchestrator.contract.modelnames import hub_offline
-from trainer_entry.errors import SpecError
 from trainer_entry.models.kinds import TINY_MODELS, model_kind
 from trainer_entry.models.resolve import ARCHITECTURES as ARCHITECTURES
 from trainer_entry.models.resolve import architecture_config, shipped_architectures
 from trainer_entry.models.tiny import TINY_NAME
 from trainer_entry.settings import installed
 from trainer_entry.settings.parsed import ModelConfig, PeftConfig
-from trainer_entry.tasks.base import Task
+from trainer_entry.spec_errors import SpecError
+from trainer_entry.tasks.task_protocol import Task
 
 DTYPES = {
     "float32": torch.float32,

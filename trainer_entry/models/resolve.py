@@ -26,10 +26,10 @@ from typing import Any
 
 from orchestrator.contract.modelnames import hub_offline
 from trainer_entry import ASSETS
-from trainer_entry.errors import SpecError, first_line
 from trainer_entry.models.custom import check_findable
 from trainer_entry.models.kinds import CONFIG_PREFIX, model_kind
 from trainer_entry.models.tiny import TINY_NAME
+from trainer_entry.spec_errors import SpecError, first_line
 
 ARCHITECTURES = ASSETS / "architectures"
 #: how long one request to the hub may take before the hub counts as not answering

@@ -24,7 +24,7 @@ from typing import Any
 
 from trainer_entry.buildonce import build_once
 from trainer_entry.data.formats import INSTRUCT_PROMPT, INSTRUCT_PROMPT_NO_INPUT
-from trainer_entry.data.load import SHIPPED_DATASET
+from trainer_entry.data.sources import SHIPPED_DATASET
 
 TINY_NAME = "tiny-llama"
 #: what the tokenizer is trained on (part of the cache key)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_entry import ASSETS
-from trainer_entry.data.load import SHIPPED_DATASET
+from trainer_entry.data.sources import SHIPPED_DATASET
 from trainer_entry.models.tiny import cache_root, ensure_built, marked_complete
 
 TINY_BERT_NAME = "tiny-bert"

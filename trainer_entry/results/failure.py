@@ -18,7 +18,7 @@ from orchestrator.contract.result import (
     write_result,
 )
 from orchestrator.contract.spec import RunSpec
-from trainer_entry.errors import SpecError
+from trainer_entry.spec_errors import SpecError
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -23,7 +23,7 @@ from orchestrator.contract.result import (
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.settings import installed
 from trainer_entry.backends import get_backend
-from trainer_entry.backends.base import TrainerBackend, TrainSettings
+from trainer_entry.backends.trainer_protocol import TrainerBackend, TrainSettings
 from trainer_entry.run.engine import EngineRecord, partitioned_flops_problem, zero3_build_note
 from trainer_entry.run.evaluate import EVAL_FIGURES, EvalResult, loss_trend
 from trainer_entry.measure.flops import (
@@ -40,7 +40,7 @@ from trainer_entry.measure.memory import stage_memory_figures
 from trainer_entry.measure.profile import ProfileOutcome
 from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.measure.steadystop import SteadyStop, measure_figures
-from trainer_entry.tasks.base import Task
+from trainer_entry.tasks.task_protocol import Task
 
 
 def _versions() -> dict[str, str | None]:

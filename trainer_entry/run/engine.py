@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer_entry.errors import SpecError
+from trainer_entry.spec_errors import SpecError
 
 #: Distributed types that name an engine of their own: a run configured for one
 #: that trained without it measured something else.

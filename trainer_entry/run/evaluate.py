@@ -50,9 +50,9 @@ from trainer_entry.data.collate import pop_counts
 from trainer_entry.measure.steps import first_measured_step
 
 if TYPE_CHECKING:
-    from trainer_entry.backends.base import TrainerBackend
+    from trainer_entry.backends.trainer_protocol import TrainerBackend
     from trainer_entry.settings.parsed import ParsedArguments
-    from trainer_entry.tasks.base import Task, TaskData
+    from trainer_entry.tasks.task_protocol import Task, TaskData
 
 #: the task whose eval loss is a mean over tokens, so that its exp is a perplexity
 PERPLEXITY_TASKS = ("causal-lm",)

@@ -19,8 +19,7 @@ import torch
 from orchestrator.contract.result import ChildResult, timestamp, write_result
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.backends import backend_name, get_backend
-from trainer_entry.backends.base import BuiltTrainer, TrainerBackend, TrainSettings
-from trainer_entry.errors import SpecError
+from trainer_entry.backends.trainer_protocol import BuiltTrainer, TrainerBackend, TrainSettings
 from trainer_entry.measure.hooks import StepHooks
 from trainer_entry.measure.memory import MemoryCounters, memory_stages, peak_rss_bytes
 from trainer_entry.measure.profile import (
@@ -48,8 +47,9 @@ from trainer_entry.run.engine import (
 from trainer_entry.run.evaluate import evaluate
 from trainer_entry.settings.parse import check_launch_env, parse_arguments
 from trainer_entry.settings.parsed import ParsedArguments
+from trainer_entry.spec_errors import SpecError
 from trainer_entry.tasks import get_task, task_name
-from trainer_entry.tasks.base import Task, TaskData
+from trainer_entry.tasks.task_protocol import Task, TaskData
 
 
 def distributed_env() -> tuple[int, int, int]:

@@ -22,7 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from orchestrator.contract.argnames import SPELLINGS
-from trainer_entry.errors import SpecError
+from trainer_entry.spec_errors import SpecError
 
 
 @dataclass(frozen=True)

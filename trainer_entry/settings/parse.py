@@ -36,7 +36,6 @@ from orchestrator.contract.argnames import (
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.backends import backend_name, get_backend
 from trainer_entry.data.formats import FORMATTINGS
-from trainer_entry.errors import SpecError
 from trainer_entry.settings.parsed import (
     DataConfig,
     EvalConfig,
@@ -45,6 +44,7 @@ from trainer_entry.settings.parsed import (
     ParsedArguments,
     PeftConfig,
 )
+from trainer_entry.spec_errors import SpecError
 from trainer_entry.tasks import task_name
 
 __all__ = [

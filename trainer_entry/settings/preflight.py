@@ -13,13 +13,13 @@ from pathlib import Path
 from orchestrator.contract.modelnames import hub_offline
 from orchestrator.contract.spec import RunSpec
 from orchestrator.contract.trainers import task_backends, trainer
-from trainer_entry.data.load import LOCAL_SUFFIXES
-from trainer_entry.errors import SpecError
+from trainer_entry.data.sources import LOCAL_SUFFIXES
 from trainer_entry.models.custom import check_findable
 from trainer_entry.models.kinds import model_kind
 from trainer_entry.models.resolve import resolve
 from trainer_entry.settings.parse import parse_arguments
 from trainer_entry.settings.parsed import ParsedArguments
+from trainer_entry.spec_errors import SpecError
 
 
 def preflight(spec: RunSpec, *, models: bool = True) -> ParsedArguments:

@@ -1,7 +1,7 @@
-"""Tasks: what a run trains (see ``trainer_entry.tasks.base``).
+"""Tasks: what a run trains (see ``trainer_entry.tasks.task_protocol``).
 
 A scenario picks one with the ``task`` argument (default ``causal-lm``). Each
-task is one module implementing ``trainer_entry.tasks.base.Task``, registered
+task is one module implementing ``trainer_entry.tasks.task_protocol.Task``, registered
 here by one line; the registry names modules rather than importing them.
 The names, and which trainer backends each task runs, are part of the
 contract (``orchestrator.contract.argnames``), so the planner knows them too.
@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.contract.argnames import DEFAULT_TASK, TASK_KEY, TASKS
-from trainer_entry.errors import SpecError
+from trainer_entry.spec_errors import SpecError
 
 if TYPE_CHECKING:
-    from trainer_entry.tasks.base import Task
+    from trainer_entry.tasks.task_protocol import Task
 
 #: task name -> "module:class" of its implementation
 TASK_MODULES: dict[str, str] = {

@@ -17,7 +17,7 @@ from trainer_entry.data.collate import Collator, SequenceDataset
 from trainer_entry.data.holdout import pack_part, split_sequences
 from trainer_entry.data.prepare import load_unprocessed, prepare
 from trainer_entry.settings.parsed import ParsedArguments
-from trainer_entry.tasks.base import TaskData
+from trainer_entry.tasks.task_protocol import TaskData
 
 
 class CausalLMTask:

@@ -42,10 +42,10 @@ from trainer_entry.data.images import (
     image_size,
     open_images,
 )
-from trainer_entry.errors import SpecError
 from trainer_entry.models.kinds import model_kind
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
-from trainer_entry.tasks.base import TaskData
+from trainer_entry.spec_errors import SpecError
+from trainer_entry.tasks.task_protocol import TaskData
 
 #: positions a model puts before its patches, by ``model_type``: the class token,
 #: and DeiT's distillation token. Another model type is refused rather than

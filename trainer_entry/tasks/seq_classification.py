@@ -8,7 +8,7 @@ backbone: ``classifier``, DistilBERT's ``pre_classifier``, a decoder's
 
 **Data.** The shipped review set (``trainer_entry/assets/reviews.jsonl``,
 three classes) when the scenario names no dataset, else a local file or a hub
-dataset (``trainer_entry.data.load``). Each record's ``text_field`` (default
+dataset (``trainer_entry.data.sources``). Each record's ``text_field`` (default
 ``text``) is tokenized with the tokenizer's special tokens (``[CLS] … [SEP]``
 for BERT) and truncated to ``max_seq_len`` by the tokenizer, which keeps those
 tokens; ``label_field`` (default ``label``) is its class. Labels:
@@ -51,12 +51,12 @@ from trainer_entry.data.cache import cache_key, is_cached
 from trainer_entry.data.collate import padded_batch
 from trainer_entry.data.formats import field
 from trainer_entry.data.holdout import split_sequences
-from trainer_entry.data.load import load_records
+from trainer_entry.data.sources import load_records
 from trainer_entry.data.tokenize import tokenizer_identity
-from trainer_entry.errors import SpecError
 from trainer_entry.models.tiny_bert import REVIEWS
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
-from trainer_entry.tasks.base import TaskData
+from trainer_entry.spec_errors import SpecError
+from trainer_entry.tasks.task_protocol import TaskData
 
 #: the cache folder's prefix; a change of the layout below changes it
 CACHE_PREFIX = "cls1-"

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from orchestrator.contract.spec import RunSpec
     from trainer_entry.measure.hooks import StepHooks
     from trainer_entry.settings.parsed import DataConfig, ParsedArguments
-    from trainer_entry.tasks.base import Task, TaskData
+    from trainer_entry.tasks.task_protocol import Task, TaskData
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class TrainerBackend(Protocol):
     def eval_dataset(self, task: Task, data: TaskData, parsed: ParsedArguments) -> Any:
         """The held-out examples as this backend's trainer takes a dataset (default:
         the task's dataset, as for training)."""
-        from trainer_entry.tasks.base import TaskData
+        from trainer_entry.tasks.task_protocol import TaskData
 
         return task.dataset(TaskData(examples=data.eval_examples, meta={}))
 

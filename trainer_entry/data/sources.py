@@ -16,8 +16,8 @@ from typing import Any
 
 from orchestrator.contract.modelnames import hub_offline
 from trainer_entry import ASSETS
-from trainer_entry.errors import SpecError
 from trainer_entry.settings.parsed import DataConfig
+from trainer_entry.spec_errors import SpecError
 
 #: the dataset a scenario without one trains on (and the tiny model's tokenizer is trained on)
 SHIPPED_DATASET = ASSETS / "instructions.jsonl"
