@@ -1,15 +1,20 @@
 """The tasks a run can train and the trainer backends that train them, each declared once.
 
 The planner checks a scenario's ``task`` and ``trainer`` against these
-declarations before any job starts; the child's registry
-(``trainer_entry.backends``) imports a backend's module from its line here, and
-its check before the training stack loads (``trainer_entry.settings.preflight``)
-reads what the backend needs. Pure: nothing imported beyond the standard library.
+declarations before any job starts; the child's registries
+(``trainer_entry.tasks``, ``trainer_entry.backends``) import a task's or a
+backend's module from its line here, and the child's check before the training
+stack loads (``trainer_entry.settings.preflight``) reads what a backend needs.
+Pure: nothing imported beyond the standard library.
 
-To add a trainer backend: write its module, a class implementing
-``trainer_entry.backends.trainer_protocol.TrainerBackend``, and add one ``Trainer`` line to
-``TRAINERS``. Its order there matters once: a task's default backend is the
-first line that trains it.
+To add a task: write its module, a class implementing
+``trainer_entry.tasks.task_protocol.Task``, and add one line to
+``TASK_IMPLEMENTATIONS`` (the settings that mean something for it alone go in
+``orchestrator.contract.argnames``' applicability table). To add a trainer
+backend: write its module, a class implementing
+``trainer_entry.backends.trainer_protocol.TrainerBackend``, and add one
+``Trainer`` line to ``TRAINERS``. Order matters once in each: the first task is
+the default, and a task's default backend is the first line that trains it.
 """
 
 from __future__ import annotations
@@ -20,8 +25,13 @@ from pathlib import Path
 
 #: names what the run trains: its model class, data, collator, FLOPs and throughput unit
 TASK_KEY = "task"
-#: every task, the default first
-TASKS = ("causal-lm", "seq-classification", "image-classification")
+#: every task, the default first -> ``module:Class`` of its ``Task`` (only the child imports it)
+TASK_IMPLEMENTATIONS: dict[str, str] = {
+    "causal-lm": "trainer_entry.tasks.causal_lm:CausalLMTask",
+    "seq-classification": "trainer_entry.tasks.seq_classification:SeqClassificationTask",
+    "image-classification": "trainer_entry.tasks.image_classification:ImageClassificationTask",
+}
+TASKS = tuple(TASK_IMPLEMENTATIONS)
 DEFAULT_TASK = TASKS[0]
 #: names the child's trainer backend (one of ``TRAINERS``)
 BACKEND_KEY = "trainer"

@@ -1,10 +1,10 @@
 """Tasks: what a run trains (see ``trainer_entry.tasks.task_protocol``).
 
 A scenario picks one with the ``task`` argument (default ``causal-lm``). Each
-task is one module implementing ``trainer_entry.tasks.task_protocol.Task``, registered
-here by one line; the registry names modules rather than importing them.
-The names, and which trainer backends each task runs, are part of the
-contract (``orchestrator.contract.argnames``), so the planner knows them too.
+task is one module implementing ``trainer_entry.tasks.task_protocol.Task``,
+declared by one line in ``orchestrator.contract.trainers.TASK_IMPLEMENTATIONS``,
+which names the module rather than importing it; the planner reads the same
+line, and which trainer backends run each task.
 """
 
 from __future__ import annotations
@@ -13,19 +13,11 @@ import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.contract.argnames import DEFAULT_TASK, TASK_KEY, TASKS
+from orchestrator.contract.trainers import DEFAULT_TASK, TASK_IMPLEMENTATIONS, TASK_KEY
 from trainer_entry.spec_errors import SpecError
 
 if TYPE_CHECKING:
     from trainer_entry.tasks.task_protocol import Task
-
-#: task name -> "module:class" of its implementation
-TASK_MODULES: dict[str, str] = {
-    "causal-lm": "trainer_entry.tasks.causal_lm:CausalLMTask",
-    "seq-classification": "trainer_entry.tasks.seq_classification:SeqClassificationTask",
-    "image-classification": "trainer_entry.tasks.image_classification:ImageClassificationTask",
-}
-assert tuple(TASK_MODULES) == TASKS
 
 
 def task_name(arguments: Mapping[str, Any]) -> str:
@@ -33,13 +25,15 @@ def task_name(arguments: Mapping[str, Any]) -> str:
     name = arguments.get(TASK_KEY)
     if name is None:
         return DEFAULT_TASK
-    if not isinstance(name, str) or name not in TASK_MODULES:
-        raise SpecError(f"{TASK_KEY} must be one of {', '.join(TASK_MODULES)}, got {name!r}")
+    if not isinstance(name, str) or name not in TASK_IMPLEMENTATIONS:
+        raise SpecError(
+            f"{TASK_KEY} must be one of {', '.join(TASK_IMPLEMENTATIONS)}, got {name!r}"
+        )
     return name
 
 
 def get_task(name: str) -> Task:
     """An instance of task ``name``; imports its module (and the training stack)."""
-    module, _, cls = TASK_MODULES[name].partition(":")
+    module, _, cls = TASK_IMPLEMENTATIONS[name].partition(":")
     task: Task = getattr(importlib.import_module(module), cls)()
     return task
