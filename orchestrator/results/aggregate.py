@@ -39,35 +39,7 @@ PEAK_MEMORY_SOURCES = (
 )
 #: the order of the median figures in a cell (``benchmarks.csv``), after the spread
 #: ones; a median figure not named here follows these, in the registry's order
-FIGURE_ORDER = (
-    "train_tokens_per_second",
-    "train_samples_per_second",
-    "train_runtime",
-    "step_time_cv",
-    "train_loss",
-    "loss_last",
-    "mfu",
-    "achieved_tflops_per_device",
-    "flops_per_token",
-    "peak_memory_bytes",
-    "mem_nvidia_mem_reserved",
-    "mem_peak_torch_mem_alloc_in_bytes",
-    "mem_torch_mem_alloc_in_bytes",
-    "mem_peak_rss_bytes",
-    "torch_max_memory_reserved_bytes",
-    "mem_tree_peak_pss_bytes",
-    "mem_tree_peak_rss_bytes",
-    "time_to_first_step_s",
-    "job_s",
-    "padding_fraction",
-    "data_tokens",
-    "cost_per_1m_tokens_usd",
-    "cost_per_run_usd",
-    "time_per_epoch_s",
-    "cost_per_epoch_usd",
-    "time_to_train_s",
-    "cost_to_train_usd",
-)
+FIGURE_ORDER = metrics.with_role("cell_figure")
 
 
 @dataclass(frozen=True)
@@ -271,18 +243,7 @@ def benchmarks_table(cells: pd.DataFrame) -> pd.DataFrame:
         and cells[c].astype(str).nunique(dropna=False) <= 1
     ]
     table = cells.drop(columns=constant)
-    order = [
-        k
-        for k in (
-            "scenario",
-            "framework_config",
-            "model_name_or_path",
-            "num_gpus",
-            "effective_batch_size",
-            "max_seq_len",
-        )
-        if k in table.columns
-    ]
+    order = [k for k in metrics.with_role("sort") if k in table.columns]
     return table.sort_values(order, kind="stable", na_position="last").reset_index(drop=True)
 
 
@@ -290,19 +251,8 @@ def benchmarks_table(cells: pd.DataFrame) -> pd.DataFrame:
 # Scaling
 # ---------------------------------------------------------------------------
 
-SCALING_FAMILY = (
-    "scenario",
-    "task",
-    "trainer",
-    "framework_config",
-    "model_name_or_path",
-    "effective_batch_size",
-    "max_seq_len",
-    "packing",
-    "peft_method",
-    "torch_dtype",
-    "device",
-)
+#: what a scaling family's cells share: everything but the GPU count (and the batch)
+SCALING_FAMILY = metrics.with_role("family")
 
 
 #: the columns ``scaling`` adds to a family's keys

@@ -51,16 +51,8 @@ LEGACY_TASK = DEFAULT_TASK
 LEGACY_TRAINER = "hf"
 PREDECESSOR_TRAINER = "sft"
 
-NUMERIC = (
-    "num_gpus",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "effective_batch_size",
-    "max_seq_len",
-    "repeat",
-    # the place in the plan's run order (empty in older tables)
-    "position",
-)
+#: key columns read as numbers (the plan's position is empty in older tables)
+NUMERIC = metrics.with_role("numeric")
 
 
 def _json(path: Path) -> dict[str, Any] | None:

@@ -21,15 +21,9 @@ from orchestrator.contract.wording import on_cpu
 
 #: columns a cell has besides the declared ones: how many repeats, how many ok
 CELL_COUNTS = ("repeats", "repeats_ok")
-#: columns the report adds to cells for its own tables and plots, never written to a CSV
 #: the order of a scenario's cells in summary.md's tables and in the plots' legends
-CELL_ORDER = (
-    "model_name_or_path",
-    "framework_config",
-    "num_gpus",
-    "effective_batch_size",
-    "per_device_train_batch_size",
-)
+CELL_ORDER = metrics.with_role("cell_order")
+#: columns the report adds to cells for its own tables and plots, never written to a CSV
 REPORT_ONLY_COLUMNS = ("likely_oom", "failed_peak_memory_bytes")
 #: figures the report computes per cell from its runs, never per run: the trend of
 #: tokens/s with the run's position in the plan's order (orchestrator/results/drift.py)

@@ -51,35 +51,14 @@ from orchestrator.results.environments import match_on_environment
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.stats import mann_whitney_u
 
-#: what makes two rows the same experiment; each is used where both sides have it
-KEYS = (
-    "scenario",
-    "trainer",
-    "task",
-    "framework_config",
-    "model_name_or_path",
-    "num_gpus",
-    "per_device_train_batch_size",
-    "peft_method",
-    "max_seq_len",
-    "packing",
-    "torch_dtype",
-    "device",
-    # only where a side holds several (``results.environments.match_on_environment``)
-    "environment",
-)
+#: what makes two rows the same experiment; each is used where both sides have it (the
+#: environment only where a side holds several: ``results.environments.match_on_environment``)
+KEYS = registry.with_role("compare")
 #: conditions of a run that are not part of the experiment but change its figures:
 #: a matched cell whose sides differ in one of them is marked
-ANNOTATED = ("gpu_device_name", "peak_memory_source", "memory_backend", "run_mode")
+ANNOTATED = registry.with_role("annotated")
 #: what compare checks when no metric is named
-DEFAULT_METRICS = (
-    "tokens_per_second_global",
-    "tokens_per_second_per_device",
-    "train_tokens_per_second",
-    "step_time_median_s",
-    "peak_memory_bytes",
-    "mfu",
-)
+DEFAULT_METRICS = registry.with_role("compared")
 MIN_REPEATS_FOR_TEST = 3
 ALPHA = 0.05
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.contract import metrics
 from orchestrator.contract.argnames import BACKEND_KEY, default_backend
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.result import read_result
@@ -47,19 +48,7 @@ DEFAULT_TOLERANCE = 0.05
 #: the framework of a baseline cell (``framework_config: null``)
 BASELINE_FRAMEWORK = "none"
 #: what must be equal between a variant and its baseline (those the cells have)
-MATCH_KEYS = (
-    "scenario",
-    "task",
-    "model_name_or_path",
-    "num_gpus",
-    "effective_batch_size",
-    "max_seq_len",
-    "packing",
-    "peft_method",
-    "torch_dtype",
-    "device",
-    "environment",
-)
+MATCH_KEYS = metrics.with_role("baseline")
 #: what a variant may differ in (swept values of these are no match keys)
 VARIANT_KEYS = ("framework_config", BACKEND_KEY)
 

@@ -55,18 +55,7 @@ HF_ESTIMATE_NOTE = (
     "is kept apart from them."
 )
 #: the figure columns of a scenario's table in summary.md, in order
-SUMMARY_FIGURES = (
-    "tokens_per_second_global",
-    "tokens_per_second_per_device",
-    "train_tokens_per_second",
-    "peak_memory_bytes",
-    "mfu",
-    "cost_per_1m_tokens_usd",
-    "train_loss",
-    # how busy the devices were (orchestrator/job/utilisation.py): last, after speed and loss
-    "gpu_util_mean_pct",
-    "cpu_util_mean_pct",
-)
+SUMMARY_FIGURES = metrics.with_role("summary")
 #: how a figure of each unit is shown (``_fmt``'s kinds); other units as they are
 _UNIT_FORMATS = {
     "tokens/s": "int",
@@ -210,15 +199,7 @@ def figure_text(cell: Mapping[Any, Any], name: str) -> str:
 
 #: key columns a scenario's table shows when they vary within it (the trainer first:
 #: sft and hf cells of one scenario side by side)
-_VARYING_KEYS = (
-    "task",
-    "trainer",
-    "peft_method",
-    "max_seq_len",
-    "torch_dtype",
-    "packing",
-    "environment",
-)
+_VARYING_KEYS = metrics.with_role("varying")
 #: the figure shown next to tokens/s for the tasks whose unit is a sample, not a token
 SAMPLES_FIGURE = "samples_per_second_global"
 #: its header where every cell of a table is an image task

@@ -196,23 +196,10 @@ def _part(column: str, cell: pd.Series) -> str:
 
 
 #: what a label starts with: model, framework and GPU count
-LABEL_BASE = ("model_name_or_path", "framework_config", "num_gpus")
+LABEL_BASE = metrics.with_role("label_base")
 #: the keys a label may add, in this order, after the cells' own arguments
 #: (``config_columns``) are appended
-LABEL_KEYS = (
-    "task",
-    "trainer",
-    "effective_batch_size",
-    "per_device_train_batch_size",
-    "peft_method",
-    "max_seq_len",
-    "torch_dtype",
-    "packing",
-    "gradient_accumulation_steps",
-    "environment",
-    "device",
-    "processes",
-)
+LABEL_KEYS = metrics.with_role("label")
 
 
 def _label_columns(

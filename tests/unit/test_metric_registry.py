@@ -18,8 +18,17 @@ from orchestrator import api
 from orchestrator.contract import metrics
 from orchestrator.contract.metrics import Column
 from orchestrator.contract.result import ChildMetrics, ChildResult
-from orchestrator.results import aggregate, capacity, collect, compare, markdown
-from orchestrator.results.columns import config_columns, is_output
+from orchestrator.results import (
+    aggregate,
+    capacity,
+    collect,
+    compare,
+    environments,
+    equivalence,
+    markdown,
+    plots,
+)
+from orchestrator.results.columns import CELL_ORDER, config_columns, is_output
 from orchestrator.results.report import CostSettings, build_report, write_report
 from orchestrator.results.rows import UndeclaredMetricWarning, build_row, column_order, to_csv
 
@@ -248,3 +257,216 @@ def test_a_lower_is_better_metric_flags_the_other_way(tmp_path: Path) -> None:
     # unregistered, it is unknown again
     with pytest.raises(ValueError, match="no direction known"):
         compare.direction("energy_per_token_j")
+
+
+# ---------------------------------------------------------------------------
+# The lists of the report, read from the columns' roles
+# ---------------------------------------------------------------------------
+
+#: each role's list as the report wrote it out by hand before the roles existed
+ROLE_LISTS = {
+    "compare": (
+        "scenario",
+        "trainer",
+        "task",
+        "framework_config",
+        "model_name_or_path",
+        "num_gpus",
+        "per_device_train_batch_size",
+        "peft_method",
+        "max_seq_len",
+        "packing",
+        "torch_dtype",
+        "device",
+        "environment",
+    ),
+    "baseline": (
+        "scenario",
+        "task",
+        "model_name_or_path",
+        "num_gpus",
+        "effective_batch_size",
+        "max_seq_len",
+        "packing",
+        "peft_method",
+        "torch_dtype",
+        "device",
+        "environment",
+    ),
+    "sort": (
+        "scenario",
+        "framework_config",
+        "model_name_or_path",
+        "num_gpus",
+        "effective_batch_size",
+        "max_seq_len",
+    ),
+    "family": (
+        "scenario",
+        "task",
+        "trainer",
+        "framework_config",
+        "model_name_or_path",
+        "effective_batch_size",
+        "max_seq_len",
+        "packing",
+        "peft_method",
+        "torch_dtype",
+        "device",
+    ),
+    "numeric": (
+        "num_gpus",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "effective_batch_size",
+        "max_seq_len",
+        "repeat",
+        "position",
+    ),
+    "cell_order": (
+        "model_name_or_path",
+        "framework_config",
+        "num_gpus",
+        "effective_batch_size",
+        "per_device_train_batch_size",
+    ),
+    "label_base": ("model_name_or_path", "framework_config", "num_gpus"),
+    "label": (
+        "task",
+        "trainer",
+        "effective_batch_size",
+        "per_device_train_batch_size",
+        "peft_method",
+        "max_seq_len",
+        "torch_dtype",
+        "packing",
+        "gradient_accumulation_steps",
+        "environment",
+        "device",
+        "processes",
+    ),
+    "varying": (
+        "task",
+        "trainer",
+        "peft_method",
+        "max_seq_len",
+        "torch_dtype",
+        "packing",
+        "environment",
+    ),
+    "environment_row": ("scenario", "model_name_or_path", "framework_config", "num_gpus"),
+    "summary": (
+        "tokens_per_second_global",
+        "tokens_per_second_per_device",
+        "train_tokens_per_second",
+        "peak_memory_bytes",
+        "mfu",
+        "cost_per_1m_tokens_usd",
+        "train_loss",
+        "gpu_util_mean_pct",
+        "cpu_util_mean_pct",
+    ),
+    "compared": (
+        "tokens_per_second_global",
+        "tokens_per_second_per_device",
+        "train_tokens_per_second",
+        "step_time_median_s",
+        "peak_memory_bytes",
+        "mfu",
+    ),
+    "environment_figure": ("tokens_per_second_global", "peak_memory_bytes"),
+    "run_figure": (
+        "train_runtime",
+        "tokens_per_second_global",
+        "train_tokens_per_second",
+        "step_time_median_s",
+        "train_loss",
+    ),
+    "annotated": ("gpu_device_name", "peak_memory_source", "memory_backend", "run_mode"),
+    "cell_figure": (
+        "train_tokens_per_second",
+        "train_samples_per_second",
+        "train_runtime",
+        "step_time_cv",
+        "train_loss",
+        "loss_last",
+        "mfu",
+        "achieved_tflops_per_device",
+        "flops_per_token",
+        "peak_memory_bytes",
+        "mem_nvidia_mem_reserved",
+        "mem_peak_torch_mem_alloc_in_bytes",
+        "mem_torch_mem_alloc_in_bytes",
+        "mem_peak_rss_bytes",
+        "torch_max_memory_reserved_bytes",
+        "mem_tree_peak_pss_bytes",
+        "mem_tree_peak_rss_bytes",
+        "time_to_first_step_s",
+        "job_s",
+        "padding_fraction",
+        "data_tokens",
+        "cost_per_1m_tokens_usd",
+        "cost_per_run_usd",
+        "time_per_epoch_s",
+        "cost_per_epoch_usd",
+        "time_to_train_s",
+        "cost_to_train_usd",
+    ),
+}
+
+
+def test_each_role_lists_the_columns_the_report_wrote_out_in_their_order() -> None:
+    assert set(ROLE_LISTS) == set(metrics.ROLES)
+    for role, expected in ROLE_LISTS.items():
+        assert metrics.with_role(role) == expected, role
+
+
+def test_the_report_reads_its_lists_from_the_roles() -> None:
+    views = {
+        "compare": compare.KEYS,
+        "compared": compare.DEFAULT_METRICS,
+        "annotated": compare.ANNOTATED,
+        "baseline": equivalence.MATCH_KEYS,
+        "family": aggregate.SCALING_FAMILY,
+        "cell_figure": aggregate.FIGURE_ORDER,
+        "numeric": collect.NUMERIC,
+        "cell_order": CELL_ORDER,
+        "label_base": plots.LABEL_BASE,
+        "label": plots.LABEL_KEYS,
+        "summary": markdown.SUMMARY_FIGURES,
+        "run_figure": capacity.RUN_FIGURES,
+        "environment_figure": environments.SIDE_BY_SIDE,
+    }
+    for role, view in views.items():
+        assert view == metrics.with_role(role), role
+
+
+def test_roles_have_places_one_to_n_and_the_right_kind_of_column() -> None:
+    """A role's places leave no gap and no tie, so its order is the declared one."""
+    key_roles = {"compare", "baseline", "sort", "family", "numeric", "cell_order"}
+    key_roles |= {"label_base", "label", "varying", "environment_row"}
+    for role in metrics.ROLES:
+        members = metrics.select(role=role)
+        assert members, f"no column has the role {role!r}"
+        assert sorted(c.roles[role] for c in members) == list(range(1, len(members) + 1)), role
+        assert all(c.key == (role in key_roles) for c in members), role
+        assert len(set(metrics.with_role(role))) == len(members)
+    # the figures of summary.md and of compare's default are medians or spreads with a
+    # direction; the order of a cell's figures names only medians
+    for name in (*metrics.with_role("summary"), *metrics.with_role("compared")):
+        assert metrics.get(name).aggregate in ("median", "spread"), name
+    for name in metrics.with_role("compared"):
+        assert metrics.direction(name) in ("higher", "lower"), name
+    assert {metrics.get(n).aggregate for n in metrics.with_role("cell_figure")} == {"median"}
+
+
+def test_roles_are_checked() -> None:
+    with pytest.raises(ValueError, match="no role 'sumary'"):
+        Column(name="x_s", source="child", roles={"sumary": 1})
+    with pytest.raises(ValueError, match="the place in 'summary' is 1 or more"):
+        Column(name="x_s", source="child", roles={"summary": 0})
+    with pytest.raises(ValueError, match="roles are the declared columns'"):
+        metrics.register(Column(name="x_s", source="child", roles={"summary": 10}))
+    with pytest.raises(KeyError, match="no role 'nope'"):
+        metrics.with_role("nope")
+    assert "x_s" not in metrics.names()
