@@ -140,6 +140,9 @@ class Column:
     figure. Empty: the value itself, or ``name=value``."""
     flags: tuple[str, str] | None = None
     """A yes/no key column's labels for yes and no (``packed``, ``unpacked``)."""
+    meaning: str = ""
+    """What the figure means, as summary.md's reading guide says it; ``{worker}`` and
+    ``{workers}`` are GPU and GPUs, or process and processes on the CPU."""
     roles: Mapping[str, int] = field(default_factory=dict, hash=False)
     """The lists of ``ROLES`` the column is in, each with its place in the list (from 1)."""
 
@@ -206,6 +209,41 @@ def _sidecar(name: str, unit: str, **more: Any) -> Column:
 def _derived(name: str, unit: str, **more: Any) -> Column:
     return Column(name=name, source="derived", unit=unit, **more)
 
+
+# The names the code reads columns by, outside this file; each column below is declared
+# from its name here.
+#: the headline throughput: real (non-padding) tokens per second over the measured
+#: steps, all workers together
+TOKENS_PER_SECOND = "tokens_per_second_global"
+#: samples per second, all workers together (the classification tasks' unit)
+SAMPLES_PER_SECOND = "samples_per_second_global"
+#: HF Trainer's estimate of tokens/s per device, padding included: no measurement
+HF_TOKENS_PER_SECOND = "train_tokens_per_second"
+#: HF Trainer's wall time of training
+TRAIN_RUNTIME = "train_runtime"
+#: the job's wall time, launch to exit
+JOB_S = "job_s"
+#: the parent's wall time of the experiment, its retries and waits included
+WALL_S = "wall_s"
+#: the tokens of the prepared dataset: one epoch
+DATA_TOKENS = "data_tokens"
+#: how busy the GPUs were
+GPU_UTIL = "gpu_util_mean_pct"
+#: how busy the job's allowed CPUs were
+CPU_UTIL = "cpu_util_mean_pct"
+#: the report's peak memory of a run, from the first source it has
+PEAK_MEMORY = "peak_memory_bytes"
+#: which source that was
+PEAK_MEMORY_SOURCE = "peak_memory_source"
+#: the price the report's costs use
+USD_PER_GPU_HOUR = "usd_per_gpu_hour"
+#: the report's costs and times to train (derived from the above and the price)
+COST_PER_1M_TOKENS = "cost_per_1m_tokens_usd"
+COST_PER_RUN = "cost_per_run_usd"
+TIME_PER_EPOCH = "time_per_epoch_s"
+COST_PER_EPOCH = "cost_per_epoch_usd"
+TIME_TO_TRAIN = "time_to_train_s"
+COST_TO_TRAIN = "cost_to_train_usd"
 
 # The order is raw_summary.csv's: the key columns, the design's figures, the
 # child's other figures, then the run's bookkeeping; the derived columns last.
@@ -326,7 +364,7 @@ _DECLARED: tuple[Column, ...] = (
     _outcome("error", aggregate="evidence"),
     _outcome("log", aggregate="evidence"),
     _child(
-        "train_runtime",
+        TRAIN_RUNTIME,
         "s",
         aggregate="median",
         better="lower",
@@ -341,7 +379,7 @@ _DECLARED: tuple[Column, ...] = (
     ),
     _child("train_steps_per_second", "steps/s", better="higher"),
     _child(
-        "train_tokens_per_second",
+        HF_TOKENS_PER_SECOND,
         "tokens/s",
         aggregate="median",
         better="higher",
@@ -349,12 +387,14 @@ _DECLARED: tuple[Column, ...] = (
         roles={"summary": 3, "compared": 3, "cell_figure": 1, "run_figure": 3},
     ),
     _child(
-        "tokens_per_second_global",
+        TOKENS_PER_SECOND,
         "tokens/s",
         aggregate="spread",
         better="higher",
         label="tokens/s",
         roles={"summary": 1, "compared": 1, "run_figure": 2, "environment_figure": 1},
+        meaning="real (non-padding) tokens per second over the measured steps (warm-up "
+        "excluded), all {workers} together",
     ),
     _child(
         "tokens_per_second_per_device",
@@ -363,13 +403,16 @@ _DECLARED: tuple[Column, ...] = (
         better="higher",
         label="tokens/s/GPU",
         roles={"summary": 2, "compared": 2},
+        meaning="the same, per {worker}",
     ),
     _child(
-        "samples_per_second_global",
+        SAMPLES_PER_SECOND,
         "samples/s",
         aggregate="spread",
         better="higher",
         label="samples/s",
+        meaning="samples (rows; images for image tasks) per second over the measured steps, all "
+        "{workers} together",
     ),
     _child("samples_per_second_per_device", "samples/s", aggregate="spread", better="higher"),
     _child(
@@ -387,6 +430,8 @@ _DECLARED: tuple[Column, ...] = (
         better="lower",
         label="mean train loss",
         roles={"summary": 7, "cell_figure": 5, "run_figure": 5},
+        meaning="HF Trainer's `train_loss`: the mean training loss over all the run's steps, "
+        "warm-up included (the quality column has the first and last)",
     ),
     # quality beside speed (trainer_entry/evaluate.py; summary.md's quality column,
     # orchestrator/results/quality.py): eval: true's figures on the held-out split, the
@@ -433,15 +478,19 @@ _DECLARED: tuple[Column, ...] = (
         better="higher",
         label="MFU %",
         roles={"summary": 5, "compared": 6, "cell_figure": 7},
+        meaning="model FLOPs utilisation: the model's training FLOPs per token (forward and "
+        "backward, attention included, recompute not counted) × tokens/s per {worker}, "
+        "over the {worker}'s peak FLOP/s at the run's precision",
     ),
     _derived(
-        "cost_per_1m_tokens_usd",
+        COST_PER_1M_TOKENS,
         "USD",
         aggregate="median",
         better="lower",
         label="$/1M tokens",
         raw=True,
         roles={"summary": 6, "cell_figure": 22},
+        meaning="{workers} × the price per {worker}-hour ÷ tokens per hour, × 1M",
     ),
     _child(
         "gpu_device_name",
@@ -519,8 +568,8 @@ _DECLARED: tuple[Column, ...] = (
     _child("profile_export_s", "s", aggregate="median"),
     _child("top_ops", "", aggregate="first_ok", label="top operators (self time)"),
     # -- the run: the parent's bookkeeping, the child's record, the sidecar ----------------
-    _outcome("wall_s", "s"),
-    _outcome("job_s", "s", aggregate="median", roles={"cell_figure": 19}),
+    _outcome(WALL_S, "s"),
+    _outcome(JOB_S, "s", aggregate="median", roles={"cell_figure": 19}),
     _outcome("returncode"),
     _outcome("started_at"),
     _outcome("finished_at"),
@@ -537,7 +586,7 @@ _DECLARED: tuple[Column, ...] = (
     ),
     _child("data_cache_hit", "", path=("data", "cache_hit")),
     _child(
-        "data_tokens",
+        DATA_TOKENS,
         "tokens",
         aggregate="median",
         path=("data", "tokens"),
@@ -561,22 +610,25 @@ _DECLARED: tuple[Column, ...] = (
     # life, where the child's files do not say when training ran). Empty where not sampled:
     # the GPU columns on the CPU, gpu_mem_bw_util_mean_pct where NVML does not tell it
     _sidecar(
-        "gpu_util_mean_pct",
+        GPU_UTIL,
         "%",
         aggregate="median",
         better="higher",
         label="GPU util %",
         roles={"summary": 8},
+        meaning="how busy the GPUs were (NVML), mean over the measured steps",
     ),
     _sidecar("gpu_util_p10_pct", "%", aggregate="median", better="higher"),
     _sidecar("gpu_mem_bw_util_mean_pct", "%", aggregate="median"),
     # the job tree's CPU time / (wall time × the CPUs its affinity allows): 100 = all busy
     _sidecar(
-        "cpu_util_mean_pct",
+        CPU_UTIL,
         "% of allowed CPUs",
         aggregate="median",
         label="CPU util %",
         roles={"summary": 9},
+        meaning="the job's CPU time ÷ (wall time × the CPUs it may use) over the measured steps: "
+        "100 is every allowed CPU busy",
     ),
     _sidecar("cpu_allowed", "count"),
     _sidecar("util_window", "", aggregate="first_ok"),
@@ -595,7 +647,7 @@ _DECLARED: tuple[Column, ...] = (
     Column(name="environment_note", source="plan", aggregate="first"),
     # -- derived by the report (after the scenario arguments in raw_summary.csv) -----------
     _derived(
-        "peak_memory_bytes",
+        PEAK_MEMORY,
         "bytes",
         aggregate="median",
         better="lower",
@@ -603,10 +655,10 @@ _DECLARED: tuple[Column, ...] = (
         raw=False,
         roles={"summary": 4, "compared": 5, "cell_figure": 10, "environment_figure": 2},
     ),
-    _derived("peak_memory_source", "", aggregate="first_ok", raw=False, roles={"annotated": 2}),
-    _derived("usd_per_gpu_hour", "USD", raw=False),
+    _derived(PEAK_MEMORY_SOURCE, "", aggregate="first_ok", raw=False, roles={"annotated": 2}),
+    _derived(USD_PER_GPU_HOUR, "USD", raw=False),
     _derived(
-        "cost_per_run_usd",
+        COST_PER_RUN,
         "USD",
         aggregate="median",
         label="$ per run",
@@ -614,7 +666,7 @@ _DECLARED: tuple[Column, ...] = (
         roles={"cell_figure": 23},
     ),
     _derived(
-        "time_per_epoch_s",
+        TIME_PER_EPOCH,
         "s",
         aggregate="median",
         label="time per epoch",
@@ -622,15 +674,15 @@ _DECLARED: tuple[Column, ...] = (
         roles={"cell_figure": 24},
     ),
     _derived(
-        "cost_per_epoch_usd",
+        COST_PER_EPOCH,
         "USD",
         aggregate="median",
         label="$ per epoch",
         raw=False,
         roles={"cell_figure": 25},
     ),
-    _derived("time_to_train_s", "s", aggregate="median", raw=False, roles={"cell_figure": 26}),
-    _derived("cost_to_train_usd", "USD", aggregate="median", raw=False, roles={"cell_figure": 27}),
+    _derived(TIME_TO_TRAIN, "s", aggregate="median", raw=False, roles={"cell_figure": 26}),
+    _derived(COST_TO_TRAIN, "USD", aggregate="median", raw=False, roles={"cell_figure": 27}),
 )
 
 #: The key columns, in order: what names an experiment (``plan.csv``'s columns).

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import pandas as pd
 
+from orchestrator.contract.metrics import COST_PER_1M_TOKENS, COST_PER_EPOCH, COST_PER_RUN, COST_TO_TRAIN, DATA_TOKENS, HF_TOKENS_PER_SECOND, JOB_S, PEAK_MEMORY, PEAK_MEMORY_SOURCE, TIME_PER_EPOCH, TIME_TO_TRAIN, TOKENS_PER_SECOND, TRAIN_RUNTIME, USD_PER_GPU_HOUR
 from orchestrator.contract import metrics
 from orchestrator.results.capacity import Capacity
 from orchestrator.results.columns import (
@@ -94,10 +95,10 @@ def has_figures(cells: pd.DataFrame, column: str) -> bool:
 
 def shows_hf_estimate(cells: pd.DataFrame) -> bool:
     """Whether some cell's only throughput figure is HF Trainer's estimate."""
-    if not has_figures(cells, "train_tokens_per_second"):
+    if not has_figures(cells, HF_TOKENS_PER_SECOND):
         return False
-    hf = pd.to_numeric(cells["train_tokens_per_second"], errors="coerce")
-    measured = pd.to_numeric(cells["tokens_per_second_global"], errors="coerce")
+    hf = pd.to_numeric(cells[HF_TOKENS_PER_SECOND], errors="coerce")
+    measured = pd.to_numeric(cells[TOKENS_PER_SECOND], errors="coerce")
     return bool((hf.notna() & measured.isna()).any())
 
 
@@ -117,25 +118,25 @@ def add_derived(df: pd.DataFrame, cost: CostSettings) -> pd.DataFrame:
         take = peak.isna() & values.notna() & (values > 0)
         peak[take] = values[take]
         source[take] = label
-    df["peak_memory_bytes"] = peak
-    df["peak_memory_source"] = source
+    df[PEAK_MEMORY] = peak
+    df[PEAK_MEMORY_SOURCE] = source
 
-    tps = numeric(df, "tokens_per_second_global")
+    tps = numeric(df, TOKENS_PER_SECOND)
     gpus = numeric(df, "num_gpus")
     price = cost.usd_per_gpu_hour
     if price is not None:
-        df["usd_per_gpu_hour"] = price
-        df["cost_per_1m_tokens_usd"] = price * gpus / 3600 / tps * 1e6
-        seconds = numeric(df, "job_s").fillna(numeric(df, "train_runtime"))
-        df["cost_per_run_usd"] = price * gpus * seconds / 3600
-    epoch = numeric(df, "data_tokens")
-    df["time_per_epoch_s"] = epoch / tps
+        df[USD_PER_GPU_HOUR] = price
+        df[COST_PER_1M_TOKENS] = price * gpus / 3600 / tps * 1e6
+        seconds = numeric(df, JOB_S).fillna(numeric(df, TRAIN_RUNTIME))
+        df[COST_PER_RUN] = price * gpus * seconds / 3600
+    epoch = numeric(df, DATA_TOKENS)
+    df[TIME_PER_EPOCH] = epoch / tps
     if price is not None:
-        df["cost_per_epoch_usd"] = df["time_per_epoch_s"] * gpus * price / 3600
+        df[COST_PER_EPOCH] = df[TIME_PER_EPOCH] * gpus * price / 3600
     if cost.tokens:
-        df["time_to_train_s"] = cost.tokens / tps
+        df[TIME_TO_TRAIN] = cost.tokens / tps
         if price is not None:
-            df["cost_to_train_usd"] = df["time_to_train_s"] * gpus * price / 3600
+            df[COST_TO_TRAIN] = df[TIME_TO_TRAIN] * gpus * price / 3600
     return df
 
 
@@ -259,7 +260,7 @@ SCALING_FAMILY = metrics.with_role("family")
 SCALING_FIGURES = (
     "num_gpus",
     "base_num_gpus",
-    "tokens_per_second_global",
+    TOKENS_PER_SECOND,
     "speedup",
     "scaling_efficiency",
 )
@@ -282,11 +283,11 @@ def scaling(cells: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     keys = scaling_keys(cells)
     usable = cells.copy()
-    usable["tokens_per_second_global"] = pd.to_numeric(
-        usable["tokens_per_second_global"], errors="coerce"
+    usable[TOKENS_PER_SECOND] = pd.to_numeric(
+        usable[TOKENS_PER_SECOND], errors="coerce"
     )
     usable["num_gpus"] = pd.to_numeric(usable["num_gpus"], errors="coerce")
-    usable = usable[usable["tokens_per_second_global"].notna() & usable["num_gpus"].notna()]
+    usable = usable[usable[TOKENS_PER_SECOND].notna() & usable["num_gpus"].notna()]
     if usable.empty:
         return pd.DataFrame()
     # families group on text, so that missing values group like any other
@@ -299,12 +300,12 @@ def scaling(cells: pd.DataFrame) -> pd.DataFrame:
     if usable.empty:
         return pd.DataFrame()
     grouped = usable.groupby(group_cols, sort=False)
-    base_tps = grouped["tokens_per_second_global"].transform("first")
+    base_tps = grouped[TOKENS_PER_SECOND].transform("first")
     base_n = grouped["num_gpus"].transform("first")
     table = usable[keys].copy()
     table["num_gpus"] = usable["num_gpus"].astype(int)
     table["base_num_gpus"] = base_n.astype(int)
-    table["tokens_per_second_global"] = usable["tokens_per_second_global"]
-    table["speedup"] = usable["tokens_per_second_global"] / base_tps
+    table[TOKENS_PER_SECOND] = usable[TOKENS_PER_SECOND]
+    table["speedup"] = usable[TOKENS_PER_SECOND] / base_tps
     table["scaling_efficiency"] = table["speedup"] / (usable["num_gpus"] / base_n)
     return table.reset_index(drop=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from orchestrator.contract.metrics import PEAK_MEMORY
 from orchestrator.contract import metrics
 from orchestrator.results.columns import numeric
 from orchestrator.results.envfile import read_env
@@ -116,7 +117,7 @@ def mark_likely_oom(table: pd.DataFrame, capacity: Capacity | None) -> pd.DataFr
     for column in RUN_FIGURES:
         no_figures &= numeric(table, column).isna()
     on_gpu = table["device"].astype(str) != "cpu"
-    memory = numeric(table, "peak_memory_bytes")
+    memory = numeric(table, PEAK_MEMORY)
     unfinished = ~table["status"].isin(["ok", "skipped", "planned"]) & no_figures
     table["failed_peak_memory_bytes"] = memory.where(unfinished & memory.notna())
     candidate = unfinished & (table["status"] == "failed") & on_gpu & memory.notna()

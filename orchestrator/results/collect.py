@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.contract.metrics import TRAIN_RUNTIME
 from orchestrator.contract import metrics
 from orchestrator.contract.argnames import DEFAULT_TASK
 from orchestrator.contract.errors import UserError
@@ -129,7 +130,7 @@ def _predecessor_status(row: Mapping[Any, Any]) -> tuple[str, str | None]:
     error = row.get("error_messages")
     if isinstance(error, str) and error.strip():
         return "failed", " ".join(error.split())[:300]
-    runtime = row.get("train_runtime")
+    runtime = row.get(TRAIN_RUNTIME)
     if runtime is None or (isinstance(runtime, float) and math.isnan(runtime)) or runtime == "":
         # the predecessor recorded failed and out-of-memory runs with empty metrics
         return "failed", "no metrics in the predecessor's table (failed or out of memory)"

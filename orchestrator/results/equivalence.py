@@ -35,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.contract.metrics import TOKENS_PER_SECOND
 from orchestrator.contract import metrics
 from orchestrator.contract.argnames import BACKEND_KEY, default_backend
 from orchestrator.contract.layout import ResultsLayout
@@ -285,8 +286,8 @@ def _compare_cell(
     verdict = SAME
     if gap.mean > tolerance:
         fast, slow = (
-            number(cell.get("tokens_per_second_global")),
-            number(base.get("tokens_per_second_global")),
+            number(cell.get(TOKENS_PER_SECOND)),
+            number(base.get(TOKENS_PER_SECOND)),
         )
         verdict = (
             FAST_BUT_DIFFERENT

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.contract.metrics import COST_PER_1M_TOKENS, COST_PER_EPOCH, COST_PER_RUN, COST_TO_TRAIN, CPU_UTIL, GPU_UTIL, HF_TOKENS_PER_SECOND, PEAK_MEMORY, PEAK_MEMORY_SOURCE, SAMPLES_PER_SECOND, TIME_PER_EPOCH, TIME_TO_TRAIN, TOKENS_PER_SECOND
 from orchestrator.contract import metrics
 from orchestrator.contract.argnames import CLASSIFICATION_TASKS
 from orchestrator.contract.outcome import (
@@ -47,7 +48,7 @@ from orchestrator.results.numbers import whole
 from orchestrator.results.steady import steady_markdown
 
 #: the header of HF Trainer's throughput estimate, and what it is
-HF_ESTIMATE_HEADER = metrics.get("train_tokens_per_second").header
+HF_ESTIMATE_HEADER = metrics.get(HF_TOKENS_PER_SECOND).header
 HF_ESTIMATE_NOTE = (
     f"**{HF_ESTIMATE_HEADER}** is HF Trainer's `train_tokens_per_second`: per device, "
     "padding included, estimated by HF Trainer from the first batch's length × the number "
@@ -192,7 +193,7 @@ def figure_text(cell: Mapping[Any, Any], name: str) -> str:
         return _spread(cell, name)
     text = _fmt(cell.get(name), _UNIT_FORMATS.get(column.unit, ""))
     mark = _WINDOW_MARK.get(str(cell.get("util_window")))
-    if name in ("gpu_util_mean_pct", "cpu_util_mean_pct") and mark and text != "–":
+    if name in (GPU_UTIL, CPU_UTIL) and mark and text != "–":
         text += f" ({mark})"
     return text
 
@@ -201,7 +202,7 @@ def figure_text(cell: Mapping[Any, Any], name: str) -> str:
 #: sft and hf cells of one scenario side by side)
 _VARYING_KEYS = metrics.with_role("varying")
 #: the figure shown next to tokens/s for the tasks whose unit is a sample, not a token
-SAMPLES_FIGURE = "samples_per_second_global"
+SAMPLES_FIGURE = SAMPLES_PER_SECOND
 #: its header where every cell of a table is an image task
 IMAGES_HEADER = "images/s"
 
@@ -225,24 +226,6 @@ def _figures_of(group: pd.DataFrame, figures: list[str]) -> list[tuple[str, str]
     return [*out[: after + 1], (SAMPLES_FIGURE, header), *out[after + 1 :]]
 
 
-#: what each figure column of a scenario's table means (summary.md's reading guide);
-#: ``{workers}`` is GPUs, or processes on the CPU
-_MEANINGS = {
-    "tokens_per_second_global": "real (non-padding) tokens per second over the measured "
-    "steps (warm-up excluded), all {workers} together",
-    "tokens_per_second_per_device": "the same, per {worker}",
-    "samples_per_second_global": "samples (rows; images for image tasks) per second over "
-    "the measured steps, all {workers} together",
-    "mfu": "model FLOPs utilisation: the model's training FLOPs per token (forward and "
-    "backward, attention included, recompute not counted) × tokens/s per {worker}, over the "
-    "{worker}'s peak FLOP/s at the run's precision",
-    "cost_per_1m_tokens_usd": "{workers} × the price per {worker}-hour ÷ tokens per hour, × 1M",
-    "train_loss": "HF Trainer's `train_loss`: the mean training loss over all the run's "
-    "steps, warm-up included (the quality column has the first and last)",
-    "gpu_util_mean_pct": "how busy the GPUs were (NVML), mean over the measured steps",
-    "cpu_util_mean_pct": "the job's CPU time ÷ (wall time × the CPUs it may use) over the "
-    "measured steps: 100 is every allowed CPU busy",
-}
 #: a utilisation figure over a wider window than the measured steps, as a table shows it
 _WINDOW_MARK = {"training": "training", "job": "whole job"}
 
@@ -281,12 +264,12 @@ def reading_guide(
     ]
     for name in figures:
         header = _header(name, metrics.get(name).header, cpu)
-        if name == "train_tokens_per_second":
+        if name == HF_TOKENS_PER_SECOND:
             columns.append(f"- {HF_ESTIMATE_NOTE}")
-        elif name == "peak_memory_bytes":
+        elif name == PEAK_MEMORY:
             found = (
-                cells["peak_memory_source"].dropna().astype(str).value_counts()
-                if "peak_memory_source" in cells.columns
+                cells[PEAK_MEMORY_SOURCE].dropna().astype(str).value_counts()
+                if PEAK_MEMORY_SOURCE in cells.columns
                 else pd.Series(dtype=int)
             )
             if cpu and len(found) == 1:
@@ -301,9 +284,9 @@ def reading_guide(
                         f"{source} ({n} cell{'s' if n > 1 else ''})" for source, n in found.items()
                     )
             columns.append(text + ".")
-        elif name in _MEANINGS:
-            text = _MEANINGS[name].format(worker=one, workers=many)
-            if name in ("gpu_util_mean_pct", "cpu_util_mean_pct"):
+        elif metrics.get(name).meaning:
+            text = metrics.get(name).meaning.format(worker=one, workers=many)
+            if name in (GPU_UTIL, CPU_UTIL):
                 text += (
                     ". A figure marked (training) or (whole job) covers a wider window: the "
                     "measured steps were too short for the sidecar to sample (under "
@@ -314,7 +297,7 @@ def reading_guide(
     if tasks.isin(CLASSIFICATION_TASKS).any() and has_figures(cells, SAMPLES_FIGURE):
         columns.append(
             f"- **{metrics.get(SAMPLES_FIGURE).header}**: "
-            + _MEANINGS[SAMPLES_FIGURE].format(worker=one, workers=many)
+            + metrics.get(SAMPLES_FIGURE).meaning.format(worker=one, workers=many)
             + "."
         )
     if "task" in cells.columns and (cells["task"].astype(str) == "image-classification").any():
@@ -355,13 +338,13 @@ def summary_markdown(
     figures = [
         name
         for name in SUMMARY_FIGURES
-        if (name == "train_tokens_per_second" and hf)
-        or (name != "train_tokens_per_second" and has_figures(cells, name))
+        if (name == HF_TOKENS_PER_SECOND and hf)
+        or (name != HF_TOKENS_PER_SECOND and has_figures(cells, name))
     ]
     missing = [
         metrics.get(name).header
         for name in SUMMARY_FIGURES
-        if name != "train_tokens_per_second" and not has_figures(cells, name)
+        if name != HF_TOKENS_PER_SECOND and not has_figures(cells, name)
     ]
     cpu = ran_on_cpu(cells)
     lines = [
@@ -532,28 +515,28 @@ def scaling_markdown(table: pd.DataFrame) -> list[str]:
 
 #: the figures of the cost table whose headers are their labels
 _COST_FIGURES = (
-    "tokens_per_second_global",
-    "cost_per_1m_tokens_usd",
-    "cost_per_run_usd",
-    "time_per_epoch_s",
-    "cost_per_epoch_usd",
+    TOKENS_PER_SECOND,
+    COST_PER_1M_TOKENS,
+    COST_PER_RUN,
+    TIME_PER_EPOCH,
+    COST_PER_EPOCH,
 )
 
 
 def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
     if cost.usd_per_gpu_hour is None and not cost.tokens:
         return []
-    ok = cells[cells["tokens_per_second_global"].notna()]
+    ok = cells[cells[TOKENS_PER_SECOND].notna()]
     if ok.empty:
         return []
     header = {name: metrics.get(name).header for name in _COST_FIGURES}
     cpu = ran_on_cpu(ok)
-    headers = ["scenario", "model", "framework", workers(cpu), header["tokens_per_second_global"]]
+    headers = ["scenario", "model", "framework", workers(cpu), header[TOKENS_PER_SECOND]]
     if cost.usd_per_gpu_hour is not None:
-        headers += [header["cost_per_1m_tokens_usd"], header["cost_per_run_usd"]]
-    headers += [header["time_per_epoch_s"]]
+        headers += [header[COST_PER_1M_TOKENS], header[COST_PER_RUN]]
+    headers += [header[TIME_PER_EPOCH]]
     if cost.usd_per_gpu_hour is not None:
-        headers += [header["cost_per_epoch_usd"]]
+        headers += [header[COST_PER_EPOCH]]
     if cost.tokens:
         headers += [f"time for {cost.tokens:,.0f} tokens"]
         if cost.usd_per_gpu_hour is not None:
@@ -565,20 +548,20 @@ def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
             str(c["model_name_or_path"]),
             str(c["framework_config"]),
             _fmt(c["num_gpus"], "int"),
-            _fmt(c["tokens_per_second_global"], "int"),
+            _fmt(c[TOKENS_PER_SECOND], "int"),
         ]
         if cost.usd_per_gpu_hour is not None:
             row += [
-                _fmt(c.get("cost_per_1m_tokens_usd"), "usd"),
-                _fmt(c.get("cost_per_run_usd"), "usd"),
+                _fmt(c.get(COST_PER_1M_TOKENS), "usd"),
+                _fmt(c.get(COST_PER_RUN), "usd"),
             ]
-        row += [_fmt(c.get("time_per_epoch_s"), "time")]
+        row += [_fmt(c.get(TIME_PER_EPOCH), "time")]
         if cost.usd_per_gpu_hour is not None:
-            row += [_fmt(c.get("cost_per_epoch_usd"), "usd")]
+            row += [_fmt(c.get(COST_PER_EPOCH), "usd")]
         if cost.tokens:
-            row += [_fmt(c.get("time_to_train_s"), "time")]
+            row += [_fmt(c.get(TIME_TO_TRAIN), "time")]
             if cost.usd_per_gpu_hour is not None:
-                row += [_fmt(c.get("cost_to_train_usd"), "usd")]
+                row += [_fmt(c.get(COST_TO_TRAIN), "usd")]
         body.append(row)
     price = (
         f"${cost.usd_per_gpu_hour:g} per GPU-hour" + (" (applied to process-hours)" if cpu else "")

@@ -44,6 +44,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from orchestrator.contract.metrics import HF_TOKENS_PER_SECOND, PEAK_MEMORY, PEAK_MEMORY_SOURCE, TOKENS_PER_SECOND
 from orchestrator.contract import metrics
 from orchestrator.contract.wording import worker, workers
 from orchestrator.matrix.ids import model_short_name
@@ -632,13 +633,13 @@ def _widen_to_legend(fig: Any, ax: Any) -> None:
 
 def throughput_figure(cells: pd.DataFrame) -> Figure | None:
     """Measured tokens/s per cell; None when no cell has one."""
-    values = pd.to_numeric(cells["tokens_per_second_global"], errors="coerce")
+    values = pd.to_numeric(cells[TOKENS_PER_SECOND], errors="coerce")
     if values.isna().all():
         return None
     shown, note = _select(cells, values)
     return bar_figure(
         shown,
-        "tokens_per_second_global",
+        TOKENS_PER_SECOND,
         scale=1.0,
         xlabel=f"measured tokens per second, all {_counted(shown)} (real tokens, median "
         "over repeats)",
@@ -646,21 +647,21 @@ def throughput_figure(cells: pd.DataFrame) -> Figure | None:
         whisker_xlabel=f"measured tokens per second, all {_counted(shown)} (real tokens; "
         "bar: the median over repeats, whisker: their min–max)",
         title="Throughput per cell" + note,
-        whiskers=("tokens_per_second_global_min", "tokens_per_second_global_max"),
+        whiskers=(f"{TOKENS_PER_SECOND}_min", f"{TOKENS_PER_SECOND}_max"),
     )
 
 
 def hf_estimate_figure(cells: pd.DataFrame) -> Figure | None:
     """HF Trainer's tokens/s estimate per cell, apart from measured throughput."""
-    if "train_tokens_per_second" not in cells.columns:
+    if HF_TOKENS_PER_SECOND not in cells.columns:
         return None
-    values = pd.to_numeric(cells["train_tokens_per_second"], errors="coerce")
+    values = pd.to_numeric(cells[HF_TOKENS_PER_SECOND], errors="coerce")
     if values.isna().all():
         return None
     shown, note = _select(cells, values)
     return bar_figure(
         shown,
-        "train_tokens_per_second",
+        HF_TOKENS_PER_SECOND,
         scale=1.0,
         xlabel=f"HF Trainer's train_tokens_per_second: per {worker(ran_on_cpu(shown))}, padding "
         "included, estimated from the first batch × steps",
@@ -670,9 +671,9 @@ def hf_estimate_figure(cells: pd.DataFrame) -> Figure | None:
 
 
 def _sources(frame: pd.DataFrame, mask: pd.Series) -> str:
-    if "peak_memory_source" not in frame.columns:
+    if PEAK_MEMORY_SOURCE not in frame.columns:
         return ""
-    return " / ".join(sorted(frame.loc[mask, "peak_memory_source"].dropna().astype(str).unique()))
+    return " / ".join(sorted(frame.loc[mask, PEAK_MEMORY_SOURCE].dropna().astype(str).unique()))
 
 
 def memory_figure(
@@ -684,7 +685,7 @@ def memory_figure(
     the finished ones' (the predecessor: HF's figure for these, NVML's for those),
     the axis says which is which.
     """
-    peak = pd.to_numeric(cells["peak_memory_bytes"], errors="coerce")
+    peak = pd.to_numeric(cells[PEAK_MEMORY], errors="coerce")
     failed = (
         pd.to_numeric(cells["failed_peak_memory_bytes"], errors="coerce")
         if "failed_peak_memory_bytes" in cells.columns
@@ -713,7 +714,7 @@ def memory_figure(
                 xlabel += f"\nsources differ: bars {finished}; hatched {unfinished}"
     return bar_figure(
         shown,
-        "peak_memory_bytes",
+        PEAK_MEMORY,
         scale=GIB,
         xlabel=xlabel,
         title="Peak memory per cell" + note,

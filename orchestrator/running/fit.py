@@ -27,6 +27,7 @@ from orchestrator.config.scenarios import BenchConfig, Scenario
 from orchestrator.config.search import DEFAULT_MARGIN, DEFAULT_MIN, Search
 from orchestrator.contract.errors import ConfigError, UserError
 from orchestrator.contract.layout import ResultsLayout
+from orchestrator.contract.metrics import TOKENS_PER_SECOND
 from orchestrator.contract.outcome import Outcome, is_pruned, read_outcome
 from orchestrator.contract.result import read_result
 from orchestrator.executors.base import Executor
@@ -381,7 +382,7 @@ def run_fit(
                     reason=reason,
                     peak_memory_bytes=peak,
                     peak_memory_source=source,
-                    tokens_per_second=number(row.get("tokens_per_second_global")),
+                    tokens_per_second=number(row.get(TOKENS_PER_SECOND)),
                     wall_s=outcome.wall_s,
                     reused=reused,
                 )

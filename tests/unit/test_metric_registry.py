@@ -470,3 +470,15 @@ def test_roles_are_checked() -> None:
     with pytest.raises(KeyError, match="no role 'nope'"):
         metrics.with_role("nope")
     assert "x_s" not in metrics.names()
+
+
+def test_the_names_the_code_reads_columns_by_are_declared_columns() -> None:
+    """``TOKENS_PER_SECOND`` and the like: each a declared column's own name."""
+    names = {n: v for n, v in vars(metrics).items() if n.isupper() and isinstance(v, str)}
+    assert "TOKENS_PER_SECOND" in names and "PEAK_MEMORY" in names
+    for constant, name in names.items():
+        assert metrics.get(name).name == name, constant
+    # summary.md's reading guide explains the figures it shows by the registry's words
+    for name in metrics.with_role("summary"):
+        column = metrics.get(name)
+        assert column.meaning or name in (metrics.HF_TOKENS_PER_SECOND, metrics.PEAK_MEMORY)
