@@ -1,7 +1,7 @@
 """The report's tables: derived columns, cells (repeats aggregated), scaling.
 
 Repeats of a cell aggregate as their columns declare (``Column.aggregate`` in
-``orchestrator.contract.metrics``): the main figures to the median with the
+``orchestrator.contract.columns``): the main figures to the median with the
 coefficient of variation and the min/max, the others to the median. A cell's
 status is its repeats' status, or the mix (``ok×2 oom×1``). Failed cells stay
 in every table.
@@ -15,10 +15,10 @@ from typing import Protocol
 
 import pandas as pd
 
-from orchestrator.contract.metrics import COST_PER_1M_TOKENS, COST_PER_EPOCH, COST_PER_RUN, COST_TO_TRAIN, DATA_TOKENS, HF_TOKENS_PER_SECOND, JOB_S, PEAK_MEMORY, PEAK_MEMORY_SOURCE, TIME_PER_EPOCH, TIME_TO_TRAIN, TOKENS_PER_SECOND, TRAIN_RUNTIME, USD_PER_GPU_HOUR
-from orchestrator.contract import metrics
+from orchestrator.contract.columns import COST_PER_1M_TOKENS, COST_PER_EPOCH, COST_PER_RUN, COST_TO_TRAIN, DATA_TOKENS, HF_TOKENS_PER_SECOND, JOB_S, PEAK_MEMORY, PEAK_MEMORY_SOURCE, TIME_PER_EPOCH, TIME_TO_TRAIN, TOKENS_PER_SECOND, TRAIN_RUNTIME, USD_PER_GPU_HOUR
+from orchestrator.contract import columns as registry
 from orchestrator.results.capacity import Capacity
-from orchestrator.results.columns import (
+from orchestrator.results.tablecolumns import (
     REPORT_ONLY_COLUMNS,
     config_columns,
     is_output,
@@ -40,7 +40,7 @@ PEAK_MEMORY_SOURCES = (
 )
 #: the order of the median figures in a cell (``benchmarks.csv``), after the spread
 #: ones; a median figure not named here follows these, in the registry's order
-FIGURE_ORDER = metrics.with_role("cell_figure")
+FIGURE_ORDER = registry.with_role("cell_figure")
 
 
 @dataclass(frozen=True)
@@ -70,18 +70,18 @@ class ReportTables(Protocol):
 
 def cell_keys() -> list[str]:
     """What a cell is, besides its id: the key columns its repeats share."""
-    return [c.name for c in metrics.select(key=True, aggregate="first")]
+    return [c.name for c in registry.select(key=True, aggregate="first")]
 
 
 def spread_figures() -> list[str]:
     """The main figures: median, coefficient of variation, min and max over repeats."""
-    return [c.name for c in metrics.select(aggregate="spread")]
+    return [c.name for c in registry.select(aggregate="spread")]
 
 
 def cell_figures() -> list[str]:
     """Every figure a cell has, in order: the spread ones, then the medians
     (``FIGURE_ORDER``, then the registry's order)."""
-    medians = [c.name for c in metrics.select(aggregate="median")]
+    medians = [c.name for c in registry.select(aggregate="median")]
     ordered = [m for m in FIGURE_ORDER if m in medians]
     return spread_figures() + ordered + [m for m in medians if m not in ordered]
 
@@ -216,10 +216,10 @@ def aggregate(rows: pd.DataFrame) -> pd.DataFrame:
         for column in (metric, f"{metric}_cv", f"{metric}_min", f"{metric}_max"):
             if column not in cells.columns:
                 cells[column] = math.nan
-    for name in [c.name for c in metrics.select(aggregate="first_ok")]:
+    for name in [c.name for c in registry.select(aggregate="first_ok")]:
         if name in ok.columns:
             cells[name] = ok[name].groupby(ok["cell_id"], sort=False).first().reindex(cells.index)
-    for name in [c.name for c in metrics.select(aggregate="first", key=False)]:
+    for name in [c.name for c in registry.select(aggregate="first", key=False)]:
         if name in rows.columns:
             cells[name] = by_cell[name].first()
     cells = cells.reset_index()
@@ -244,7 +244,7 @@ def benchmarks_table(cells: pd.DataFrame) -> pd.DataFrame:
         and cells[c].astype(str).nunique(dropna=False) <= 1
     ]
     table = cells.drop(columns=constant)
-    order = [k for k in metrics.with_role("sort") if k in table.columns]
+    order = [k for k in registry.with_role("sort") if k in table.columns]
     return table.sort_values(order, kind="stable", na_position="last").reset_index(drop=True)
 
 
@@ -253,7 +253,7 @@ def benchmarks_table(cells: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------------------
 
 #: what a scaling family's cells share: everything but the GPU count (and the batch)
-SCALING_FAMILY = metrics.with_role("family")
+SCALING_FAMILY = registry.with_role("family")
 
 
 #: the columns ``scaling`` adds to a family's keys

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.contract.metrics import PEAK_MEMORY
-from orchestrator.contract import metrics
-from orchestrator.results.columns import numeric
+from orchestrator.contract.columns import PEAK_MEMORY
+from orchestrator.contract import columns as registry
+from orchestrator.results.tablecolumns import numeric
 from orchestrator.results.envfile import read_env
 from orchestrator.contract.devices import GIB as GIB
 from orchestrator.contract.devices import KNOWN_GPU_MEMORY as DEVICE_MEMORY
@@ -29,7 +29,7 @@ from orchestrator.contract.devices import KNOWN_GPU_MEMORY as DEVICE_MEMORY
 #: high (up to 98.6%), so memory alone is no verdict: only runs without metrics qualify.
 LIKELY_OOM_FRACTION = 0.9
 #: figures whose absence means a run left no metrics
-RUN_FIGURES = metrics.with_role("run_figure")
+RUN_FIGURES = registry.with_role("run_figure")
 #: nominal memory of GPUs known by name, for a table that does not record it: a name
 #: matched (lower case) in the rows' ``gpu_device_name``, else in the file or folder
 #: name (the device table, orchestrator/contract/devices.py)

@@ -26,12 +26,12 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract.metrics import TRAIN_RUNTIME
-from orchestrator.contract import metrics
+from orchestrator.contract.columns import TRAIN_RUNTIME
+from orchestrator.contract import columns as registry
 from orchestrator.contract.argnames import DEFAULT_TASK
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import RunPaths
-from orchestrator.contract.metrics import KEY_COLUMNS
+from orchestrator.contract.columns import KEY_COLUMNS
 from orchestrator.contract.outcome import read_outcome
 from orchestrator.results.rows import build_row
 
@@ -42,7 +42,7 @@ ARGUMENT_ALIASES = {"acceleration_framework_config_file": "framework_config_file
 
 def aliases() -> dict[str, str]:
     """Other column names -> ours (same meaning and units)."""
-    return {**metrics.alias_map(), **ARGUMENT_ALIASES}
+    return {**registry.alias_map(), **ARGUMENT_ALIASES}
 
 
 #: what the rows of tables made before runs named their task and trainer ran: a
@@ -53,7 +53,7 @@ LEGACY_TRAINER = "hf"
 PREDECESSOR_TRAINER = "sft"
 
 #: key columns read as numbers (the plan's position is empty in older tables)
-NUMERIC = metrics.with_role("numeric")
+NUMERIC = registry.with_role("numeric")
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -72,7 +72,7 @@ def _csv_rows(path: Path) -> list[dict[str, Any]]:
 def _our_names(row: dict[str, Any]) -> dict[str, Any]:
     """A row of one of our older tables under today's column names (``slurm_job_id``
     is ``job_id`` now), where it does not have the new name already."""
-    names = metrics.alias_map()
+    names = registry.alias_map()
     return {names[k] if k in names and names[k] not in row else k: v for k, v in row.items()}
 
 

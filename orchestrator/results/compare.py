@@ -18,7 +18,7 @@ than every reference run. A cell that was ``ok`` and is not any more (failed,
 out of memory, timed out or interrupted) is a regression too.
 
 The metrics compare knows, and which way each is better, are the columns
-declared with a direction (``Column.better`` in ``orchestrator.contract.metrics``).
+declared with a direction (``Column.better`` in ``orchestrator.contract.columns``).
 
 A matched cell whose sides ran under different conditions (GPU model, memory
 source, run mode: ``ANNOTATED``) is still compared, and marked: the table's
@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.contract import metrics as registry
+from orchestrator.contract import columns as registry
 from orchestrator.contract.argnames import DEFAULT_TASK
 from orchestrator.contract.layout import ResultsLayout, write_atomic
 from orchestrator.contract.outcome import LOST, NOT_LAUNCHED, PRUNED
 from orchestrator.contract.wording import signed_change, workers
-from orchestrator.results.columns import (
+from orchestrator.results.tablecolumns import (
     argument_columns,
     is_output,
     measured,

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from orchestrator.contract.metrics import TOKENS_PER_SECOND
+from orchestrator.contract.columns import TOKENS_PER_SECOND
 from orchestrator.contract.steady import t975
-from orchestrator.results.columns import measured, numeric
+from orchestrator.results.tablecolumns import measured, numeric
 
 FIGURE = TOKENS_PER_SECOND
 #: the column of benchmarks.csv (a cell's trend), and its span in positions

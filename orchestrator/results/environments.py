@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.config.environments import drift, short_labels
-from orchestrator.contract import metrics
+from orchestrator.contract import columns as registry
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.wording import worker
 
@@ -25,7 +25,7 @@ COLUMN = "environment"
 VERSIONS = "environment_versions"
 NOTE = "environment_note"
 #: the figures summary.md puts side by side, per environment
-SIDE_BY_SIDE = metrics.with_role("environment_figure")
+SIDE_BY_SIDE = registry.with_role("environment_figure")
 
 
 def versions_of(value: Any) -> dict[str, Any]:
@@ -114,7 +114,7 @@ def _cell_keys(cells: pd.DataFrame, args: Sequence[str]) -> list[str]:
 
 
 #: what a side-by-side row always names
-_ALWAYS = metrics.with_role("environment_row")
+_ALWAYS = registry.with_role("environment_row")
 
 
 def _ordered(keys: Sequence[str]) -> list[str]:

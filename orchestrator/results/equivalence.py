@@ -35,12 +35,12 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract.metrics import TOKENS_PER_SECOND
-from orchestrator.contract import metrics
+from orchestrator.contract.columns import TOKENS_PER_SECOND
+from orchestrator.contract import columns as registry
 from orchestrator.contract.argnames import BACKEND_KEY, default_backend
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.result import read_result
-from orchestrator.results.columns import measured
+from orchestrator.results.tablecolumns import measured
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.numbers import number
 
@@ -49,7 +49,7 @@ DEFAULT_TOLERANCE = 0.05
 #: the framework of a baseline cell (``framework_config: null``)
 BASELINE_FRAMEWORK = "none"
 #: what must be equal between a variant and its baseline (those the cells have)
-MATCH_KEYS = metrics.with_role("baseline")
+MATCH_KEYS = registry.with_role("baseline")
 #: what a variant may differ in (swept values of these are no match keys)
 VARIANT_KEYS = ("framework_config", BACKEND_KEY)
 

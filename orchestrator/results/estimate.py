@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from orchestrator.contract.metrics import JOB_S, TOKENS_PER_SECOND, WALL_S
+from orchestrator.contract.columns import JOB_S, TOKENS_PER_SECOND, WALL_S
 from orchestrator.results import history
 from orchestrator.results.numbers import number
 

@@ -17,7 +17,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.contract.metrics import JOB_S, TOKENS_PER_SECOND
+from orchestrator.contract.columns import JOB_S, TOKENS_PER_SECOND
 from orchestrator.contract.layout import file_mode
 
 if TYPE_CHECKING:  # pandas only where a table is built: `tunematrix plan` reads the history too

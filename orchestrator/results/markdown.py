@@ -7,7 +7,7 @@ steps), and where it is all a table has (the predecessor's), it is shown in a
 column and a plot of its own, never as a measured figure.
 
 Headers come from the columns' labels (``Column.label`` in
-``orchestrator.contract.metrics``), and how a figure is shown from its unit.
+``orchestrator.contract.columns``), and how a figure is shown from its unit.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract.metrics import COST_PER_1M_TOKENS, COST_PER_EPOCH, COST_PER_RUN, COST_TO_TRAIN, CPU_UTIL, GPU_UTIL, HF_TOKENS_PER_SECOND, PEAK_MEMORY, PEAK_MEMORY_SOURCE, SAMPLES_PER_SECOND, TIME_PER_EPOCH, TIME_TO_TRAIN, TOKENS_PER_SECOND
-from orchestrator.contract import metrics
+from orchestrator.contract.columns import COST_PER_1M_TOKENS, COST_PER_EPOCH, COST_PER_RUN, COST_TO_TRAIN, CPU_UTIL, GPU_UTIL, HF_TOKENS_PER_SECOND, PEAK_MEMORY, PEAK_MEMORY_SOURCE, SAMPLES_PER_SECOND, TIME_PER_EPOCH, TIME_TO_TRAIN, TOKENS_PER_SECOND
+from orchestrator.contract import columns as registry
 from orchestrator.contract.argnames import CLASSIFICATION_TASKS
 from orchestrator.contract.outcome import (
     NOT_LAUNCHED,
@@ -39,7 +39,7 @@ from orchestrator.results.aggregate import (
     shows_hf_estimate,
 )
 from orchestrator.results.capacity import GIB, LIKELY_OOM_FRACTION, Capacity, gib
-from orchestrator.results.columns import CELL_ORDER, config_columns, ran_on_cpu, status_labels
+from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, ran_on_cpu, status_labels
 from orchestrator.results.communication import communication_markdown
 from orchestrator.results.drift import drift_markdown
 from orchestrator.results.environments import side_by_side_markdown
@@ -48,7 +48,7 @@ from orchestrator.results.numbers import whole
 from orchestrator.results.steady import steady_markdown
 
 #: the header of HF Trainer's throughput estimate, and what it is
-HF_ESTIMATE_HEADER = metrics.get(HF_TOKENS_PER_SECOND).header
+HF_ESTIMATE_HEADER = registry.get(HF_TOKENS_PER_SECOND).header
 HF_ESTIMATE_NOTE = (
     f"**{HF_ESTIMATE_HEADER}** is HF Trainer's `train_tokens_per_second`: per device, "
     "padding included, estimated by HF Trainer from the first batch's length × the number "
@@ -56,7 +56,7 @@ HF_ESTIMATE_NOTE = (
     "is kept apart from them."
 )
 #: the figure columns of a scenario's table in summary.md, in order
-SUMMARY_FIGURES = metrics.with_role("summary")
+SUMMARY_FIGURES = registry.with_role("summary")
 #: how a figure of each unit is shown (``_fmt``'s kinds); other units as they are
 _UNIT_FORMATS = {
     "tokens/s": "int",
@@ -188,7 +188,7 @@ def status_counts(rows: pd.DataFrame) -> str:
 
 def figure_text(cell: Mapping[Any, Any], name: str) -> str:
     """A cell's figure as a table shows it: by its unit, with the spread of a main figure."""
-    column = metrics.get(name)
+    column = registry.get(name)
     if column.aggregate == "spread":
         return _spread(cell, name)
     text = _fmt(cell.get(name), _UNIT_FORMATS.get(column.unit, ""))
@@ -200,7 +200,7 @@ def figure_text(cell: Mapping[Any, Any], name: str) -> str:
 
 #: key columns a scenario's table shows when they vary within it (the trainer first:
 #: sft and hf cells of one scenario side by side)
-_VARYING_KEYS = metrics.with_role("varying")
+_VARYING_KEYS = registry.with_role("varying")
 #: the figure shown next to tokens/s for the tasks whose unit is a sample, not a token
 SAMPLES_FIGURE = SAMPLES_PER_SECOND
 #: its header where every cell of a table is an image task
@@ -210,14 +210,14 @@ IMAGES_HEADER = "images/s"
 def _figures_of(group: pd.DataFrame, figures: list[str]) -> list[tuple[str, str]]:
     """A scenario table's figures and their headers: ``figures``, with samples/s next to
     tokens/s where the table has classification cells (images/s when all are images)."""
-    out = [(name, metrics.get(name).header) for name in figures]
+    out = [(name, registry.get(name).header) for name in figures]
     tasks = group["task"].astype(str) if "task" in group.columns else pd.Series(dtype=str)
     if not tasks.isin(CLASSIFICATION_TASKS).any() or not has_figures(group, SAMPLES_FIGURE):
         return out
     header = (
         IMAGES_HEADER
         if (tasks == "image-classification").all()
-        else metrics.get(SAMPLES_FIGURE).header
+        else registry.get(SAMPLES_FIGURE).header
     )
     after = max(
         (i for i, (name, _) in enumerate(out) if name.startswith("tokens_per_second")),
@@ -263,7 +263,7 @@ def reading_guide(
         "scenario's table where they vary in it.",
     ]
     for name in figures:
-        header = _header(name, metrics.get(name).header, cpu)
+        header = _header(name, registry.get(name).header, cpu)
         if name == HF_TOKENS_PER_SECOND:
             columns.append(f"- {HF_ESTIMATE_NOTE}")
         elif name == PEAK_MEMORY:
@@ -284,8 +284,8 @@ def reading_guide(
                         f"{source} ({n} cell{'s' if n > 1 else ''})" for source, n in found.items()
                     )
             columns.append(text + ".")
-        elif metrics.get(name).meaning:
-            text = metrics.get(name).meaning.format(worker=one, workers=many)
+        elif registry.get(name).meaning:
+            text = registry.get(name).meaning.format(worker=one, workers=many)
             if name in (GPU_UTIL, CPU_UTIL):
                 text += (
                     ". A figure marked (training) or (whole job) covers a wider window: the "
@@ -296,8 +296,8 @@ def reading_guide(
     tasks = cells["task"].astype(str) if "task" in cells.columns else pd.Series(dtype=str)
     if tasks.isin(CLASSIFICATION_TASKS).any() and has_figures(cells, SAMPLES_FIGURE):
         columns.append(
-            f"- **{metrics.get(SAMPLES_FIGURE).header}**: "
-            + metrics.get(SAMPLES_FIGURE).meaning.format(worker=one, workers=many)
+            f"- **{registry.get(SAMPLES_FIGURE).header}**: "
+            + registry.get(SAMPLES_FIGURE).meaning.format(worker=one, workers=many)
             + "."
         )
     if "task" in cells.columns and (cells["task"].astype(str) == "image-classification").any():
@@ -342,7 +342,7 @@ def summary_markdown(
         or (name != HF_TOKENS_PER_SECOND and has_figures(cells, name))
     ]
     missing = [
-        metrics.get(name).header
+        registry.get(name).header
         for name in SUMMARY_FIGURES
         if name != HF_TOKENS_PER_SECOND and not has_figures(cells, name)
     ]
@@ -414,7 +414,7 @@ def summary_markdown(
                     f"{workers(str(c.get('device')) == 'cpu', whole(c.get('num_gpus')))}: "
                     f"{error}{where}"
                 )
-    lines += side_by_side_markdown(cells, args, lambda name: metrics.get(name).header, figure_text)
+    lines += side_by_side_markdown(cells, args, lambda name: registry.get(name).header, figure_text)
     lines += scaling_markdown(report.scaling)
     # each variant's loss against its scenario's baseline (results/equivalence.py)
     lines += equivalence.markdown(cells, loss_tolerance)
@@ -471,7 +471,7 @@ def _family_title(row: Mapping[Any, Any], keys: list[str], varying: list[str]) -
         value = row.get(k)
         if str(value) in ("", "none", "nan", "None"):
             continue
-        declared = metrics.find(k)
+        declared = registry.find(k)
         if declared is not None and declared.short:
             parts.append(declared.short.format(v=_fmt(value, "int"), unit=unit, per=unit))
         elif k in ("scenario", "model_name_or_path", "peft_method"):
@@ -529,7 +529,7 @@ def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
     ok = cells[cells[TOKENS_PER_SECOND].notna()]
     if ok.empty:
         return []
-    header = {name: metrics.get(name).header for name in _COST_FIGURES}
+    header = {name: registry.get(name).header for name in _COST_FIGURES}
     cpu = ran_on_cpu(ok)
     headers = ["scenario", "model", "framework", workers(cpu), header[TOKENS_PER_SECOND]]
     if cost.usd_per_gpu_hour is not None:

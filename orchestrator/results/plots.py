@@ -44,13 +44,13 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from orchestrator.contract.metrics import HF_TOKENS_PER_SECOND, PEAK_MEMORY, PEAK_MEMORY_SOURCE, TOKENS_PER_SECOND
-from orchestrator.contract import metrics
+from orchestrator.contract.columns import HF_TOKENS_PER_SECOND, PEAK_MEMORY, PEAK_MEMORY_SOURCE, TOKENS_PER_SECOND
+from orchestrator.contract import columns as registry
 from orchestrator.contract.wording import worker, workers
 from orchestrator.matrix.ids import model_short_name
 from orchestrator.results.aggregate import SCALING_FIGURES, ReportTables, shows_hf_estimate
 from orchestrator.results.capacity import LIKELY_OOM_FRACTION
-from orchestrator.results.columns import CELL_ORDER, config_columns, measured, ran_on_cpu
+from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, measured, ran_on_cpu
 
 MAX_BARS = 60
 MAX_LINES = 12
@@ -186,21 +186,21 @@ def _part(column: str, cell: pd.Series) -> str:
         return workers(True, int(_value_text(value)))
     if column == "cell_id":
         return f"cell {_value_text(value)}"
-    declared = metrics.find(column)
+    declared = registry.find(column)
     if declared is not None and declared.flags is not None:
         yes, no = declared.flags
         return {"true": yes, "false": no}.get(_value_text(value).lower(), f"{column} ?")
     # a GPU count nobody recorded reads as "? GPU"
     text = "?" if column == "num_gpus" and _missing(value) else _value_text(value)
-    short = metrics.short_label(column, text, unit=unit, per=unit)
+    short = registry.short_label(column, text, unit=unit, per=unit)
     return short if short is not None else f"{column}={_value_text(value)}"
 
 
 #: what a label starts with: model, framework and GPU count
-LABEL_BASE = metrics.with_role("label_base")
+LABEL_BASE = registry.with_role("label_base")
 #: the keys a label may add, in this order, after the cells' own arguments
 #: (``config_columns``) are appended
-LABEL_KEYS = metrics.with_role("label")
+LABEL_KEYS = registry.with_role("label")
 
 
 def _label_columns(

@@ -32,12 +32,12 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract.metrics import COST_PER_1M_TOKENS, TOKENS_PER_SECOND
+from orchestrator.contract.columns import COST_PER_1M_TOKENS, TOKENS_PER_SECOND
 from orchestrator.contract.outcome import PRUNED_PREFIX
 from orchestrator.contract.wording import fewer, times, workers
 from orchestrator.results import equivalence
 from orchestrator.results.mdtable import md_table
-from orchestrator.results.columns import ran_on_cpu
+from orchestrator.results.tablecolumns import ran_on_cpu
 from orchestrator.results.numbers import number, whole
 
 #: with 1 repeat, a runner-up with fewer tokens/s by less than this share of the

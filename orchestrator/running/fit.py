@@ -25,9 +25,9 @@ from typing import Any
 
 from orchestrator.config.scenarios import BenchConfig, Scenario
 from orchestrator.config.search import DEFAULT_MARGIN, DEFAULT_MIN, Search
+from orchestrator.contract.columns import TOKENS_PER_SECOND
 from orchestrator.contract.errors import ConfigError, UserError
 from orchestrator.contract.layout import ResultsLayout
-from orchestrator.contract.metrics import TOKENS_PER_SECOND
 from orchestrator.contract.outcome import Outcome, is_pruned, read_outcome
 from orchestrator.contract.result import read_result
 from orchestrator.executors.base import Executor

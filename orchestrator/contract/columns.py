@@ -78,7 +78,7 @@ ROLES: Mapping[str, str] = MappingProxyType(
         "(results/aggregate.py)",
         "numeric": "read as numbers from every table, empty where no number (results/collect.py)",
         "cell_order": "the order of a scenario's cells in summary.md's tables and in the "
-        "plots (results/columns.py)",
+        "plots (results/tablecolumns.py)",
         "label_base": "what a cell's label in the plots starts with (results/plots.py)",
         "label": "what a cell's label in the plots may add, in this order, where it tells "
         "cells apart (results/plots.py)",
@@ -756,7 +756,7 @@ def get(name: str) -> Column:
     """The column named ``name``; a ``KeyError`` that says where to declare it otherwise."""
     column = find(name)
     if column is None:
-        raise KeyError(f"no column {name!r} is declared in orchestrator/contract/metrics.py")
+        raise KeyError(f"no column {name!r} is declared in orchestrator/contract/columns.py")
     return column
 
 
