@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from orchestrator.contract.argnames import SPELLINGS
+from orchestrator.contract.applicability import SPELLINGS
 from trainer_entry.errors import SpecError
 
 

@@ -28,7 +28,7 @@ import pandas as pd
 
 from orchestrator.contract.columns import TRAIN_RUNTIME
 from orchestrator.contract import columns as registry
-from orchestrator.contract.argnames import DEFAULT_TASK
+from orchestrator.contract.applicability import DEFAULT_TASK
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import RunPaths
 from orchestrator.contract.columns import KEY_COLUMNS

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.contract import columns as registry
-from orchestrator.contract.argnames import DEFAULT_TASK
+from orchestrator.contract.applicability import DEFAULT_TASK
 from orchestrator.contract.layout import ResultsLayout, write_atomic
 from orchestrator.contract.outcome import LOST, NOT_LAUNCHED, PRUNED
 from orchestrator.contract.wording import signed_change, workers

@@ -37,7 +37,7 @@ import pandas as pd
 
 from orchestrator.contract.columns import TOKENS_PER_SECOND
 from orchestrator.contract import columns as registry
-from orchestrator.contract.argnames import BACKEND_KEY, default_backend
+from orchestrator.contract.applicability import BACKEND_KEY, default_backend
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.result import read_result
 from orchestrator.results.tablecolumns import measured

@@ -21,7 +21,7 @@ import pandas as pd
 
 from orchestrator.contract.columns import COST_PER_1M_TOKENS, COST_PER_EPOCH, COST_PER_RUN, COST_TO_TRAIN, CPU_UTIL, GPU_UTIL, HF_TOKENS_PER_SECOND, PEAK_MEMORY, PEAK_MEMORY_SOURCE, SAMPLES_PER_SECOND, TIME_PER_EPOCH, TIME_TO_TRAIN, TOKENS_PER_SECOND
 from orchestrator.contract import columns as registry
-from orchestrator.contract.argnames import CLASSIFICATION_TASKS
+from orchestrator.contract.applicability import CLASSIFICATION_TASKS
 from orchestrator.contract.outcome import (
     NOT_LAUNCHED,
     NOT_LAUNCHED_PREFIX,

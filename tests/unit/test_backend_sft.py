@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.contract.argnames import SFT_FIELDS_FILE, sft_fields
+from orchestrator.contract.applicability import SFT_FIELDS_FILE, sft_fields
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.arguments import parse_arguments
 from trainer_entry.errors import SpecError

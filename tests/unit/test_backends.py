@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.contract.argnames import BACKEND_KEY, unknown_argument
+from orchestrator.contract.applicability import BACKEND_KEY, unknown_argument
 from orchestrator.contract.result import load_result
 from orchestrator.contract.spec import RunSpec
 from trainer_entry import backends

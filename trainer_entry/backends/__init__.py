@@ -15,7 +15,12 @@ import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.contract.argnames import BACKEND_KEY, DEFAULT_TASK, TASK_BACKENDS, default_backend
+from orchestrator.contract.applicability import (
+    BACKEND_KEY,
+    DEFAULT_TASK,
+    TASK_BACKENDS,
+    default_backend,
+)
 from trainer_entry.errors import SpecError
 from trainer_entry.settings import DEFAULT_BACKEND as DEFAULT_BACKEND  # one definition
 

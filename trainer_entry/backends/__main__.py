@@ -12,7 +12,7 @@ from importlib.metadata import version
 
 import transformers
 
-from orchestrator.contract.argnames import FIELDS_FILE, SFT_FIELDS_FILE
+from orchestrator.contract.applicability import FIELDS_FILE, SFT_FIELDS_FILE
 from trainer_entry.backends.hf import installed_fields
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from orchestrator.contract.argnames import sft_fields, sft_fields_version, training_fields
+from orchestrator.contract.applicability import sft_fields, sft_fields_version, training_fields
 from orchestrator.contract.packing import masked_note, masked_per_document, trl_strategy
 from orchestrator.contract.spec import RunSpec
 from trainer_entry import installed

@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.contract.argnames import DEFAULT_TASK, TASK_KEY, TASKS
+from orchestrator.contract.applicability import DEFAULT_TASK, TASK_KEY, TASKS
 from trainer_entry.errors import SpecError
 
 if TYPE_CHECKING:
