@@ -1,7 +1,7 @@
 """``tunematrix fit``: the largest per-device batch (or sequence length) that fits, by probes.
 
 For each cell family of the selected scenarios (a planned cell without its
-batch, or its sequence length), the search (``orchestrator.matrix.search``)
+batch, or its sequence length), the search (``orchestrator.matrix.fitsearch``)
 asks for values to probe; each probe is an ordinary short experiment with its
 own id and run folder, run by the chosen executor through ``run_plan`` into
 the fit's results folder, so it works wherever the matrix does (one at a
@@ -33,8 +33,7 @@ from orchestrator.contract.result import read_result
 from orchestrator.executors.base import Executor
 from orchestrator.job.execute import RunOptions
 from orchestrator.matrix.experiment import Experiment
-from orchestrator.matrix.plan import Plan
-from orchestrator.matrix.search import (
+from orchestrator.matrix.fitsearch import (
     Verdict,
     decide,
     family_key,
@@ -42,6 +41,7 @@ from orchestrator.matrix.search import (
     probe_experiment,
     search_problem,
 )
+from orchestrator.matrix.plan import Plan
 from orchestrator.results.fitreport import FamilyFit, FitRecord, ProbeRecord, write_fit
 from orchestrator.results.numbers import number
 from orchestrator.results.rows import build_row, write_raw_summary
