@@ -88,9 +88,9 @@ ROLES: Mapping[str, str] = MappingProxyType(
         "varying": "the keys a scenario's table in summary.md shows in a column of their "
         "own where its cells differ in them (results/markdown.py)",
         "environment_row": "what a row of summary.md's environments side by side always "
-        "names, first (results/environments.py)",
+        "names, first (results/envtables.py)",
         "environment_figure": "the figures summary.md shows side by side per environment "
-        "(results/environments.py)",
+        "(results/envtables.py)",
         "run_figure": "figures every run that trained reports: a failed run without any "
         "left no metrics (results/capacity.py)",
         "annotated": "conditions of a run that are not part of the experiment but change "
@@ -642,7 +642,7 @@ _DECLARED: tuple[Column, ...] = (
     # an environment's versions as the plan found them (python and the training stack),
     # and, where the child's result reports other versions (the interpreter changed
     # between plan and run), which: the plan's against the child's, set where the row is
-    # built (orchestrator/results/environments.py)
+    # built (orchestrator/results/envtables.py)
     Column(name="environment_versions", source="plan", aggregate="first"),
     Column(name="environment_note", source="plan", aggregate="first"),
     # -- derived by the report (after the scenario arguments in raw_summary.csv) -----------

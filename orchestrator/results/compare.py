@@ -47,12 +47,12 @@ from orchestrator.results.tablecolumns import (
     ran_on_cpu,
     shown_status,
 )
-from orchestrator.results.environments import match_on_environment
+from orchestrator.results.envtables import match_on_environment
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.stats import mann_whitney_u
 
 #: what makes two rows the same experiment; each is used where both sides have it (the
-#: environment only where a side holds several: ``results.environments.match_on_environment``)
+#: environment only where a side holds several: ``results.envtables.match_on_environment``)
 KEYS = registry.with_role("compare")
 #: conditions of a run that are not part of the experiment but change its figures:
 #: a matched cell whose sides differ in one of them is marked

@@ -42,10 +42,10 @@ from orchestrator.results.capacity import GIB, LIKELY_OOM_FRACTION, Capacity, gi
 from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, ran_on_cpu, status_labels
 from orchestrator.results.communication import communication_markdown
 from orchestrator.results.drift import drift_markdown
-from orchestrator.results.environments import side_by_side_markdown
+from orchestrator.results.envtables import side_by_side_markdown
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.numbers import whole
-from orchestrator.results.steady import steady_markdown
+from orchestrator.results.steadyreport import steady_markdown
 
 #: the header of HF Trainer's throughput estimate, and what it is
 HF_ESTIMATE_HEADER = registry.get(HF_TOKENS_PER_SECOND).header
@@ -361,7 +361,7 @@ def summary_markdown(
         *not_launched_note(rows),
     ]
     lines += _capacity_lines(report)
-    # steady-state measuring: which runs stopped early, which never settled (results/steady.py)
+    # steady-state measuring: which runs stopped early, which never settled (results/steadyreport.py)
     lines += steady_markdown(rows)
     args = config_columns(cells)
     order = [k for k in CELL_ORDER if k in cells.columns]

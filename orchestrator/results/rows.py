@@ -22,7 +22,7 @@ from typing import Any
 from orchestrator.contract import columns as registry
 from orchestrator.contract.layout import write_atomic
 from orchestrator.contract.columns import Column, Source
-from orchestrator.results.environments import environment_columns
+from orchestrator.results.envtables import environment_columns
 
 
 class UndeclaredMetricWarning(UserWarning):

@@ -23,7 +23,7 @@ from orchestrator.results import (
     capacity,
     collect,
     compare,
-    environments,
+    envtables,
     equivalence,
     markdown,
     plots,
@@ -435,7 +435,7 @@ def test_the_report_reads_its_lists_from_the_roles() -> None:
         "label": plots.LABEL_KEYS,
         "summary": markdown.SUMMARY_FIGURES,
         "run_figure": capacity.RUN_FIGURES,
-        "environment_figure": environments.SIDE_BY_SIDE,
+        "environment_figure": envtables.SIDE_BY_SIDE,
     }
     for role, view in views.items():
         assert view == registry.with_role(role), role
