@@ -15,8 +15,23 @@ from typing import Protocol
 
 import pandas as pd
 
-from orchestrator.contract.columns import COST_PER_1M_TOKENS, COST_PER_EPOCH, COST_PER_RUN, COST_TO_TRAIN, DATA_TOKENS, HF_TOKENS_PER_SECOND, JOB_S, PEAK_MEMORY, PEAK_MEMORY_SOURCE, TIME_PER_EPOCH, TIME_TO_TRAIN, TOKENS_PER_SECOND, TRAIN_RUNTIME, USD_PER_GPU_HOUR
 from orchestrator.contract import columns as registry
+from orchestrator.contract.columns import (
+    COST_PER_1M_TOKENS,
+    COST_PER_EPOCH,
+    COST_PER_RUN,
+    COST_TO_TRAIN,
+    DATA_TOKENS,
+    HF_TOKENS_PER_SECOND,
+    JOB_S,
+    PEAK_MEMORY,
+    PEAK_MEMORY_SOURCE,
+    TIME_PER_EPOCH,
+    TIME_TO_TRAIN,
+    TOKENS_PER_SECOND,
+    TRAIN_RUNTIME,
+    USD_PER_GPU_HOUR,
+)
 from orchestrator.results.capacity import Capacity
 from orchestrator.results.tablecolumns import (
     REPORT_ONLY_COLUMNS,
@@ -283,9 +298,7 @@ def scaling(cells: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     keys = scaling_keys(cells)
     usable = cells.copy()
-    usable[TOKENS_PER_SECOND] = pd.to_numeric(
-        usable[TOKENS_PER_SECOND], errors="coerce"
-    )
+    usable[TOKENS_PER_SECOND] = pd.to_numeric(usable[TOKENS_PER_SECOND], errors="coerce")
     usable["num_gpus"] = pd.to_numeric(usable["num_gpus"], errors="coerce")
     usable = usable[usable[TOKENS_PER_SECOND].notna() & usable["num_gpus"].notna()]
     if usable.empty:

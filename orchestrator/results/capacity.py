@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.contract.columns import PEAK_MEMORY
 from orchestrator.contract import columns as registry
-from orchestrator.results.tablecolumns import numeric
-from orchestrator.results.envfile import read_env
+from orchestrator.contract.columns import PEAK_MEMORY
 from orchestrator.contract.devices import GIB as GIB
 from orchestrator.contract.devices import KNOWN_GPU_MEMORY as DEVICE_MEMORY
-
+from orchestrator.results.envfile import read_env
+from orchestrator.results.tablecolumns import numeric
 
 #: a failed run without metrics whose memory reached this share of the device's is
 #: likely out of memory. In the predecessor's published A100 80GB tables every row

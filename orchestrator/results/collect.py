@@ -26,12 +26,11 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract.columns import TRAIN_RUNTIME
 from orchestrator.contract import columns as registry
 from orchestrator.contract.applicability import DEFAULT_TASK
+from orchestrator.contract.columns import KEY_COLUMNS, TRAIN_RUNTIME
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import RunPaths
-from orchestrator.contract.columns import KEY_COLUMNS
 from orchestrator.contract.outcome import read_outcome
 from orchestrator.results.rows import build_row
 

@@ -13,8 +13,8 @@ import pandas as pd
 
 from orchestrator.contract import columns as registry
 from orchestrator.contract.wording import workers
-from orchestrator.results.tablecolumns import ran_on_cpu
 from orchestrator.results.mdtable import md_table
+from orchestrator.results.tablecolumns import ran_on_cpu
 
 #: the section's figures, in order
 COMMUNICATION_FIGURES = (

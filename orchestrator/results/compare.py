@@ -40,6 +40,9 @@ from orchestrator.contract.applicability import DEFAULT_TASK
 from orchestrator.contract.layout import ResultsLayout, write_atomic
 from orchestrator.contract.outcome import LOST, NOT_LAUNCHED, PRUNED
 from orchestrator.contract.wording import signed_change, workers
+from orchestrator.results.envtables import match_on_environment
+from orchestrator.results.mdtable import md_table
+from orchestrator.results.stats import mann_whitney_u
 from orchestrator.results.tablecolumns import (
     argument_columns,
     is_output,
@@ -47,9 +50,6 @@ from orchestrator.results.tablecolumns import (
     ran_on_cpu,
     shown_status,
 )
-from orchestrator.results.envtables import match_on_environment
-from orchestrator.results.mdtable import md_table
-from orchestrator.results.stats import mann_whitney_u
 
 #: what makes two rows the same experiment; each is used where both sides have it (the
 #: environment only where a side holds several: ``results.envtables.match_on_environment``)

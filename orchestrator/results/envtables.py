@@ -18,7 +18,6 @@ import pandas as pd
 
 from orchestrator.config.environments import drift, short_labels
 from orchestrator.contract import columns as registry
-from orchestrator.contract.errors import UserError
 from orchestrator.contract.wording import worker
 
 COLUMN = "environment"

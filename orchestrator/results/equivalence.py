@@ -35,14 +35,14 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract.columns import TOKENS_PER_SECOND
 from orchestrator.contract import columns as registry
 from orchestrator.contract.applicability import BACKEND_KEY, default_backend
+from orchestrator.contract.columns import TOKENS_PER_SECOND
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.result import read_result
-from orchestrator.results.tablecolumns import measured
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.numbers import number
+from orchestrator.results.tablecolumns import measured
 
 #: a variant whose mean loss gap passes this fraction of the baseline's mean loss is different
 DEFAULT_TOLERANCE = 0.05

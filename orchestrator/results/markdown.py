@@ -19,9 +19,23 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract.columns import COST_PER_1M_TOKENS, COST_PER_EPOCH, COST_PER_RUN, COST_TO_TRAIN, CPU_UTIL, GPU_UTIL, HF_TOKENS_PER_SECOND, PEAK_MEMORY, PEAK_MEMORY_SOURCE, SAMPLES_PER_SECOND, TIME_PER_EPOCH, TIME_TO_TRAIN, TOKENS_PER_SECOND
 from orchestrator.contract import columns as registry
 from orchestrator.contract.applicability import CLASSIFICATION_TASKS
+from orchestrator.contract.columns import (
+    COST_PER_1M_TOKENS,
+    COST_PER_EPOCH,
+    COST_PER_RUN,
+    COST_TO_TRAIN,
+    CPU_UTIL,
+    GPU_UTIL,
+    HF_TOKENS_PER_SECOND,
+    PEAK_MEMORY,
+    PEAK_MEMORY_SOURCE,
+    SAMPLES_PER_SECOND,
+    TIME_PER_EPOCH,
+    TIME_TO_TRAIN,
+    TOKENS_PER_SECOND,
+)
 from orchestrator.contract.outcome import (
     NOT_LAUNCHED,
     NOT_LAUNCHED_PREFIX,
@@ -39,13 +53,13 @@ from orchestrator.results.aggregate import (
     shows_hf_estimate,
 )
 from orchestrator.results.capacity import GIB, LIKELY_OOM_FRACTION, Capacity, gib
-from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, ran_on_cpu, status_labels
 from orchestrator.results.communication import communication_markdown
 from orchestrator.results.drift import drift_markdown
 from orchestrator.results.envtables import side_by_side_markdown
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.numbers import whole
 from orchestrator.results.steadyreport import steady_markdown
+from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, ran_on_cpu, status_labels
 
 #: the header of HF Trainer's throughput estimate, and what it is
 HF_ESTIMATE_HEADER = registry.get(HF_TOKENS_PER_SECOND).header

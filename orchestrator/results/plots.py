@@ -44,8 +44,13 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from orchestrator.contract.columns import HF_TOKENS_PER_SECOND, PEAK_MEMORY, PEAK_MEMORY_SOURCE, TOKENS_PER_SECOND
 from orchestrator.contract import columns as registry
+from orchestrator.contract.columns import (
+    HF_TOKENS_PER_SECOND,
+    PEAK_MEMORY,
+    PEAK_MEMORY_SOURCE,
+    TOKENS_PER_SECOND,
+)
 from orchestrator.contract.wording import worker, workers
 from orchestrator.matrix.ids import model_short_name
 from orchestrator.results.aggregate import SCALING_FIGURES, ReportTables, shows_hf_estimate

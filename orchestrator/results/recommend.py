@@ -37,8 +37,8 @@ from orchestrator.contract.outcome import PRUNED_PREFIX
 from orchestrator.contract.wording import fewer, times, workers
 from orchestrator.results import equivalence
 from orchestrator.results.mdtable import md_table
-from orchestrator.results.tablecolumns import ran_on_cpu
 from orchestrator.results.numbers import number, whole
+from orchestrator.results.tablecolumns import ran_on_cpu
 
 #: with 1 repeat, a runner-up with fewer tokens/s by less than this share of the
 #: fastest's is not separable (a usual run-to-run spread of throughput on one
@@ -106,7 +106,9 @@ def how_sure(best: Mapping[Any, Any], runner_up: Mapping[Any, Any] | None) -> tu
     assert fast is not None and slow is not None
     short = 1 - slow / fast
     name = f"`{runner_up.get('cell_id')}` ({label(runner_up)})"
-    behind = f"the next, {name}, has {fewer(fast, slow)} (the fastest is {times(fast, slow)} as fast)"
+    behind = (
+        f"the next, {name}, has {fewer(fast, slow)} (the fastest is {times(fast, slow)} as fast)"
+    )
     m = _repeats(runner_up)
     if n >= 2 and m >= 2:
         lo, hi = number(best.get(f"{TPS}_min")), number(runner_up.get(f"{TPS}_max"))

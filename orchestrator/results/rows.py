@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract import columns as registry
-from orchestrator.contract.layout import write_atomic
 from orchestrator.contract.columns import Column, Source
+from orchestrator.contract.layout import write_atomic
 from orchestrator.results.envtables import environment_columns
 
 
