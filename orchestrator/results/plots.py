@@ -31,6 +31,7 @@ import math
 import textwrap
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -387,7 +388,63 @@ def bar_figure(
     ``failed_metric``: a column whose value is drawn, hatched in the status's colour,
     for a cell that did not finish (the memory a failed run reached).
     """
-    cells = _ordered(cells).reset_index(drop=True)
+    bars = _bars(_ordered(cells).reset_index(drop=True), metric, scale, whiskers, failed_metric)
+    fig = plt.figure(figsize=(12, 4), dpi=DPI)
+    ax = fig.add_subplot()
+    value_texts, shown_kinds = _draw_bars(ax, bars)
+    if _draw_whiskers(ax, bars) and whisker_xlabel is not None:
+        xlabel = whisker_xlabel
+    xlabel, top = _draw_capacity(ax, bars, vline, xlabel)
+    _set_axes(ax, bars, xlabel, top)
+    legends = _legends(ax, bars.scenarios, shown_kinds)
+    title_artist = fig.suptitle(title, fontsize=11, x=0.01, ha="left", y=0.99, va="top")
+    _fit(fig, ax, legends, title_artist, value_texts, rows=len(bars.y), row_in=bars.row_in)
+    return fig
+
+
+@dataclass(frozen=True)
+class _Bars:
+    """What ``bar_figure`` draws, one entry per cell (the first cell at the top)."""
+
+    #: each cell's place on the y axis, its label and the height of a row of labels
+    y: list[int]
+    texts: list[str]
+    row_in: float
+    #: each cell's value, and for a cell that did not finish the value it reached
+    values: list[float]
+    failed: list[float]
+    #: each cell's status, its kind (``status_kind``), its scenario; the scenarios in order
+    statuses: list[str]
+    kinds: list[str]
+    names: list[str]
+    scenarios: list[str]
+    #: each cell's whisker ends (NaN: none)
+    lo: list[float]
+    hi: list[float]
+
+    @property
+    def finite(self) -> list[float]:
+        """Every value and failed value that is a number."""
+        return [v for v in [*self.values, *self.failed] if not math.isnan(v)]
+
+    @property
+    def top(self) -> float:
+        """The largest of them (1 where there is none): what the axis must reach."""
+        return max(self.finite) if self.finite else 1.0
+
+    def color(self, name: str) -> str:
+        """A scenario's colour."""
+        return SCENARIO_COLORS[self.scenarios.index(name) % len(SCENARIO_COLORS)]
+
+
+def _bars(
+    cells: pd.DataFrame,
+    metric: str,
+    scale: float,
+    whiskers: tuple[str, str] | None,
+    failed_metric: str | None,
+) -> _Bars:
+    """The figures, statuses and labels of ``cells`` (in the order drawn), scaled."""
     likely = (
         cells["likely_oom"].fillna(False).astype(bool)
         if "likely_oom" in cells.columns
@@ -395,91 +452,128 @@ def bar_figure(
     )
     kinds = [status_kind(s, lo) for s, lo in zip(cells["status"].astype(str), likely, strict=True)]
     names = [_scenario_name(s) for s in cells["scenario"]]
-    scenarios = list(dict.fromkeys(names))
     texts = labels(cells)
     lines = max(t.count("\n") + 1 for t in texts)
-    row_in = max(0.3, 0.15 * lines + 0.12)
 
-    fig = plt.figure(figsize=(12, 4), dpi=DPI)
-    ax = fig.add_subplot()
-    y = list(range(len(cells)))[::-1]
-    values = (pd.to_numeric(cells[metric], errors="coerce") / scale).tolist()
-    fallback = (
-        (pd.to_numeric(cells[failed_metric], errors="coerce") / scale).tolist()
+    def scaled(column: str) -> list[float]:
+        return (pd.to_numeric(cells[column], errors="coerce") / scale).tolist()
+
+    nothing = [math.nan] * len(cells)
+    return _Bars(
+        y=list(range(len(cells)))[::-1],
+        texts=texts,
+        row_in=max(0.3, 0.15 * lines + 0.12),
+        values=scaled(metric),
+        failed=scaled(failed_metric)
         if failed_metric and failed_metric in cells.columns
-        else [math.nan] * len(cells)
+        else nothing,
+        statuses=cells["status"].astype(str).tolist(),
+        kinds=kinds,
+        names=names,
+        scenarios=list(dict.fromkeys(names)),
+        lo=scaled(whiskers[0]) if whiskers is not None else nothing,
+        hi=scaled(whiskers[1]) if whiskers is not None else nothing,
     )
+
+
+#: the white box behind a bar's text, so that a grid or capacity line passes behind it
+_TEXT_BOX = {"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85}
+
+
+def _draw_bars(ax: Any, bars: _Bars) -> tuple[list[Any], list[str]]:
+    """Each cell's bar and its text, top to bottom; the texts, and the statuses shown
+    (in the order met) of the cells that did not finish."""
     shown_kinds: list[str] = []
     value_texts = []
-    finite = [v for v in [*values, *fallback] if not math.isnan(v)]
-    top = max(finite) if finite else 1.0
-    statuses = cells["status"].astype(str).tolist()
-    lo = hi = [math.nan] * len(cells)
-    if whiskers is not None:
-        lo = (pd.to_numeric(cells[whiskers[0]], errors="coerce") / scale).tolist()
-        hi = (pd.to_numeric(cells[whiskers[1]], errors="coerce") / scale).tolist()
+    top = bars.top
     for yi, v, v_failed, kind, name, status, v_hi in zip(
-        y, values, fallback, kinds, names, statuses, hi, strict=True
+        bars.y,
+        bars.values,
+        bars.failed,
+        bars.kinds,
+        bars.names,
+        bars.statuses,
+        bars.hi,
+        strict=True,
     ):
         if not math.isnan(v):
-            color = SCENARIO_COLORS[scenarios.index(name) % len(SCENARIO_COLORS)]
-            ax.barh(yi, v, color=color, height=0.7)
-            # a figure of the finished repeats of a cell some of whose repeats did not finish
-            mix = f" ({status})" if "×" in status else ""
-            value_texts.append(
-                ax.text(
-                    (v if math.isnan(v_hi) else max(v, v_hi)) + top * 0.01,
-                    yi,
-                    _number(v) + mix,
-                    va="center",
-                    ha="left",
-                    fontsize=7,
-                    zorder=4,
-                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85},
-                )
-            )
+            value_texts.append(_finished_bar(ax, yi, v, v_hi, status, bars.color(name), top))
             continue
-        label = STATUS_LABELS.get(kind, kind.replace("_", " "))
         if kind not in shown_kinds:
             shown_kinds.append(kind)
-        if not math.isnan(v_failed):
-            ax.barh(
-                yi,
-                v_failed,
-                color="white",
-                edgecolor=status_color(kind),
-                hatch="///",
-                height=0.7,
-            )
-            text, x = f"{_number(v_failed)} · {label}", v_failed + top * 0.01
-        else:
-            text, x = label, top * 0.01
-        value_texts.append(
-            ax.text(
-                x,
-                yi,
-                text,
-                va="center",
-                ha="left",
-                color=status_color(kind),
-                fontsize=7.5,
-                fontweight="bold",
-                zorder=4,
-                # the capacity line passes behind the text, not through it
-                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85},
-            )
+        value_texts.append(_unfinished_bar(ax, yi, v_failed, kind, top))
+    return value_texts, shown_kinds
+
+
+def _finished_bar(
+    ax: Any, yi: int, v: float, v_hi: float, status: str, color: str, top: float
+) -> Any:
+    """A bar in its scenario's colour, its value after it (or after its whisker)."""
+    ax.barh(yi, v, color=color, height=0.7)
+    # a figure of the finished repeats of a cell some of whose repeats did not finish
+    mix = f" ({status})" if "×" in status else ""
+    return ax.text(
+        (v if math.isnan(v_hi) else max(v, v_hi)) + top * 0.01,
+        yi,
+        _number(v) + mix,
+        va="center",
+        ha="left",
+        fontsize=7,
+        zorder=4,
+        bbox={**_TEXT_BOX},
+    )
+
+
+def _unfinished_bar(ax: Any, yi: int, v_failed: float, kind: str, top: float) -> Any:
+    """A cell that did not finish: its status in the status's colour, after the hatched
+    bar of the value it reached where there is one."""
+    label = STATUS_LABELS.get(kind, kind.replace("_", " "))
+    if not math.isnan(v_failed):
+        ax.barh(
+            yi,
+            v_failed,
+            color="white",
+            edgecolor=status_color(kind),
+            hatch="///",
+            height=0.7,
         )
+        text, x = f"{_number(v_failed)} · {label}", v_failed + top * 0.01
+    else:
+        text, x = label, top * 0.01
+    return ax.text(
+        x,
+        yi,
+        text,
+        va="center",
+        ha="left",
+        color=status_color(kind),
+        fontsize=7.5,
+        fontweight="bold",
+        zorder=4,
+        # the capacity line passes behind the text, not through it
+        bbox={**_TEXT_BOX},
+    )
+
+
+def _draw_whiskers(ax: Any, bars: _Bars) -> int:
+    """The whiskers whose ends differ; how many were drawn."""
     drawn = 0
-    for yi, a, b in zip(y, lo, hi, strict=True):
+    for yi, a, b in zip(bars.y, bars.lo, bars.hi, strict=True):
         if not (math.isnan(a) or math.isnan(b)) and b > a:
             ax.plot([a, b], [yi, yi], color="black", linewidth=1)
             drawn += 1
-    if drawn and whisker_xlabel is not None:
-        xlabel = whisker_xlabel
-    if vline is not None and not near_capacity(max(finite, default=0.0), vline[0]):
+    return drawn
+
+
+def _draw_capacity(
+    ax: Any, bars: _Bars, vline: tuple[float, str] | None, xlabel: str
+) -> tuple[str, float]:
+    """The capacity's line where the bars come near it, else its name in the axis label;
+    the axis label and how far the axis must reach."""
+    top = bars.top
+    if vline is not None and not near_capacity(max(bars.finite, default=0.0), vline[0]):
         # a far capacity would squeeze the bars into slivers: it is named, not drawn
-        xlabel += f"\n{vline[1]}: off the axis, far above every bar"
-        vline = None
+        return xlabel + f"\n{vline[1]}: off the axis, far above every bar", top
     if vline is not None:
         ax.axvline(vline[0], color="#b71c1c", linestyle="--", linewidth=1)
         ax.text(
@@ -493,12 +587,21 @@ def bar_figure(
             transform=ax.get_xaxis_transform(),
         )
         top = max(top, vline[0])
-    ax.set_yticks(y)
-    ax.set_yticklabels(texts, fontsize=8)
-    ax.set_ylim(-0.6, len(cells) - 0.4)
+    return xlabel, top
+
+
+def _set_axes(ax: Any, bars: _Bars, xlabel: str, top: float) -> None:
+    """The cells' labels on the y axis, the x axis from 0 to a little past ``top``."""
+    ax.set_yticks(bars.y)
+    ax.set_yticklabels(bars.texts, fontsize=8)
+    ax.set_ylim(-0.6, len(bars.y) - 0.4)
     ax.set_xlim(0, top * 1.05)
     ax.set_xlabel(xlabel, fontsize=9)
     ax.grid(axis="x", alpha=0.3)
+
+
+def _legends(ax: Any, scenarios: list[str], shown_kinds: list[str]) -> list[Any]:
+    """The scenarios' colours (unless the cells name none) and the statuses shown."""
     legends = []
     if len(scenarios) > 1 or scenarios[0] != "(no scenario)":
         handles = [
@@ -522,9 +625,7 @@ def bar_figure(
                 loc="upper left",
             )
         )
-    title_artist = fig.suptitle(title, fontsize=11, x=0.01, ha="left", y=0.99, va="top")
-    _fit(fig, ax, legends, title_artist, value_texts, rows=len(cells), row_in=row_in)
-    return fig
+    return legends
 
 
 #: the capacity line is drawn when the largest bar reaches this share of it
