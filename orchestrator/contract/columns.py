@@ -231,6 +231,17 @@ DATA_TOKENS = "data_tokens"
 GPU_UTIL = "gpu_util_mean_pct"
 #: how busy the job's allowed CPUs were
 CPU_UTIL = "cpu_util_mean_pct"
+# where a run's peak memory is read from (the report's peak memory, fit's probes)
+#: the peak memory NVML saw on the job's GPUs, the largest
+NVML_PEAK = "mem_nvidia_peak_bytes_max"
+#: torch's peak reserved memory, the largest rank's
+TORCH_RESERVED_PEAK = "torch_max_memory_reserved_bytes"
+#: the peak resident memory of a training process
+PROCESS_RSS_PEAK = "mem_peak_rss_bytes"
+#: the peak PSS of the job's process tree
+TREE_PSS_PEAK = "mem_tree_peak_pss_bytes"
+#: the peak summed RSS of the job's process tree
+TREE_RSS_PEAK = "mem_tree_peak_rss_bytes"
 #: the report's peak memory of a run, from the first source it has
 PEAK_MEMORY = "peak_memory_bytes"
 #: which source that was
@@ -468,7 +479,7 @@ _DECLARED: tuple[Column, ...] = (
         roles={"cell_figure": 13},
     ),
     _child(
-        "mem_peak_rss_bytes", "bytes", aggregate="median", better="lower", roles={"cell_figure": 14}
+        PROCESS_RSS_PEAK, "bytes", aggregate="median", better="lower", roles={"cell_figure": 14}
     ),
     _child("flops_per_token", "FLOPs", aggregate="median", roles={"cell_figure": 9}),
     _child(
@@ -546,7 +557,7 @@ _DECLARED: tuple[Column, ...] = (
     _child("peak_tflops_per_device", "TFLOP/s"),
     _child("torch_max_memory_allocated_bytes", "bytes"),
     _child(
-        "torch_max_memory_reserved_bytes",
+        TORCH_RESERVED_PEAK,
         "bytes",
         aggregate="median",
         better="lower",
@@ -595,16 +606,16 @@ _DECLARED: tuple[Column, ...] = (
     # the job's tree: PSS (shared pages split between the processes that map them), and
     # whether RSS stood in for a process; the summed RSS counts shared pages once per process
     _sidecar(
-        "mem_tree_peak_pss_bytes",
+        TREE_PSS_PEAK,
         "bytes",
         aggregate="median",
         better="lower",
         roles={"cell_figure": 16},
     ),
     _sidecar("mem_tree_peak_measure", ""),
-    _sidecar("mem_tree_peak_rss_bytes", "bytes", aggregate="median", roles={"cell_figure": 17}),
+    _sidecar(TREE_RSS_PEAK, "bytes", aggregate="median", roles={"cell_figure": 17}),
     _sidecar("mem_nvidia_peak_bytes_mean", "bytes"),
-    _sidecar("mem_nvidia_peak_bytes_max", "bytes"),
+    _sidecar(NVML_PEAK, "bytes"),
     # utilisation (orchestrator/job/utilisation.py), over the window util_window names:
     # "measured" (the measured steps), "training" (first step to last) or "job" (its whole
     # life, where the child's files do not say when training ran). Empty where not sampled:

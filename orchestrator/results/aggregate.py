@@ -24,11 +24,14 @@ from orchestrator.contract.columns import (
     DATA_TOKENS,
     HF_TOKENS_PER_SECOND,
     JOB_S,
+    NVML_PEAK,
     PEAK_MEMORY,
     PEAK_MEMORY_SOURCE,
+    PROCESS_RSS_PEAK,
     TIME_PER_EPOCH,
     TIME_TO_TRAIN,
     TOKENS_PER_SECOND,
+    TORCH_RESERVED_PEAK,
     TRAIN_RUNTIME,
     USD_PER_GPU_HOUR,
 )
@@ -47,11 +50,11 @@ MIB = 2**20
 
 #: where the peak memory of a row comes from, first present wins
 PEAK_MEMORY_SOURCES = (
-    ("mem_nvidia_peak_bytes_max", 1, "NVML peak over the job's GPUs"),
-    ("torch_max_memory_reserved_bytes", 1, "torch reserved, largest rank"),
+    (NVML_PEAK, 1, "NVML peak over the job's GPUs"),
+    (TORCH_RESERVED_PEAK, 1, "torch reserved, largest rank"),
     ("mem_peak_torch_mem_alloc_in_bytes", 1, "HF stage metrics"),
     ("mem_nvidia_mem_reserved", MIB, "NVML, mean over GPUs"),
-    ("mem_peak_rss_bytes", 1, "resident memory of a training process"),
+    (PROCESS_RSS_PEAK, 1, "resident memory of a training process"),
 )
 #: the order of the median figures in a cell (``benchmarks.csv``), after the spread
 #: ones; a median figure not named here follows these, in the registry's order

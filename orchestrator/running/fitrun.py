@@ -25,7 +25,14 @@ from typing import Any
 
 from orchestrator.config.scenarios import BenchConfig, Scenario
 from orchestrator.config.search import DEFAULT_MARGIN, DEFAULT_MIN, Search
-from orchestrator.contract.columns import TOKENS_PER_SECOND
+from orchestrator.contract.columns import (
+    NVML_PEAK,
+    PROCESS_RSS_PEAK,
+    TOKENS_PER_SECOND,
+    TORCH_RESERVED_PEAK,
+    TREE_PSS_PEAK,
+    TREE_RSS_PEAK,
+)
 from orchestrator.contract.errors import ConfigError, UserError
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import Outcome, is_pruned, read_outcome
@@ -51,13 +58,13 @@ from orchestrator.running.runner import RunReport, preflight, run_plan
 #: job's whole process tree (what a memory cgroup counts), else one process
 PEAK_COLUMNS = {
     "gpu": (
-        ("mem_nvidia_peak_bytes_max", "NVML peak over the job's GPUs"),
-        ("torch_max_memory_reserved_bytes", "torch reserved, largest rank"),
+        (NVML_PEAK, "NVML peak over the job's GPUs"),
+        (TORCH_RESERVED_PEAK, "torch reserved, largest rank"),
     ),
     "cpu": (
-        ("mem_tree_peak_pss_bytes", "PSS of the job's processes"),
-        ("mem_tree_peak_rss_bytes", "RSS of the job's processes"),
-        ("mem_peak_rss_bytes", "RSS of a training process"),
+        (TREE_PSS_PEAK, "PSS of the job's processes"),
+        (TREE_RSS_PEAK, "RSS of the job's processes"),
+        (PROCESS_RSS_PEAK, "RSS of a training process"),
     ),
 }
 #: steps of a probe: enough for the optimizer's state to exist (its memory is counted)
