@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 from orchestrator.matrix.order import size_order_key  # noqa: E402
 from orchestrator.matrix.prune import Footprint, Size, pruned_by  # noqa: E402
 from orchestrator.results.capacity import LIKELY_OOM_FRACTION  # noqa: E402
-from orchestrator.results.columns import is_output  # noqa: E402
+from orchestrator.results.tablecolumns import is_output  # noqa: E402
 
 TABLE = REPO / "benchmarks" / "fixtures" / "fms_acceleration_a100_80gb.csv"
 DEVICE_MIB = 80 * 1024

@@ -361,7 +361,7 @@ def fit(
 ) -> FitRecord:
     """The largest per-device batch (or ``max_seq_len``) that fits, per cell family.
 
-    What ``tunematrix fit`` does (``orchestrator.running.fit``): probes of
+    What ``tunematrix fit`` does (``orchestrator.running.fitrun``): probes of
     ``probe_steps`` steps, fresh launches into ``results``, for the scenarios with
     ``search:`` (``search`` names what to search in every selected scenario
     instead). Returns each family's answer and probes; fit.json and fit.md are
@@ -369,7 +369,7 @@ def fit(
     """
     from orchestrator.executors import registry
     from orchestrator.job.execute import RunOptions
-    from orchestrator.running.fit import FitOptions, run_fit
+    from orchestrator.running.fitrun import FitOptions, run_fit
     from orchestrator.running.needs import require
     from orchestrator.running.stackcheck import check_stack
 

@@ -59,7 +59,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from orchestrator.job.execute import RunOptions
     from orchestrator.results.fitreport import answer_rows
     from orchestrator.results.mdtable import md_table
-    from orchestrator.running.fit import FitOptions, run_fit
+    from orchestrator.running.fitrun import FitOptions, run_fit
     from orchestrator.running.needs import require
     from orchestrator.running.stackcheck import check_stack
 

@@ -73,7 +73,7 @@ class _Once:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.matrix.table import format_header, format_table
-    from orchestrator.running.fit import check_searches, search_after_run
+    from orchestrator.running.fitrun import check_searches, search_after_run
     from orchestrator.running.needs import require
     from orchestrator.running.runner import RunOptions, preflight, run_plan
     from orchestrator.running.stackcheck import check_stack

@@ -22,7 +22,7 @@ from typing import Any
 
 from orchestrator.config.values import canonical_json, check_name, check_unique
 from orchestrator.config.yamlio import Loc, YamlDoc
-from orchestrator.contract.argnames import TRAIN_STACK
+from orchestrator.contract.applicability import TRAIN_STACK
 from orchestrator.contract.errors import ConfigError
 from orchestrator.contract.layout import PROJECT_ROOT, project_pythonpath
 

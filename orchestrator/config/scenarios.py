@@ -44,7 +44,7 @@ from orchestrator.config.values import (
     type_name,
 )
 from orchestrator.config.yamlio import Loc, YamlDoc, load_yaml
-from orchestrator.contract.argnames import (
+from orchestrator.contract.applicability import (
     BACKEND_KEY,
     BATCH_SHARING_SIZES,
     RENAMED,

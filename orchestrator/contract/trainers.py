@@ -10,7 +10,7 @@ Pure: nothing imported beyond the standard library.
 To add a task: write its module, a class implementing
 ``trainer_entry.tasks.task_protocol.Task``, and add one line to
 ``TASK_IMPLEMENTATIONS`` (the settings that mean something for it alone go in
-``orchestrator.contract.argnames``' applicability table). To add a trainer
+``orchestrator.contract.applicability``' applicability table). To add a trainer
 backend: write its module, a class implementing
 ``trainer_entry.backends.trainer_protocol.TrainerBackend``, and add one
 ``Trainer`` line to ``TRAINERS``. Order matters once in each: the first task is

@@ -13,7 +13,7 @@ cell builds its own dict, so nothing one scenario sets reaches another.
 Every cell names its ``task`` and ``trainer`` (the defaults resolved: causal-lm,
 and the task's default backend), so both are in its id and its key columns.
 What does not apply to a cell's task, trainer or PEFT method
-(``orchestrator.contract.argnames.inapplicable_argument``) is an error at the line
+(``orchestrator.contract.applicability.inapplicable_argument``) is an error at the line
 that wrote it, unless it comes from what every scenario shares (defaults.yaml, the
 data_processing stanza, the ``matrix:`` axes): that is left out of the cells it does
 not apply to (an axis is not crossed: ``max_seq_len`` and ``packing`` of an image
@@ -34,7 +34,7 @@ from orchestrator.config.environments import Environment
 from orchestrator.config.measure import MeasureOverride
 from orchestrator.config.scenarios import AccelerateConfig, BenchConfig, Scenario
 from orchestrator.config.values import NO_FRAMEWORK
-from orchestrator.contract.argnames import (
+from orchestrator.contract.applicability import (
     ARGUMENT_TASKS,
     BACKEND_KEY,
     DEFAULT_TASK,

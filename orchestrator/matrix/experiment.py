@@ -8,7 +8,7 @@ from typing import Any
 
 from orchestrator.config.environments import Environment
 from orchestrator.config.scenarios import AccelerateConfig
-from orchestrator.contract.argnames import (
+from orchestrator.contract.applicability import (
     BACKEND_KEY,
     DEFAULT_TASK,
     TASK_KEY,

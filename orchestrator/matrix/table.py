@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.columns import KEY_COLUMNS
 from orchestrator.contract.layout import write_atomic
-from orchestrator.contract.metrics import KEY_COLUMNS
 from orchestrator.contract.wording import workers
 from orchestrator.matrix.plan import Axis, Plan
 

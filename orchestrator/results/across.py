@@ -8,7 +8,7 @@ import pandas as pd
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.wording import signed_change
 from orchestrator.results.compare import Comparison, cell_label, compare, short_number
-from orchestrator.results.environments import COLUMN, labels, named
+from orchestrator.results.envtables import COLUMN, labels, named
 
 
 def compare_across(

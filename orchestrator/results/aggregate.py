@@ -1,7 +1,7 @@
 """The report's tables: derived columns, cells (repeats aggregated), scaling.
 
 Repeats of a cell aggregate as their columns declare (``Column.aggregate`` in
-``orchestrator.contract.metrics``): the main figures to the median with the
+``orchestrator.contract.columns``): the main figures to the median with the
 coefficient of variation and the min/max, the others to the median. A cell's
 status is its repeats' status, or the mix (``ok×2 oom×1``). Failed cells stay
 in every table.
@@ -15,9 +15,28 @@ from typing import Protocol
 
 import pandas as pd
 
-from orchestrator.contract import metrics
+from orchestrator.contract import columns as registry
+from orchestrator.contract.columns import (
+    COST_PER_1M_TOKENS,
+    COST_PER_EPOCH,
+    COST_PER_RUN,
+    COST_TO_TRAIN,
+    DATA_TOKENS,
+    HF_TOKENS_PER_SECOND,
+    JOB_S,
+    NVML_PEAK,
+    PEAK_MEMORY,
+    PEAK_MEMORY_SOURCE,
+    PROCESS_RSS_PEAK,
+    TIME_PER_EPOCH,
+    TIME_TO_TRAIN,
+    TOKENS_PER_SECOND,
+    TORCH_RESERVED_PEAK,
+    TRAIN_RUNTIME,
+    USD_PER_GPU_HOUR,
+)
 from orchestrator.results.capacity import Capacity
-from orchestrator.results.columns import (
+from orchestrator.results.tablecolumns import (
     REPORT_ONLY_COLUMNS,
     config_columns,
     is_output,
@@ -31,43 +50,15 @@ MIB = 2**20
 
 #: where the peak memory of a row comes from, first present wins
 PEAK_MEMORY_SOURCES = (
-    ("mem_nvidia_peak_bytes_max", 1, "NVML peak over the job's GPUs"),
-    ("torch_max_memory_reserved_bytes", 1, "torch reserved, largest rank"),
+    (NVML_PEAK, 1, "NVML peak over the job's GPUs"),
+    (TORCH_RESERVED_PEAK, 1, "torch reserved, largest rank"),
     ("mem_peak_torch_mem_alloc_in_bytes", 1, "HF stage metrics"),
     ("mem_nvidia_mem_reserved", MIB, "NVML, mean over GPUs"),
-    ("mem_peak_rss_bytes", 1, "resident memory of a training process"),
+    (PROCESS_RSS_PEAK, 1, "resident memory of a training process"),
 )
 #: the order of the median figures in a cell (``benchmarks.csv``), after the spread
 #: ones; a median figure not named here follows these, in the registry's order
-FIGURE_ORDER = (
-    "train_tokens_per_second",
-    "train_samples_per_second",
-    "train_runtime",
-    "step_time_cv",
-    "train_loss",
-    "loss_last",
-    "mfu",
-    "achieved_tflops_per_device",
-    "flops_per_token",
-    "peak_memory_bytes",
-    "mem_nvidia_mem_reserved",
-    "mem_peak_torch_mem_alloc_in_bytes",
-    "mem_torch_mem_alloc_in_bytes",
-    "mem_peak_rss_bytes",
-    "torch_max_memory_reserved_bytes",
-    "mem_tree_peak_pss_bytes",
-    "mem_tree_peak_rss_bytes",
-    "time_to_first_step_s",
-    "job_s",
-    "padding_fraction",
-    "data_tokens",
-    "cost_per_1m_tokens_usd",
-    "cost_per_run_usd",
-    "time_per_epoch_s",
-    "cost_per_epoch_usd",
-    "time_to_train_s",
-    "cost_to_train_usd",
-)
+FIGURE_ORDER = registry.with_role("cell_figure")
 
 
 @dataclass(frozen=True)
@@ -97,18 +88,18 @@ class ReportTables(Protocol):
 
 def cell_keys() -> list[str]:
     """What a cell is, besides its id: the key columns its repeats share."""
-    return [c.name for c in metrics.select(key=True, aggregate="first")]
+    return [c.name for c in registry.select(key=True, aggregate="first")]
 
 
 def spread_figures() -> list[str]:
     """The main figures: median, coefficient of variation, min and max over repeats."""
-    return [c.name for c in metrics.select(aggregate="spread")]
+    return [c.name for c in registry.select(aggregate="spread")]
 
 
 def cell_figures() -> list[str]:
     """Every figure a cell has, in order: the spread ones, then the medians
     (``FIGURE_ORDER``, then the registry's order)."""
-    medians = [c.name for c in metrics.select(aggregate="median")]
+    medians = [c.name for c in registry.select(aggregate="median")]
     ordered = [m for m in FIGURE_ORDER if m in medians]
     return spread_figures() + ordered + [m for m in medians if m not in ordered]
 
@@ -122,10 +113,10 @@ def has_figures(cells: pd.DataFrame, column: str) -> bool:
 
 def shows_hf_estimate(cells: pd.DataFrame) -> bool:
     """Whether some cell's only throughput figure is HF Trainer's estimate."""
-    if not has_figures(cells, "train_tokens_per_second"):
+    if not has_figures(cells, HF_TOKENS_PER_SECOND):
         return False
-    hf = pd.to_numeric(cells["train_tokens_per_second"], errors="coerce")
-    measured = pd.to_numeric(cells["tokens_per_second_global"], errors="coerce")
+    hf = pd.to_numeric(cells[HF_TOKENS_PER_SECOND], errors="coerce")
+    measured = pd.to_numeric(cells[TOKENS_PER_SECOND], errors="coerce")
     return bool((hf.notna() & measured.isna()).any())
 
 
@@ -145,25 +136,25 @@ def add_derived(df: pd.DataFrame, cost: CostSettings) -> pd.DataFrame:
         take = peak.isna() & values.notna() & (values > 0)
         peak[take] = values[take]
         source[take] = label
-    df["peak_memory_bytes"] = peak
-    df["peak_memory_source"] = source
+    df[PEAK_MEMORY] = peak
+    df[PEAK_MEMORY_SOURCE] = source
 
-    tps = numeric(df, "tokens_per_second_global")
+    tps = numeric(df, TOKENS_PER_SECOND)
     gpus = numeric(df, "num_gpus")
     price = cost.usd_per_gpu_hour
     if price is not None:
-        df["usd_per_gpu_hour"] = price
-        df["cost_per_1m_tokens_usd"] = price * gpus / 3600 / tps * 1e6
-        seconds = numeric(df, "job_s").fillna(numeric(df, "train_runtime"))
-        df["cost_per_run_usd"] = price * gpus * seconds / 3600
-    epoch = numeric(df, "data_tokens")
-    df["time_per_epoch_s"] = epoch / tps
+        df[USD_PER_GPU_HOUR] = price
+        df[COST_PER_1M_TOKENS] = price * gpus / 3600 / tps * 1e6
+        seconds = numeric(df, JOB_S).fillna(numeric(df, TRAIN_RUNTIME))
+        df[COST_PER_RUN] = price * gpus * seconds / 3600
+    epoch = numeric(df, DATA_TOKENS)
+    df[TIME_PER_EPOCH] = epoch / tps
     if price is not None:
-        df["cost_per_epoch_usd"] = df["time_per_epoch_s"] * gpus * price / 3600
+        df[COST_PER_EPOCH] = df[TIME_PER_EPOCH] * gpus * price / 3600
     if cost.tokens:
-        df["time_to_train_s"] = cost.tokens / tps
+        df[TIME_TO_TRAIN] = cost.tokens / tps
         if price is not None:
-            df["cost_to_train_usd"] = df["time_to_train_s"] * gpus * price / 3600
+            df[COST_TO_TRAIN] = df[TIME_TO_TRAIN] * gpus * price / 3600
     return df
 
 
@@ -243,10 +234,10 @@ def aggregate(rows: pd.DataFrame) -> pd.DataFrame:
         for column in (metric, f"{metric}_cv", f"{metric}_min", f"{metric}_max"):
             if column not in cells.columns:
                 cells[column] = math.nan
-    for name in [c.name for c in metrics.select(aggregate="first_ok")]:
+    for name in [c.name for c in registry.select(aggregate="first_ok")]:
         if name in ok.columns:
             cells[name] = ok[name].groupby(ok["cell_id"], sort=False).first().reindex(cells.index)
-    for name in [c.name for c in metrics.select(aggregate="first", key=False)]:
+    for name in [c.name for c in registry.select(aggregate="first", key=False)]:
         if name in rows.columns:
             cells[name] = by_cell[name].first()
     cells = cells.reset_index()
@@ -271,18 +262,7 @@ def benchmarks_table(cells: pd.DataFrame) -> pd.DataFrame:
         and cells[c].astype(str).nunique(dropna=False) <= 1
     ]
     table = cells.drop(columns=constant)
-    order = [
-        k
-        for k in (
-            "scenario",
-            "framework_config",
-            "model_name_or_path",
-            "num_gpus",
-            "effective_batch_size",
-            "max_seq_len",
-        )
-        if k in table.columns
-    ]
+    order = [k for k in registry.with_role("sort") if k in table.columns]
     return table.sort_values(order, kind="stable", na_position="last").reset_index(drop=True)
 
 
@@ -290,26 +270,15 @@ def benchmarks_table(cells: pd.DataFrame) -> pd.DataFrame:
 # Scaling
 # ---------------------------------------------------------------------------
 
-SCALING_FAMILY = (
-    "scenario",
-    "task",
-    "trainer",
-    "framework_config",
-    "model_name_or_path",
-    "effective_batch_size",
-    "max_seq_len",
-    "packing",
-    "peft_method",
-    "torch_dtype",
-    "device",
-)
+#: what a scaling family's cells share: everything but the GPU count (and the batch)
+SCALING_FAMILY = registry.with_role("family")
 
 
 #: the columns ``scaling`` adds to a family's keys
 SCALING_FIGURES = (
     "num_gpus",
     "base_num_gpus",
-    "tokens_per_second_global",
+    TOKENS_PER_SECOND,
     "speedup",
     "scaling_efficiency",
 )
@@ -332,11 +301,9 @@ def scaling(cells: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     keys = scaling_keys(cells)
     usable = cells.copy()
-    usable["tokens_per_second_global"] = pd.to_numeric(
-        usable["tokens_per_second_global"], errors="coerce"
-    )
+    usable[TOKENS_PER_SECOND] = pd.to_numeric(usable[TOKENS_PER_SECOND], errors="coerce")
     usable["num_gpus"] = pd.to_numeric(usable["num_gpus"], errors="coerce")
-    usable = usable[usable["tokens_per_second_global"].notna() & usable["num_gpus"].notna()]
+    usable = usable[usable[TOKENS_PER_SECOND].notna() & usable["num_gpus"].notna()]
     if usable.empty:
         return pd.DataFrame()
     # families group on text, so that missing values group like any other
@@ -349,12 +316,12 @@ def scaling(cells: pd.DataFrame) -> pd.DataFrame:
     if usable.empty:
         return pd.DataFrame()
     grouped = usable.groupby(group_cols, sort=False)
-    base_tps = grouped["tokens_per_second_global"].transform("first")
+    base_tps = grouped[TOKENS_PER_SECOND].transform("first")
     base_n = grouped["num_gpus"].transform("first")
     table = usable[keys].copy()
     table["num_gpus"] = usable["num_gpus"].astype(int)
     table["base_num_gpus"] = base_n.astype(int)
-    table["tokens_per_second_global"] = usable["tokens_per_second_global"]
-    table["speedup"] = usable["tokens_per_second_global"] / base_tps
+    table[TOKENS_PER_SECOND] = usable[TOKENS_PER_SECOND]
+    table["speedup"] = usable[TOKENS_PER_SECOND] / base_tps
     table["scaling_efficiency"] = table["speedup"] / (usable["num_gpus"] / base_n)
     return table.reset_index(drop=True)

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.results.columns import numeric
-from orchestrator.results.envfile import read_env
+from orchestrator.contract import columns as registry
+from orchestrator.contract.columns import PEAK_MEMORY
 from orchestrator.contract.devices import GIB as GIB
 from orchestrator.contract.devices import KNOWN_GPU_MEMORY as DEVICE_MEMORY
-
+from orchestrator.results.envfile import read_env
+from orchestrator.results.tablecolumns import numeric
 
 #: a failed run without metrics whose memory reached this share of the device's is
 #: likely out of memory. In the predecessor's published A100 80GB tables every row
@@ -27,13 +28,7 @@ from orchestrator.contract.devices import KNOWN_GPU_MEMORY as DEVICE_MEMORY
 #: high (up to 98.6%), so memory alone is no verdict: only runs without metrics qualify.
 LIKELY_OOM_FRACTION = 0.9
 #: figures whose absence means a run left no metrics
-RUN_FIGURES = (
-    "train_runtime",
-    "tokens_per_second_global",
-    "train_tokens_per_second",
-    "step_time_median_s",
-    "train_loss",
-)
+RUN_FIGURES = registry.with_role("run_figure")
 #: nominal memory of GPUs known by name, for a table that does not record it: a name
 #: matched (lower case) in the rows' ``gpu_device_name``, else in the file or folder
 #: name (the device table, orchestrator/contract/devices.py)
@@ -121,7 +116,7 @@ def mark_likely_oom(table: pd.DataFrame, capacity: Capacity | None) -> pd.DataFr
     for column in RUN_FIGURES:
         no_figures &= numeric(table, column).isna()
     on_gpu = table["device"].astype(str) != "cpu"
-    memory = numeric(table, "peak_memory_bytes")
+    memory = numeric(table, PEAK_MEMORY)
     unfinished = ~table["status"].isin(["ok", "skipped", "planned"]) & no_figures
     table["failed_peak_memory_bytes"] = memory.where(unfinished & memory.notna())
     candidate = unfinished & (table["status"] == "failed") & on_gpu & memory.notna()

@@ -26,11 +26,11 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract import metrics
-from orchestrator.contract.argnames import DEFAULT_TASK
+from orchestrator.contract import columns as registry
+from orchestrator.contract.applicability import DEFAULT_TASK
+from orchestrator.contract.columns import KEY_COLUMNS, TRAIN_RUNTIME
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import RunPaths
-from orchestrator.contract.metrics import KEY_COLUMNS
 from orchestrator.contract.outcome import read_outcome
 from orchestrator.results.rows import build_row
 
@@ -41,7 +41,7 @@ ARGUMENT_ALIASES = {"acceleration_framework_config_file": "framework_config_file
 
 def aliases() -> dict[str, str]:
     """Other column names -> ours (same meaning and units)."""
-    return {**metrics.alias_map(), **ARGUMENT_ALIASES}
+    return {**registry.alias_map(), **ARGUMENT_ALIASES}
 
 
 #: what the rows of tables made before runs named their task and trainer ran: a
@@ -51,16 +51,8 @@ LEGACY_TASK = DEFAULT_TASK
 LEGACY_TRAINER = "hf"
 PREDECESSOR_TRAINER = "sft"
 
-NUMERIC = (
-    "num_gpus",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "effective_batch_size",
-    "max_seq_len",
-    "repeat",
-    # the place in the plan's run order (empty in older tables)
-    "position",
-)
+#: key columns read as numbers (the plan's position is empty in older tables)
+NUMERIC = registry.with_role("numeric")
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -79,7 +71,7 @@ def _csv_rows(path: Path) -> list[dict[str, Any]]:
 def _our_names(row: dict[str, Any]) -> dict[str, Any]:
     """A row of one of our older tables under today's column names (``slurm_job_id``
     is ``job_id`` now), where it does not have the new name already."""
-    names = metrics.alias_map()
+    names = registry.alias_map()
     return {names[k] if k in names and names[k] not in row else k: v for k, v in row.items()}
 
 
@@ -137,7 +129,7 @@ def _predecessor_status(row: Mapping[Any, Any]) -> tuple[str, str | None]:
     error = row.get("error_messages")
     if isinstance(error, str) and error.strip():
         return "failed", " ".join(error.split())[:300]
-    runtime = row.get("train_runtime")
+    runtime = row.get(TRAIN_RUNTIME)
     if runtime is None or (isinstance(runtime, float) and math.isnan(runtime)) or runtime == "":
         # the predecessor recorded failed and out-of-memory runs with empty metrics
         return "failed", "no metrics in the predecessor's table (failed or out of memory)"

@@ -11,10 +11,10 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract import metrics
+from orchestrator.contract import columns as registry
 from orchestrator.contract.wording import workers
-from orchestrator.results.columns import ran_on_cpu
 from orchestrator.results.mdtable import md_table
+from orchestrator.results.tablecolumns import ran_on_cpu
 
 #: the section's figures, in order
 COMMUNICATION_FIGURES = (
@@ -61,7 +61,7 @@ def communication_markdown(cells: pd.DataFrame) -> list[str]:
         "model",
         "framework",
         workers(ran_on_cpu(profiled)),
-        *[metrics.get(name).header for name in COMMUNICATION_FIGURES],
+        *[registry.get(name).header for name in COMMUNICATION_FIGURES],
     ]
     body = []
     for c in profiled.to_dict("records"):

@@ -18,7 +18,7 @@ than every reference run. A cell that was ``ok`` and is not any more (failed,
 out of memory, timed out or interrupted) is a regression too.
 
 The metrics compare knows, and which way each is better, are the columns
-declared with a direction (``Column.better`` in ``orchestrator.contract.metrics``).
+declared with a direction (``Column.better`` in ``orchestrator.contract.columns``).
 
 A matched cell whose sides ran under different conditions (GPU model, memory
 source, run mode: ``ANNOTATED``) is still compared, and marked: the table's
@@ -35,51 +35,30 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.contract import metrics as registry
-from orchestrator.contract.argnames import DEFAULT_TASK
+from orchestrator.contract import columns as registry
+from orchestrator.contract.applicability import DEFAULT_TASK
 from orchestrator.contract.layout import ResultsLayout, write_atomic
 from orchestrator.contract.outcome import LOST, NOT_LAUNCHED, PRUNED
 from orchestrator.contract.wording import signed_change, workers
-from orchestrator.results.columns import (
+from orchestrator.results.envtables import match_on_environment
+from orchestrator.results.mdtable import md_table
+from orchestrator.results.stats import mann_whitney_u
+from orchestrator.results.tablecolumns import (
     argument_columns,
     is_output,
     measured,
     ran_on_cpu,
     shown_status,
 )
-from orchestrator.results.environments import match_on_environment
-from orchestrator.results.mdtable import md_table
-from orchestrator.results.stats import mann_whitney_u
 
-#: what makes two rows the same experiment; each is used where both sides have it
-KEYS = (
-    "scenario",
-    "trainer",
-    "task",
-    "framework_config",
-    "model_name_or_path",
-    "num_gpus",
-    "per_device_train_batch_size",
-    "peft_method",
-    "max_seq_len",
-    "packing",
-    "torch_dtype",
-    "device",
-    # only where a side holds several (``results.environments.match_on_environment``)
-    "environment",
-)
+#: what makes two rows the same experiment; each is used where both sides have it (the
+#: environment only where a side holds several: ``results.envtables.match_on_environment``)
+KEYS = registry.with_role("compare")
 #: conditions of a run that are not part of the experiment but change its figures:
 #: a matched cell whose sides differ in one of them is marked
-ANNOTATED = ("gpu_device_name", "peak_memory_source", "memory_backend", "run_mode")
+ANNOTATED = registry.with_role("annotated")
 #: what compare checks when no metric is named
-DEFAULT_METRICS = (
-    "tokens_per_second_global",
-    "tokens_per_second_per_device",
-    "train_tokens_per_second",
-    "step_time_median_s",
-    "peak_memory_bytes",
-    "mfu",
-)
+DEFAULT_METRICS = registry.with_role("compared")
 MIN_REPEATS_FOR_TEST = 3
 ALPHA = 0.05
 

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from orchestrator.contract.columns import TOKENS_PER_SECOND
 from orchestrator.contract.steady import t975
-from orchestrator.results.columns import measured, numeric
+from orchestrator.results.tablecolumns import measured, numeric
 
-FIGURE = "tokens_per_second_global"
+FIGURE = TOKENS_PER_SECOND
 #: the column of benchmarks.csv (a cell's trend), and its span in positions
 TREND_COLUMN = "position_trend_pct"
 PER_POSITIONS = 10

@@ -35,31 +35,21 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract.argnames import BACKEND_KEY, default_backend
+from orchestrator.contract import columns as registry
+from orchestrator.contract.applicability import BACKEND_KEY, default_backend
+from orchestrator.contract.columns import TOKENS_PER_SECOND
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.result import read_result
-from orchestrator.results.columns import measured
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.numbers import number
+from orchestrator.results.tablecolumns import measured
 
 #: a variant whose mean loss gap passes this fraction of the baseline's mean loss is different
 DEFAULT_TOLERANCE = 0.05
 #: the framework of a baseline cell (``framework_config: null``)
 BASELINE_FRAMEWORK = "none"
 #: what must be equal between a variant and its baseline (those the cells have)
-MATCH_KEYS = (
-    "scenario",
-    "task",
-    "model_name_or_path",
-    "num_gpus",
-    "effective_batch_size",
-    "max_seq_len",
-    "packing",
-    "peft_method",
-    "torch_dtype",
-    "device",
-    "environment",
-)
+MATCH_KEYS = registry.with_role("baseline")
 #: what a variant may differ in (swept values of these are no match keys)
 VARIANT_KEYS = ("framework_config", BACKEND_KEY)
 
@@ -296,8 +286,8 @@ def _compare_cell(
     verdict = SAME
     if gap.mean > tolerance:
         fast, slow = (
-            number(cell.get("tokens_per_second_global")),
-            number(base.get("tokens_per_second_global")),
+            number(cell.get(TOKENS_PER_SECOND)),
+            number(base.get(TOKENS_PER_SECOND)),
         )
         verdict = (
             FAST_BUT_DIFFERENT

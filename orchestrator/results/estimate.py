@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from orchestrator.contract.columns import JOB_S, TOKENS_PER_SECOND, WALL_S
 from orchestrator.results import history
 from orchestrator.results.numbers import number
 
@@ -141,7 +142,7 @@ def _number(value: Any) -> float | None:
 
 def _wall(row: Mapping[str, Any]) -> float | None:
     """A run's wall time: the experiment's start to its cleanup, else the job's."""
-    for name in ("wall_s", "job_s"):
+    for name in (WALL_S, JOB_S):
         value = _number(row.get(name))
         if value is not None and value > 0:
             return value
@@ -173,7 +174,7 @@ def _scaled(row: Mapping[str, Any], tokens: float) -> float | None:
     """A similar run's time for ``tokens`` slots: its time outside the steady steps plus
     the tokens (at its share of real ones) at its measured tokens/s."""
     wall = _wall(row)
-    tps = _number(row.get("tokens_per_second_global"))
+    tps = _number(row.get(TOKENS_PER_SECOND))
     done = _number(row.get("tokens_total"))
     if wall is None or not tps or tps <= 0 or not done or done <= 0:
         return None

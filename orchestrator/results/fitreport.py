@@ -1,6 +1,6 @@
 """A fit's answer as files: ``fit.json``, ``fit.md``, and its section of ``summary.md``.
 
-``tunematrix fit`` (``orchestrator.running.fit``) searches, per cell family,
+``tunematrix fit`` (``orchestrator.running.fitrun``) searches, per cell family,
 the largest per-device batch or sequence length that fits; this module only
 writes and reads what it found, so a report can show it from the files alone.
 """
@@ -34,7 +34,7 @@ class ProbeRecord:
     value: int
     experiment_id: str
     status: str
-    #: ``fits``, ``too_big`` or ``stop`` (``orchestrator.matrix.search.Verdict``)
+    #: ``fits``, ``too_big`` or ``stop`` (``orchestrator.matrix.fitsearch.Verdict``)
     verdict: str
     #: why it did not fit, or why it stopped the search
     reason: str | None = None

@@ -17,6 +17,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.contract.columns import JOB_S, TOKENS_PER_SECOND
 from orchestrator.contract.layout import file_mode
 
 if TYPE_CHECKING:  # pandas only where a table is built: `tunematrix plan` reads the history too
@@ -117,7 +118,7 @@ def record(db: Path, rows: pd.DataFrame, env: Mapping[str, Any], results_dir: Pa
                     _clean(r.get("model_name_or_path")),
                     _clean(r.get("num_gpus")),
                     _clean(r.get("status")),
-                    _clean(r.get("tokens_per_second_global")),
+                    _clean(r.get(TOKENS_PER_SECOND)),
                     json.dumps({k: _clean(v) for k, v in r.items()}, default=str),
                 )
                 for r in rows.to_dict("records")
@@ -165,7 +166,7 @@ def longest_ok_job(db: Path, cell_id: str) -> float | None:
             "SELECT row FROM experiments WHERE cell_id = ? AND status IN ('ok', 'skipped')",
             (cell_id,),
         ).fetchall()
-    times = [json.loads(r[0]).get("job_s") for r in rows]
+    times = [json.loads(r[0]).get(JOB_S) for r in rows]
     values = [float(t) for t in times if isinstance(t, (int, float))]
     return max(values) if values else None
 

@@ -7,7 +7,7 @@ steps), and where it is all a table has (the predecessor's), it is shown in a
 column and a plot of its own, never as a measured figure.
 
 Headers come from the columns' labels (``Column.label`` in
-``orchestrator.contract.metrics``), and how a figure is shown from its unit.
+``orchestrator.contract.columns``), and how a figure is shown from its unit.
 """
 
 from __future__ import annotations
@@ -19,8 +19,23 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract import metrics
-from orchestrator.contract.argnames import CLASSIFICATION_TASKS
+from orchestrator.contract import columns as registry
+from orchestrator.contract.applicability import CLASSIFICATION_TASKS
+from orchestrator.contract.columns import (
+    COST_PER_1M_TOKENS,
+    COST_PER_EPOCH,
+    COST_PER_RUN,
+    COST_TO_TRAIN,
+    CPU_UTIL,
+    GPU_UTIL,
+    HF_TOKENS_PER_SECOND,
+    PEAK_MEMORY,
+    PEAK_MEMORY_SOURCE,
+    SAMPLES_PER_SECOND,
+    TIME_PER_EPOCH,
+    TIME_TO_TRAIN,
+    TOKENS_PER_SECOND,
+)
 from orchestrator.contract.outcome import (
     NOT_LAUNCHED,
     NOT_LAUNCHED_PREFIX,
@@ -38,16 +53,16 @@ from orchestrator.results.aggregate import (
     shows_hf_estimate,
 )
 from orchestrator.results.capacity import GIB, LIKELY_OOM_FRACTION, Capacity, gib
-from orchestrator.results.columns import CELL_ORDER, config_columns, ran_on_cpu, status_labels
 from orchestrator.results.communication import communication_markdown
 from orchestrator.results.drift import drift_markdown
-from orchestrator.results.environments import side_by_side_markdown
+from orchestrator.results.envtables import side_by_side_markdown
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.numbers import whole
-from orchestrator.results.steady import steady_markdown
+from orchestrator.results.steadyreport import steady_markdown
+from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, ran_on_cpu, status_labels
 
 #: the header of HF Trainer's throughput estimate, and what it is
-HF_ESTIMATE_HEADER = metrics.get("train_tokens_per_second").header
+HF_ESTIMATE_HEADER = registry.get(HF_TOKENS_PER_SECOND).header
 HF_ESTIMATE_NOTE = (
     f"**{HF_ESTIMATE_HEADER}** is HF Trainer's `train_tokens_per_second`: per device, "
     "padding included, estimated by HF Trainer from the first batch's length × the number "
@@ -55,18 +70,7 @@ HF_ESTIMATE_NOTE = (
     "is kept apart from them."
 )
 #: the figure columns of a scenario's table in summary.md, in order
-SUMMARY_FIGURES = (
-    "tokens_per_second_global",
-    "tokens_per_second_per_device",
-    "train_tokens_per_second",
-    "peak_memory_bytes",
-    "mfu",
-    "cost_per_1m_tokens_usd",
-    "train_loss",
-    # how busy the devices were (orchestrator/job/utilisation.py): last, after speed and loss
-    "gpu_util_mean_pct",
-    "cpu_util_mean_pct",
-)
+SUMMARY_FIGURES = registry.with_role("summary")
 #: how a figure of each unit is shown (``_fmt``'s kinds); other units as they are
 _UNIT_FORMATS = {
     "tokens/s": "int",
@@ -198,29 +202,21 @@ def status_counts(rows: pd.DataFrame) -> str:
 
 def figure_text(cell: Mapping[Any, Any], name: str) -> str:
     """A cell's figure as a table shows it: by its unit, with the spread of a main figure."""
-    column = metrics.get(name)
+    column = registry.get(name)
     if column.aggregate == "spread":
         return _spread(cell, name)
     text = _fmt(cell.get(name), _UNIT_FORMATS.get(column.unit, ""))
     mark = _WINDOW_MARK.get(str(cell.get("util_window")))
-    if name in ("gpu_util_mean_pct", "cpu_util_mean_pct") and mark and text != "–":
+    if name in (GPU_UTIL, CPU_UTIL) and mark and text != "–":
         text += f" ({mark})"
     return text
 
 
 #: key columns a scenario's table shows when they vary within it (the trainer first:
 #: sft and hf cells of one scenario side by side)
-_VARYING_KEYS = (
-    "task",
-    "trainer",
-    "peft_method",
-    "max_seq_len",
-    "torch_dtype",
-    "packing",
-    "environment",
-)
+_VARYING_KEYS = registry.with_role("varying")
 #: the figure shown next to tokens/s for the tasks whose unit is a sample, not a token
-SAMPLES_FIGURE = "samples_per_second_global"
+SAMPLES_FIGURE = SAMPLES_PER_SECOND
 #: its header where every cell of a table is an image task
 IMAGES_HEADER = "images/s"
 
@@ -228,14 +224,14 @@ IMAGES_HEADER = "images/s"
 def _figures_of(group: pd.DataFrame, figures: list[str]) -> list[tuple[str, str]]:
     """A scenario table's figures and their headers: ``figures``, with samples/s next to
     tokens/s where the table has classification cells (images/s when all are images)."""
-    out = [(name, metrics.get(name).header) for name in figures]
+    out = [(name, registry.get(name).header) for name in figures]
     tasks = group["task"].astype(str) if "task" in group.columns else pd.Series(dtype=str)
     if not tasks.isin(CLASSIFICATION_TASKS).any() or not has_figures(group, SAMPLES_FIGURE):
         return out
     header = (
         IMAGES_HEADER
         if (tasks == "image-classification").all()
-        else metrics.get(SAMPLES_FIGURE).header
+        else registry.get(SAMPLES_FIGURE).header
     )
     after = max(
         (i for i, (name, _) in enumerate(out) if name.startswith("tokens_per_second")),
@@ -244,24 +240,6 @@ def _figures_of(group: pd.DataFrame, figures: list[str]) -> list[tuple[str, str]
     return [*out[: after + 1], (SAMPLES_FIGURE, header), *out[after + 1 :]]
 
 
-#: what each figure column of a scenario's table means (summary.md's reading guide);
-#: ``{workers}`` is GPUs, or processes on the CPU
-_MEANINGS = {
-    "tokens_per_second_global": "real (non-padding) tokens per second over the measured "
-    "steps (warm-up excluded), all {workers} together",
-    "tokens_per_second_per_device": "the same, per {worker}",
-    "samples_per_second_global": "samples (rows; images for image tasks) per second over "
-    "the measured steps, all {workers} together",
-    "mfu": "model FLOPs utilisation: the model's training FLOPs per token (forward and "
-    "backward, attention included, recompute not counted) × tokens/s per {worker}, over the "
-    "{worker}'s peak FLOP/s at the run's precision",
-    "cost_per_1m_tokens_usd": "{workers} × the price per {worker}-hour ÷ tokens per hour, × 1M",
-    "train_loss": "HF Trainer's `train_loss`: the mean training loss over all the run's "
-    "steps, warm-up included (the quality column has the first and last)",
-    "gpu_util_mean_pct": "how busy the GPUs were (NVML), mean over the measured steps",
-    "cpu_util_mean_pct": "the job's CPU time ÷ (wall time × the CPUs it may use) over the "
-    "measured steps: 100 is every allowed CPU busy",
-}
 #: a utilisation figure over a wider window than the measured steps, as a table shows it
 _WINDOW_MARK = {"training": "training", "job": "whole job"}
 
@@ -299,13 +277,13 @@ def reading_guide(
         "scenario's table where they vary in it.",
     ]
     for name in figures:
-        header = _header(name, metrics.get(name).header, cpu)
-        if name == "train_tokens_per_second":
+        header = _header(name, registry.get(name).header, cpu)
+        if name == HF_TOKENS_PER_SECOND:
             columns.append(f"- {HF_ESTIMATE_NOTE}")
-        elif name == "peak_memory_bytes":
+        elif name == PEAK_MEMORY:
             found = (
-                cells["peak_memory_source"].dropna().astype(str).value_counts()
-                if "peak_memory_source" in cells.columns
+                cells[PEAK_MEMORY_SOURCE].dropna().astype(str).value_counts()
+                if PEAK_MEMORY_SOURCE in cells.columns
                 else pd.Series(dtype=int)
             )
             if cpu and len(found) == 1:
@@ -320,9 +298,9 @@ def reading_guide(
                         f"{source} ({n} cell{'s' if n > 1 else ''})" for source, n in found.items()
                     )
             columns.append(text + ".")
-        elif name in _MEANINGS:
-            text = _MEANINGS[name].format(worker=one, workers=many)
-            if name in ("gpu_util_mean_pct", "cpu_util_mean_pct"):
+        elif registry.get(name).meaning:
+            text = registry.get(name).meaning.format(worker=one, workers=many)
+            if name in (GPU_UTIL, CPU_UTIL):
                 text += (
                     ". A figure marked (training) or (whole job) covers a wider window: the "
                     "measured steps were too short for the sidecar to sample (under "
@@ -332,8 +310,8 @@ def reading_guide(
     tasks = cells["task"].astype(str) if "task" in cells.columns else pd.Series(dtype=str)
     if tasks.isin(CLASSIFICATION_TASKS).any() and has_figures(cells, SAMPLES_FIGURE):
         columns.append(
-            f"- **{metrics.get(SAMPLES_FIGURE).header}**: "
-            + _MEANINGS[SAMPLES_FIGURE].format(worker=one, workers=many)
+            f"- **{registry.get(SAMPLES_FIGURE).header}**: "
+            + registry.get(SAMPLES_FIGURE).meaning.format(worker=one, workers=many)
             + "."
         )
     if "task" in cells.columns and (cells["task"].astype(str) == "image-classification").any():
@@ -374,13 +352,13 @@ def summary_markdown(
     figures = [
         name
         for name in SUMMARY_FIGURES
-        if (name == "train_tokens_per_second" and hf)
-        or (name != "train_tokens_per_second" and has_figures(cells, name))
+        if (name == HF_TOKENS_PER_SECOND and hf)
+        or (name != HF_TOKENS_PER_SECOND and has_figures(cells, name))
     ]
     missing = [
-        metrics.get(name).header
+        registry.get(name).header
         for name in SUMMARY_FIGURES
-        if name != "train_tokens_per_second" and not has_figures(cells, name)
+        if name != HF_TOKENS_PER_SECOND and not has_figures(cells, name)
     ]
     cpu = ran_on_cpu(cells)
     lines = [
@@ -397,7 +375,7 @@ def summary_markdown(
         *not_launched_note(rows),
     ]
     lines += _capacity_lines(report)
-    # steady-state measuring: which runs stopped early, which never settled (results/steady.py)
+    # steady-state measuring: which runs stopped early, which never settled (results/steadyreport.py)
     lines += steady_markdown(rows)
     args = config_columns(cells)
     order = [k for k in CELL_ORDER if k in cells.columns]
@@ -450,7 +428,7 @@ def summary_markdown(
                     f"{workers(str(c.get('device')) == 'cpu', whole(c.get('num_gpus')))}: "
                     f"{error}{where}"
                 )
-    lines += side_by_side_markdown(cells, args, lambda name: metrics.get(name).header, figure_text)
+    lines += side_by_side_markdown(cells, args, lambda name: registry.get(name).header, figure_text)
     lines += scaling_markdown(report.scaling)
     # each variant's loss against its scenario's baseline (results/equivalence.py)
     lines += equivalence.markdown(cells, loss_tolerance)
@@ -507,7 +485,7 @@ def _family_title(row: Mapping[Any, Any], keys: list[str], varying: list[str]) -
         value = row.get(k)
         if str(value) in ("", "none", "nan", "None"):
             continue
-        declared = metrics.find(k)
+        declared = registry.find(k)
         if declared is not None and declared.short:
             parts.append(declared.short.format(v=_fmt(value, "int"), unit=unit, per=unit))
         elif k in ("scenario", "model_name_or_path", "peft_method"):
@@ -551,28 +529,28 @@ def scaling_markdown(table: pd.DataFrame) -> list[str]:
 
 #: the figures of the cost table whose headers are their labels
 _COST_FIGURES = (
-    "tokens_per_second_global",
-    "cost_per_1m_tokens_usd",
-    "cost_per_run_usd",
-    "time_per_epoch_s",
-    "cost_per_epoch_usd",
+    TOKENS_PER_SECOND,
+    COST_PER_1M_TOKENS,
+    COST_PER_RUN,
+    TIME_PER_EPOCH,
+    COST_PER_EPOCH,
 )
 
 
 def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
     if cost.usd_per_gpu_hour is None and not cost.tokens:
         return []
-    ok = cells[cells["tokens_per_second_global"].notna()]
+    ok = cells[cells[TOKENS_PER_SECOND].notna()]
     if ok.empty:
         return []
-    header = {name: metrics.get(name).header for name in _COST_FIGURES}
+    header = {name: registry.get(name).header for name in _COST_FIGURES}
     cpu = ran_on_cpu(ok)
-    headers = ["scenario", "model", "framework", workers(cpu), header["tokens_per_second_global"]]
+    headers = ["scenario", "model", "framework", workers(cpu), header[TOKENS_PER_SECOND]]
     if cost.usd_per_gpu_hour is not None:
-        headers += [header["cost_per_1m_tokens_usd"], header["cost_per_run_usd"]]
-    headers += [header["time_per_epoch_s"]]
+        headers += [header[COST_PER_1M_TOKENS], header[COST_PER_RUN]]
+    headers += [header[TIME_PER_EPOCH]]
     if cost.usd_per_gpu_hour is not None:
-        headers += [header["cost_per_epoch_usd"]]
+        headers += [header[COST_PER_EPOCH]]
     if cost.tokens:
         headers += [f"time for {cost.tokens:,.0f} tokens"]
         if cost.usd_per_gpu_hour is not None:
@@ -584,20 +562,20 @@ def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
             str(c["model_name_or_path"]),
             str(c["framework_config"]),
             _fmt(c["num_gpus"], "int"),
-            _fmt(c["tokens_per_second_global"], "int"),
+            _fmt(c[TOKENS_PER_SECOND], "int"),
         ]
         if cost.usd_per_gpu_hour is not None:
             row += [
-                _fmt(c.get("cost_per_1m_tokens_usd"), "usd"),
-                _fmt(c.get("cost_per_run_usd"), "usd"),
+                _fmt(c.get(COST_PER_1M_TOKENS), "usd"),
+                _fmt(c.get(COST_PER_RUN), "usd"),
             ]
-        row += [_fmt(c.get("time_per_epoch_s"), "time")]
+        row += [_fmt(c.get(TIME_PER_EPOCH), "time")]
         if cost.usd_per_gpu_hour is not None:
-            row += [_fmt(c.get("cost_per_epoch_usd"), "usd")]
+            row += [_fmt(c.get(COST_PER_EPOCH), "usd")]
         if cost.tokens:
-            row += [_fmt(c.get("time_to_train_s"), "time")]
+            row += [_fmt(c.get(TIME_TO_TRAIN), "time")]
             if cost.usd_per_gpu_hour is not None:
-                row += [_fmt(c.get("cost_to_train_usd"), "usd")]
+                row += [_fmt(c.get(COST_TO_TRAIN), "usd")]
         body.append(row)
     price = (
         f"${cost.usd_per_gpu_hour:g} per GPU-hour" + (" (applied to process-hours)" if cpu else "")

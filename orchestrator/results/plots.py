@@ -31,6 +31,7 @@ import math
 import textwrap
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +45,18 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from orchestrator.contract import metrics
+from orchestrator.contract import columns as registry
+from orchestrator.contract.columns import (
+    HF_TOKENS_PER_SECOND,
+    PEAK_MEMORY,
+    PEAK_MEMORY_SOURCE,
+    TOKENS_PER_SECOND,
+)
 from orchestrator.contract.wording import worker, workers
 from orchestrator.matrix.ids import model_short_name
 from orchestrator.results.aggregate import SCALING_FIGURES, ReportTables, shows_hf_estimate
 from orchestrator.results.capacity import LIKELY_OOM_FRACTION
-from orchestrator.results.columns import CELL_ORDER, config_columns, measured, ran_on_cpu
+from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, measured, ran_on_cpu
 
 MAX_BARS = 60
 MAX_LINES = 12
@@ -185,34 +192,21 @@ def _part(column: str, cell: pd.Series) -> str:
         return workers(True, int(_value_text(value)))
     if column == "cell_id":
         return f"cell {_value_text(value)}"
-    declared = metrics.find(column)
+    declared = registry.find(column)
     if declared is not None and declared.flags is not None:
         yes, no = declared.flags
         return {"true": yes, "false": no}.get(_value_text(value).lower(), f"{column} ?")
     # a GPU count nobody recorded reads as "? GPU"
     text = "?" if column == "num_gpus" and _missing(value) else _value_text(value)
-    short = metrics.short_label(column, text, unit=unit, per=unit)
+    short = registry.short_label(column, text, unit=unit, per=unit)
     return short if short is not None else f"{column}={_value_text(value)}"
 
 
 #: what a label starts with: model, framework and GPU count
-LABEL_BASE = ("model_name_or_path", "framework_config", "num_gpus")
+LABEL_BASE = registry.with_role("label_base")
 #: the keys a label may add, in this order, after the cells' own arguments
 #: (``config_columns``) are appended
-LABEL_KEYS = (
-    "task",
-    "trainer",
-    "effective_batch_size",
-    "per_device_train_batch_size",
-    "peft_method",
-    "max_seq_len",
-    "torch_dtype",
-    "packing",
-    "gradient_accumulation_steps",
-    "environment",
-    "device",
-    "processes",
-)
+LABEL_KEYS = registry.with_role("label")
 
 
 def _label_columns(
@@ -394,7 +388,63 @@ def bar_figure(
     ``failed_metric``: a column whose value is drawn, hatched in the status's colour,
     for a cell that did not finish (the memory a failed run reached).
     """
-    cells = _ordered(cells).reset_index(drop=True)
+    bars = _bars(_ordered(cells).reset_index(drop=True), metric, scale, whiskers, failed_metric)
+    fig = plt.figure(figsize=(12, 4), dpi=DPI)
+    ax = fig.add_subplot()
+    value_texts, shown_kinds = _draw_bars(ax, bars)
+    if _draw_whiskers(ax, bars) and whisker_xlabel is not None:
+        xlabel = whisker_xlabel
+    xlabel, top = _draw_capacity(ax, bars, vline, xlabel)
+    _set_axes(ax, bars, xlabel, top)
+    legends = _legends(ax, bars.scenarios, shown_kinds)
+    title_artist = fig.suptitle(title, fontsize=11, x=0.01, ha="left", y=0.99, va="top")
+    _fit(fig, ax, legends, title_artist, value_texts, rows=len(bars.y), row_in=bars.row_in)
+    return fig
+
+
+@dataclass(frozen=True)
+class _Bars:
+    """What ``bar_figure`` draws, one entry per cell (the first cell at the top)."""
+
+    #: each cell's place on the y axis, its label and the height of a row of labels
+    y: list[int]
+    texts: list[str]
+    row_in: float
+    #: each cell's value, and for a cell that did not finish the value it reached
+    values: list[float]
+    failed: list[float]
+    #: each cell's status, its kind (``status_kind``), its scenario; the scenarios in order
+    statuses: list[str]
+    kinds: list[str]
+    names: list[str]
+    scenarios: list[str]
+    #: each cell's whisker ends (NaN: none)
+    lo: list[float]
+    hi: list[float]
+
+    @property
+    def finite(self) -> list[float]:
+        """Every value and failed value that is a number."""
+        return [v for v in [*self.values, *self.failed] if not math.isnan(v)]
+
+    @property
+    def top(self) -> float:
+        """The largest of them (1 where there is none): what the axis must reach."""
+        return max(self.finite) if self.finite else 1.0
+
+    def color(self, name: str) -> str:
+        """A scenario's colour."""
+        return SCENARIO_COLORS[self.scenarios.index(name) % len(SCENARIO_COLORS)]
+
+
+def _bars(
+    cells: pd.DataFrame,
+    metric: str,
+    scale: float,
+    whiskers: tuple[str, str] | None,
+    failed_metric: str | None,
+) -> _Bars:
+    """The figures, statuses and labels of ``cells`` (in the order drawn), scaled."""
     likely = (
         cells["likely_oom"].fillna(False).astype(bool)
         if "likely_oom" in cells.columns
@@ -402,91 +452,128 @@ def bar_figure(
     )
     kinds = [status_kind(s, lo) for s, lo in zip(cells["status"].astype(str), likely, strict=True)]
     names = [_scenario_name(s) for s in cells["scenario"]]
-    scenarios = list(dict.fromkeys(names))
     texts = labels(cells)
     lines = max(t.count("\n") + 1 for t in texts)
-    row_in = max(0.3, 0.15 * lines + 0.12)
 
-    fig = plt.figure(figsize=(12, 4), dpi=DPI)
-    ax = fig.add_subplot()
-    y = list(range(len(cells)))[::-1]
-    values = (pd.to_numeric(cells[metric], errors="coerce") / scale).tolist()
-    fallback = (
-        (pd.to_numeric(cells[failed_metric], errors="coerce") / scale).tolist()
+    def scaled(column: str) -> list[float]:
+        return (pd.to_numeric(cells[column], errors="coerce") / scale).tolist()
+
+    nothing = [math.nan] * len(cells)
+    return _Bars(
+        y=list(range(len(cells)))[::-1],
+        texts=texts,
+        row_in=max(0.3, 0.15 * lines + 0.12),
+        values=scaled(metric),
+        failed=scaled(failed_metric)
         if failed_metric and failed_metric in cells.columns
-        else [math.nan] * len(cells)
+        else nothing,
+        statuses=cells["status"].astype(str).tolist(),
+        kinds=kinds,
+        names=names,
+        scenarios=list(dict.fromkeys(names)),
+        lo=scaled(whiskers[0]) if whiskers is not None else nothing,
+        hi=scaled(whiskers[1]) if whiskers is not None else nothing,
     )
+
+
+#: the white box behind a bar's text, so that a grid or capacity line passes behind it
+_TEXT_BOX = {"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85}
+
+
+def _draw_bars(ax: Any, bars: _Bars) -> tuple[list[Any], list[str]]:
+    """Each cell's bar and its text, top to bottom; the texts, and the statuses shown
+    (in the order met) of the cells that did not finish."""
     shown_kinds: list[str] = []
     value_texts = []
-    finite = [v for v in [*values, *fallback] if not math.isnan(v)]
-    top = max(finite) if finite else 1.0
-    statuses = cells["status"].astype(str).tolist()
-    lo = hi = [math.nan] * len(cells)
-    if whiskers is not None:
-        lo = (pd.to_numeric(cells[whiskers[0]], errors="coerce") / scale).tolist()
-        hi = (pd.to_numeric(cells[whiskers[1]], errors="coerce") / scale).tolist()
+    top = bars.top
     for yi, v, v_failed, kind, name, status, v_hi in zip(
-        y, values, fallback, kinds, names, statuses, hi, strict=True
+        bars.y,
+        bars.values,
+        bars.failed,
+        bars.kinds,
+        bars.names,
+        bars.statuses,
+        bars.hi,
+        strict=True,
     ):
         if not math.isnan(v):
-            color = SCENARIO_COLORS[scenarios.index(name) % len(SCENARIO_COLORS)]
-            ax.barh(yi, v, color=color, height=0.7)
-            # a figure of the finished repeats of a cell some of whose repeats did not finish
-            mix = f" ({status})" if "×" in status else ""
-            value_texts.append(
-                ax.text(
-                    (v if math.isnan(v_hi) else max(v, v_hi)) + top * 0.01,
-                    yi,
-                    _number(v) + mix,
-                    va="center",
-                    ha="left",
-                    fontsize=7,
-                    zorder=4,
-                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85},
-                )
-            )
+            value_texts.append(_finished_bar(ax, yi, v, v_hi, status, bars.color(name), top))
             continue
-        label = STATUS_LABELS.get(kind, kind.replace("_", " "))
         if kind not in shown_kinds:
             shown_kinds.append(kind)
-        if not math.isnan(v_failed):
-            ax.barh(
-                yi,
-                v_failed,
-                color="white",
-                edgecolor=status_color(kind),
-                hatch="///",
-                height=0.7,
-            )
-            text, x = f"{_number(v_failed)} · {label}", v_failed + top * 0.01
-        else:
-            text, x = label, top * 0.01
-        value_texts.append(
-            ax.text(
-                x,
-                yi,
-                text,
-                va="center",
-                ha="left",
-                color=status_color(kind),
-                fontsize=7.5,
-                fontweight="bold",
-                zorder=4,
-                # the capacity line passes behind the text, not through it
-                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85},
-            )
+        value_texts.append(_unfinished_bar(ax, yi, v_failed, kind, top))
+    return value_texts, shown_kinds
+
+
+def _finished_bar(
+    ax: Any, yi: int, v: float, v_hi: float, status: str, color: str, top: float
+) -> Any:
+    """A bar in its scenario's colour, its value after it (or after its whisker)."""
+    ax.barh(yi, v, color=color, height=0.7)
+    # a figure of the finished repeats of a cell some of whose repeats did not finish
+    mix = f" ({status})" if "×" in status else ""
+    return ax.text(
+        (v if math.isnan(v_hi) else max(v, v_hi)) + top * 0.01,
+        yi,
+        _number(v) + mix,
+        va="center",
+        ha="left",
+        fontsize=7,
+        zorder=4,
+        bbox={**_TEXT_BOX},
+    )
+
+
+def _unfinished_bar(ax: Any, yi: int, v_failed: float, kind: str, top: float) -> Any:
+    """A cell that did not finish: its status in the status's colour, after the hatched
+    bar of the value it reached where there is one."""
+    label = STATUS_LABELS.get(kind, kind.replace("_", " "))
+    if not math.isnan(v_failed):
+        ax.barh(
+            yi,
+            v_failed,
+            color="white",
+            edgecolor=status_color(kind),
+            hatch="///",
+            height=0.7,
         )
+        text, x = f"{_number(v_failed)} · {label}", v_failed + top * 0.01
+    else:
+        text, x = label, top * 0.01
+    return ax.text(
+        x,
+        yi,
+        text,
+        va="center",
+        ha="left",
+        color=status_color(kind),
+        fontsize=7.5,
+        fontweight="bold",
+        zorder=4,
+        # the capacity line passes behind the text, not through it
+        bbox={**_TEXT_BOX},
+    )
+
+
+def _draw_whiskers(ax: Any, bars: _Bars) -> int:
+    """The whiskers whose ends differ; how many were drawn."""
     drawn = 0
-    for yi, a, b in zip(y, lo, hi, strict=True):
+    for yi, a, b in zip(bars.y, bars.lo, bars.hi, strict=True):
         if not (math.isnan(a) or math.isnan(b)) and b > a:
             ax.plot([a, b], [yi, yi], color="black", linewidth=1)
             drawn += 1
-    if drawn and whisker_xlabel is not None:
-        xlabel = whisker_xlabel
-    if vline is not None and not near_capacity(max(finite, default=0.0), vline[0]):
+    return drawn
+
+
+def _draw_capacity(
+    ax: Any, bars: _Bars, vline: tuple[float, str] | None, xlabel: str
+) -> tuple[str, float]:
+    """The capacity's line where the bars come near it, else its name in the axis label;
+    the axis label and how far the axis must reach."""
+    top = bars.top
+    if vline is not None and not near_capacity(max(bars.finite, default=0.0), vline[0]):
         # a far capacity would squeeze the bars into slivers: it is named, not drawn
-        xlabel += f"\n{vline[1]}: off the axis, far above every bar"
-        vline = None
+        return xlabel + f"\n{vline[1]}: off the axis, far above every bar", top
     if vline is not None:
         ax.axvline(vline[0], color="#b71c1c", linestyle="--", linewidth=1)
         ax.text(
@@ -500,12 +587,21 @@ def bar_figure(
             transform=ax.get_xaxis_transform(),
         )
         top = max(top, vline[0])
-    ax.set_yticks(y)
-    ax.set_yticklabels(texts, fontsize=8)
-    ax.set_ylim(-0.6, len(cells) - 0.4)
+    return xlabel, top
+
+
+def _set_axes(ax: Any, bars: _Bars, xlabel: str, top: float) -> None:
+    """The cells' labels on the y axis, the x axis from 0 to a little past ``top``."""
+    ax.set_yticks(bars.y)
+    ax.set_yticklabels(bars.texts, fontsize=8)
+    ax.set_ylim(-0.6, len(bars.y) - 0.4)
     ax.set_xlim(0, top * 1.05)
     ax.set_xlabel(xlabel, fontsize=9)
     ax.grid(axis="x", alpha=0.3)
+
+
+def _legends(ax: Any, scenarios: list[str], shown_kinds: list[str]) -> list[Any]:
+    """The scenarios' colours (unless the cells name none) and the statuses shown."""
     legends = []
     if len(scenarios) > 1 or scenarios[0] != "(no scenario)":
         handles = [
@@ -529,9 +625,7 @@ def bar_figure(
                 loc="upper left",
             )
         )
-    title_artist = fig.suptitle(title, fontsize=11, x=0.01, ha="left", y=0.99, va="top")
-    _fit(fig, ax, legends, title_artist, value_texts, rows=len(cells), row_in=row_in)
-    return fig
+    return legends
 
 
 #: the capacity line is drawn when the largest bar reaches this share of it
@@ -645,13 +739,13 @@ def _widen_to_legend(fig: Any, ax: Any) -> None:
 
 def throughput_figure(cells: pd.DataFrame) -> Figure | None:
     """Measured tokens/s per cell; None when no cell has one."""
-    values = pd.to_numeric(cells["tokens_per_second_global"], errors="coerce")
+    values = pd.to_numeric(cells[TOKENS_PER_SECOND], errors="coerce")
     if values.isna().all():
         return None
     shown, note = _select(cells, values)
     return bar_figure(
         shown,
-        "tokens_per_second_global",
+        TOKENS_PER_SECOND,
         scale=1.0,
         xlabel=f"measured tokens per second, all {_counted(shown)} (real tokens, median "
         "over repeats)",
@@ -659,21 +753,21 @@ def throughput_figure(cells: pd.DataFrame) -> Figure | None:
         whisker_xlabel=f"measured tokens per second, all {_counted(shown)} (real tokens; "
         "bar: the median over repeats, whisker: their min–max)",
         title="Throughput per cell" + note,
-        whiskers=("tokens_per_second_global_min", "tokens_per_second_global_max"),
+        whiskers=(f"{TOKENS_PER_SECOND}_min", f"{TOKENS_PER_SECOND}_max"),
     )
 
 
 def hf_estimate_figure(cells: pd.DataFrame) -> Figure | None:
     """HF Trainer's tokens/s estimate per cell, apart from measured throughput."""
-    if "train_tokens_per_second" not in cells.columns:
+    if HF_TOKENS_PER_SECOND not in cells.columns:
         return None
-    values = pd.to_numeric(cells["train_tokens_per_second"], errors="coerce")
+    values = pd.to_numeric(cells[HF_TOKENS_PER_SECOND], errors="coerce")
     if values.isna().all():
         return None
     shown, note = _select(cells, values)
     return bar_figure(
         shown,
-        "train_tokens_per_second",
+        HF_TOKENS_PER_SECOND,
         scale=1.0,
         xlabel=f"HF Trainer's train_tokens_per_second: per {worker(ran_on_cpu(shown))}, padding "
         "included, estimated from the first batch × steps",
@@ -683,9 +777,9 @@ def hf_estimate_figure(cells: pd.DataFrame) -> Figure | None:
 
 
 def _sources(frame: pd.DataFrame, mask: pd.Series) -> str:
-    if "peak_memory_source" not in frame.columns:
+    if PEAK_MEMORY_SOURCE not in frame.columns:
         return ""
-    return " / ".join(sorted(frame.loc[mask, "peak_memory_source"].dropna().astype(str).unique()))
+    return " / ".join(sorted(frame.loc[mask, PEAK_MEMORY_SOURCE].dropna().astype(str).unique()))
 
 
 def memory_figure(
@@ -697,7 +791,7 @@ def memory_figure(
     the finished ones' (the predecessor: HF's figure for these, NVML's for those),
     the axis says which is which.
     """
-    peak = pd.to_numeric(cells["peak_memory_bytes"], errors="coerce")
+    peak = pd.to_numeric(cells[PEAK_MEMORY], errors="coerce")
     failed = (
         pd.to_numeric(cells["failed_peak_memory_bytes"], errors="coerce")
         if "failed_peak_memory_bytes" in cells.columns
@@ -726,7 +820,7 @@ def memory_figure(
                 xlabel += f"\nsources differ: bars {finished}; hatched {unfinished}"
     return bar_figure(
         shown,
-        "peak_memory_bytes",
+        PEAK_MEMORY,
         scale=GIB,
         xlabel=xlabel,
         title="Peak memory per cell" + note,

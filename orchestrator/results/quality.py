@@ -41,8 +41,6 @@ NOTE = (
 )
 
 
-
-
 def _text(value: float) -> str:
     return f"{value:.4g}"
 

@@ -32,18 +32,19 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.contract.columns import COST_PER_1M_TOKENS, TOKENS_PER_SECOND
 from orchestrator.contract.outcome import PRUNED_PREFIX
 from orchestrator.contract.wording import fewer, times, workers
 from orchestrator.results import equivalence
 from orchestrator.results.mdtable import md_table
-from orchestrator.results.columns import ran_on_cpu
 from orchestrator.results.numbers import number, whole
+from orchestrator.results.tablecolumns import ran_on_cpu
 
 #: with 1 repeat, a runner-up with fewer tokens/s by less than this share of the
 #: fastest's is not separable (a usual run-to-run spread of throughput on one
 #: machine is a few percent)
 SINGLE_RUN_NOISE = 0.05
-TPS = "tokens_per_second_global"
+TPS = TOKENS_PER_SECOND
 
 
 def candidates(cells: pd.DataFrame) -> pd.DataFrame:
@@ -105,7 +106,9 @@ def how_sure(best: Mapping[Any, Any], runner_up: Mapping[Any, Any] | None) -> tu
     assert fast is not None and slow is not None
     short = 1 - slow / fast
     name = f"`{runner_up.get('cell_id')}` ({label(runner_up)})"
-    behind = f"the next, {name}, has {fewer(fast, slow)} (the fastest is {times(fast, slow)} as fast)"
+    behind = (
+        f"the next, {name}, has {fewer(fast, slow)} (the fastest is {times(fast, slow)} as fast)"
+    )
     m = _repeats(runner_up)
     if n >= 2 and m >= 2:
         lo, hi = number(best.get(f"{TPS}_min")), number(runner_up.get(f"{TPS}_max"))
@@ -138,8 +141,8 @@ def markdown(cells: pd.DataFrame) -> list[str]:
     cpu = ran_on_cpu(usable)
     count = workers(cpu)
     unit = _unit(usable)
-    priced = "cost_per_1m_tokens_usd" in usable.columns and bool(
-        pd.to_numeric(usable["cost_per_1m_tokens_usd"], errors="coerce").notna().any()
+    priced = COST_PER_1M_TOKENS in usable.columns and bool(
+        pd.to_numeric(usable[COST_PER_1M_TOKENS], errors="coerce").notna().any()
     )
     figures = ["fastest cell", "tokens/s", f"{unit} per 1M tokens"]
     figures += ["$ per 1M tokens"] if priced else []
@@ -179,7 +182,7 @@ def markdown(cells: pd.DataFrame) -> list[str]:
             "–" if hours is None else f"{hours:.4g}",
         ]
         if priced:
-            row.append(_usd(best.get("cost_per_1m_tokens_usd")))
+            row.append(_usd(best.get(COST_PER_1M_TOKENS)))
         return best, [*row, sure, runner]
 
     gpus = pd.to_numeric(usable["num_gpus"], errors="coerce")
@@ -213,7 +216,7 @@ def markdown(cells: pd.DataFrame) -> list[str]:
         hours = device_hours_per_1m(cheap)
         if hours is None:
             continue
-        price = number(cheap.get("cost_per_1m_tokens_usd")) if priced else None
+        price = number(cheap.get(COST_PER_1M_TOKENS)) if priced else None
         on = workers(ran_on_cpu(cheap), whole(cheap.get("num_gpus")))
         cheapest.append(
             f"- cheapest per 1M tokens for {name}: `{cheap.get('cell_id')}` "

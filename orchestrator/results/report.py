@@ -8,7 +8,7 @@ and ``plots/``. It needs pandas and matplotlib, never the training stack.
 The rooms: ``rows`` (raw_summary.csv), ``collect`` (reading sources),
 ``aggregate`` (derived columns, cells, scaling), ``capacity`` (device memory,
 likely OOM), ``markdown`` (summary.md), ``plots``; the columns themselves are
-declared in ``orchestrator.contract.metrics``.
+declared in ``orchestrator.contract.columns``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract import metrics
+from orchestrator.contract import columns as registry
 from orchestrator.contract.layout import ResultsLayout, write_atomic
 from orchestrator.results import collect, equivalence
 from orchestrator.results.aggregate import (
@@ -75,7 +75,7 @@ class Report:
 
 def derived_columns() -> tuple[str, ...]:
     """The columns the report adds to each raw row (declared with source ``derived``)."""
-    return tuple(c.name for c in metrics.select(source="derived"))
+    return tuple(c.name for c in registry.select(source="derived"))
 
 
 def build_report(

@@ -5,7 +5,7 @@ A row joins three records: the experiment as planned, the parent's outcome
 ``result.json`` (the measurements). Every planned experiment gets a row,
 including those that failed, ran out of memory, timed out or never started.
 What each column is, and where it comes from, is declared once in
-``orchestrator.contract.metrics``.
+``orchestrator.contract.columns``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract import metrics
+from orchestrator.contract import columns as registry
+from orchestrator.contract.columns import Column, Source
 from orchestrator.contract.layout import write_atomic
-from orchestrator.contract.metrics import Column, Source
-from orchestrator.results.environments import environment_columns
+from orchestrator.results.envtables import environment_columns
 
 
 class UndeclaredMetricWarning(UserWarning):
@@ -100,7 +100,7 @@ _plan: _RowPlan | None = None
 def _row_plan() -> _RowPlan:
     """The plan of the registry as it is now (made again only when it changed)."""
     global _plan
-    declared = metrics.columns()
+    declared = registry.columns()
     if _plan is None or _plan.declared is not declared:
         _plan = _RowPlan.of(declared)
     return _plan
@@ -109,11 +109,11 @@ def _row_plan() -> _RowPlan:
 def warn_undeclared(figures: Mapping[str, Any]) -> list[str]:
     """Warn about figures of a result's ``metrics`` that no column declares (once per
     name and caller); returns their names."""
-    unknown = metrics.undeclared_metrics(figures)
+    unknown = registry.undeclared_metrics(figures)
     for name in unknown:
         warnings.warn(
             f"a run's result reports the metric {name!r}, which no column declares: the "
-            "tables leave it out. Declare it in orchestrator/contract/metrics.py.",
+            "tables leave it out. Declare it in orchestrator/contract/columns.py.",
             UndeclaredMetricWarning,
             stacklevel=3,
         )
@@ -166,7 +166,7 @@ def build_row(
 
 def column_order(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The registry's columns first, then every other column in the order rows have it."""
-    seen = dict.fromkeys(metrics.raw_columns())
+    seen = dict.fromkeys(registry.raw_columns())
     for row in rows:
         for key in row:
             seen.setdefault(key)

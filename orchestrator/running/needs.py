@@ -15,7 +15,7 @@ import importlib.util
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from orchestrator.contract.argnames import TRAIN_STACK
+from orchestrator.contract.applicability import TRAIN_STACK
 from orchestrator.contract.errors import UserError
 from orchestrator.executors.base import Need
 from orchestrator.matrix.experiment import Experiment

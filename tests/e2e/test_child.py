@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.contract import metrics
+from orchestrator.contract import columns as registry
 from orchestrator.contract.result import ChildResult
 
 pytestmark = pytest.mark.e2e
@@ -148,8 +148,8 @@ def test_every_record_once_gives_the_exact_token_count(tmp_path, processes, peft
     m = result["metrics"]
     # every figure the child reports is declared (else the tables would leave it out),
     # and every figure declared as the child's is reported
-    assert metrics.undeclared_metrics(m) == []
-    assert {c.name for c in metrics.child_metrics()} <= set(m)
+    assert registry.undeclared_metrics(m) == []
+    assert {c.name for c in registry.child_metrics()} <= set(m)
 
     # Each record is fed exactly once over the run, whatever the order and the
     # split across ranks: the real tokens are the prepared sequences' lengths.

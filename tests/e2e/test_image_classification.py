@@ -13,7 +13,7 @@ import json
 import pytest
 from test_child import run_child
 
-from orchestrator.contract import metrics
+from orchestrator.contract import columns as registry
 
 pytestmark = pytest.mark.e2e
 
@@ -56,7 +56,7 @@ def test_tiny_vit_trains_on_generated_images(tmp_path, processes, peft) -> None:
         "images",
     )
     m = result["metrics"]
-    assert metrics.undeclared_metrics(m) == []
+    assert registry.undeclared_metrics(m) == []
 
     # every step fed pd × ga images on each rank (fewer than the set holds: no short batch)
     positions = _positions()

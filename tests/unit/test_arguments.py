@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from orchestrator.contract.argnames import FIELDS_FILE, training_fields
+from orchestrator.contract.applicability import FIELDS_FILE, training_fields
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.settings.parse import parse_arguments
 from trainer_entry.spec_errors import SpecError

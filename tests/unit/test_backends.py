@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from orchestrator.contract import trainers
-from orchestrator.contract.argnames import BACKEND_KEY, inapplicable_argument, unknown_argument
+from orchestrator.contract.applicability import BACKEND_KEY, inapplicable_argument, unknown_argument
 from orchestrator.contract.result import load_result
 from orchestrator.contract.spec import RunSpec
 from orchestrator.contract.trainers import Trainer, trainer_names

@@ -18,7 +18,7 @@ from orchestrator.contract.errors import ConfigError, UserError
 from orchestrator.matrix.expand import Selection, build_plan
 from orchestrator.matrix.table import format_header, plan_csv
 from orchestrator.results import across
-from orchestrator.results import environments as report_envs
+from orchestrator.results import envtables as report_envs
 from orchestrator.results.compare import compare
 from orchestrator.results.rows import build_row
 

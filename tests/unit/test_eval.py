@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from orchestrator.contract.argnames import inapplicable_argument, unknown_argument
+from orchestrator.contract.applicability import inapplicable_argument, unknown_argument
 from orchestrator.contract.spec import RunSpec
 from orchestrator.results import quality
 from trainer_entry.backends import get_backend

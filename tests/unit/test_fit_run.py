@@ -22,7 +22,7 @@ from orchestrator.executors.base import Executor, RunContext
 from orchestrator.job.execute import RunOptions
 from orchestrator.matrix.expand import Selection, build_plan
 from orchestrator.results.fitreport import read_fit, summary_section
-from orchestrator.running.fit import FitOptions, run_fit
+from orchestrator.running.fitrun import FitOptions, run_fit
 
 GIB = 2**30
 

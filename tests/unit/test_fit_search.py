@@ -7,14 +7,14 @@ import math
 import pytest
 
 from orchestrator.matrix.expand import Selection, build_plan
-from orchestrator.matrix.search import (
+from orchestrator.matrix.fitsearch import (
     decide,
     family_key,
     linear_scan,
     probe_experiment,
     search,
 )
-from orchestrator.running.fit import cgroup_memory_limit, judge, peak_memory
+from orchestrator.running.fitrun import cgroup_memory_limit, judge, peak_memory
 
 
 def fits_up_to(answer: int, stop_at: int | None = None):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.scenarios import load_config
-from orchestrator.contract import metrics
+from orchestrator.contract import columns as registry
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.spec import RunSpec
 from orchestrator.executors.slurm import SlurmSettings, shape
@@ -261,9 +261,9 @@ def test_a_missing_deepspeed_is_one_line(shipped) -> None:
 
 
 def test_processes_is_a_plan_key_and_what_ran_is_a_child_column() -> None:
-    assert "processes" in metrics.KEY_COLUMNS
+    assert "processes" in registry.KEY_COLUMNS
     for name in ("distributed_type", "zero_stage", "params_partitioned"):
-        column = metrics.find(name)
+        column = registry.find(name)
         assert column is not None and column.source == "child" and not column.key
         assert column.where == (name,)
 

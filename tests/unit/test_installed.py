@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.contract.argnames import RENAMED, SPELLINGS, canonical_name
+from orchestrator.contract.applicability import RENAMED, SPELLINGS, canonical_name
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.settings import installed
 from trainer_entry.settings.installed import Owner, SettingError, in_installed_names

@@ -439,11 +439,11 @@ def test_run_benchmarks_sh_profile_true_profiles_every_cell(tmp_path: Path) -> N
 
 
 def test_an_unprofiled_result_reports_every_profile_column_empty() -> None:
-    from orchestrator.contract import metrics
+    from orchestrator.contract import columns as registry
     from trainer_entry.measure.profile import PROFILE_COLUMNS, ProfileOutcome
 
     assert ProfileOutcome().columns() == dict.fromkeys(PROFILE_COLUMNS)
     figures = ProfileOutcome((3, 2), {"comm_time_pct": 12.5}).columns()
     assert figures["comm_time_pct"] == 12.5 and figures["top_ops"] is None
     # each is a declared column of the child's
-    assert all(metrics.get(name).child_metric for name in (*PROFILE_COLUMNS, "profiled_steps"))
+    assert all(registry.get(name).child_metric for name in (*PROFILE_COLUMNS, "profiled_steps"))

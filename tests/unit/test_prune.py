@@ -25,9 +25,9 @@ from orchestrator.job.execute import RunOptions
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.prune import Footprint, Size, family_key, footprint, pruned_by
 from orchestrator.results.aggregate import aggregate
-from orchestrator.results.columns import measured
 from orchestrator.results.markdown import status_counts
 from orchestrator.results.plots import status_kind
+from orchestrator.results.tablecolumns import measured
 
 BASE = """
 frameworks:

@@ -280,7 +280,7 @@ def test_our_rows_keep_the_measured_figures_and_no_hf_column(tmp_path) -> None:
 
 def test_epoch_is_no_configuration_column(tmp_path) -> None:
     from orchestrator.results.aggregate import scaling_keys
-    from orchestrator.results.columns import config_columns
+    from orchestrator.results.tablecolumns import config_columns
 
     report = write_report(REFS, tmp_path, CostSettings(), plots=False)
     assert "epoch" in report.rows.columns  # read, and kept as an output

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.contract import metrics
+from orchestrator.contract import columns as registry
 from orchestrator.contract.result import (
     ChildMetrics,
     ChildResult,
@@ -137,4 +137,4 @@ def test_read_result_reads_any_json_object(tmp_path: Path) -> None:
 
 def test_the_result_and_the_tables_declare_the_same_child_figures() -> None:
     # ChildMetrics types what the child writes; the metric columns say how tables show it
-    assert set(ChildMetrics.model_fields) == {c.name for c in metrics.child_metrics()}
+    assert set(ChildMetrics.model_fields) == {c.name for c in registry.child_metrics()}

@@ -25,8 +25,8 @@ from orchestrator.executors.console import Progress
 from orchestrator.job.execute import RunOptions
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.results.aggregate import aggregate
-from orchestrator.results.columns import measured
 from orchestrator.results.markdown import not_launched_note, status_counts
+from orchestrator.results.tablecolumns import measured
 
 FOUR = """
 matrix:

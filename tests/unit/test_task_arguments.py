@@ -11,8 +11,8 @@ import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
 from orchestrator.config.scenarios import BenchConfig, load_config
-from orchestrator.contract import argnames
-from orchestrator.contract.argnames import (
+from orchestrator.contract import applicability
+from orchestrator.contract.applicability import (
     REPLACED,
     formatter_template,
     inapplicable_argument,
@@ -36,7 +36,7 @@ SFT_ONLY = frozenset({"padding_free", "packing_strategy", "packing", "max_length
 def sft_fields(monkeypatch: pytest.MonkeyPatch) -> None:
     """``SFTConfig``'s fields that ``TrainingArguments`` lacks, fixed for the test."""
     monkeypatch.setattr(
-        argnames, "own_fields", lambda name: SFT_ONLY if name == "sft" else frozenset()
+        applicability, "own_fields", lambda name: SFT_ONLY if name == "sft" else frozenset()
     )
 
 
@@ -59,7 +59,7 @@ def _check(
 
 
 # ---------------------------------------------------------------------------
-# Applicability (orchestrator.contract.argnames)
+# Applicability (orchestrator.contract.applicability)
 # ---------------------------------------------------------------------------
 
 
@@ -144,7 +144,7 @@ def test_trainer_and_task_names() -> None:
 def test_sft_only_settings_come_from_the_saved_sft_fields(sft_fields) -> None:
     # ours (packing, max_length) are mapped onto TRL's by the sft backend: every trainer
     # takes them; what only SFTConfig has is for trainer sft
-    assert argnames.backend_only_fields() == {
+    assert applicability.backend_only_fields() == {
         "padding_free": ("sft",),
         "packing_strategy": ("sft",),
     }

@@ -13,7 +13,7 @@ from importlib.metadata import version
 
 import transformers
 
-from orchestrator.contract.argnames import FIELDS_FILE
+from orchestrator.contract.applicability import FIELDS_FILE
 from orchestrator.contract.trainers import TRAINERS
 from trainer_entry.backends import get_backend
 from trainer_entry.backends.hf import installed_fields

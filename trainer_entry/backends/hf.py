@@ -7,7 +7,7 @@ from typing import Any
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
-from orchestrator.contract.argnames import training_fields, training_fields_version
+from orchestrator.contract.applicability import training_fields, training_fields_version
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.backends.trainer_protocol import TrainerBackend, TrainOutput, TrainSettings
 from trainer_entry.data.collate import pop_counts

@@ -38,7 +38,7 @@ import torch
 from trl import SFTConfig, SFTTrainer
 
 from orchestrator.contract import trainers
-from orchestrator.contract.argnames import training_fields
+from orchestrator.contract.applicability import training_fields
 from orchestrator.contract.packing import masked_note, masked_per_document, trl_strategy
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.backends import trl_cost

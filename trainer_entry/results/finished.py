@@ -21,11 +21,8 @@ from orchestrator.contract.result import (
     timestamp,
 )
 from orchestrator.contract.spec import RunSpec
-from trainer_entry.settings import installed
 from trainer_entry.backends import get_backend
 from trainer_entry.backends.trainer_protocol import TrainerBackend, TrainSettings
-from trainer_entry.run.engine import EngineRecord, partitioned_flops_problem, zero3_build_note
-from trainer_entry.run.evaluate import EVAL_FIGURES, EvalResult, loss_trend
 from trainer_entry.measure.flops import (
     FlopsUnavailable,
     compute_mode,
@@ -35,11 +32,20 @@ from trainer_entry.measure.flops import (
     sequences_or_uniform,
     utilization,
 )
-from trainer_entry.measure.steps import RankStats, fed_sequences, first_measured_step, loss_summary, summarize
 from trainer_entry.measure.memory import stage_memory_figures
 from trainer_entry.measure.profile import ProfileOutcome
-from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.measure.steadystop import SteadyStop, measure_figures
+from trainer_entry.measure.steps import (
+    RankStats,
+    fed_sequences,
+    first_measured_step,
+    loss_summary,
+    summarize,
+)
+from trainer_entry.run.engine import EngineRecord, partitioned_flops_problem, zero3_build_note
+from trainer_entry.run.evaluate import EVAL_FIGURES, EvalResult, loss_trend
+from trainer_entry.settings import installed
+from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.tasks.task_protocol import Task
 
 
@@ -195,8 +201,14 @@ def build_result(
     settings, checkpointing_notes = checkpointing_read_back(model, settings)
     profile = profile or ProfileOutcome()
     metrics, loss, measure_notes = window_figures(
-        spec, parsed, ranks, devices=devices, profile=profile, steady=steady,
-        log_history=log_history, evaluation=evaluation,
+        spec,
+        parsed,
+        ranks,
+        devices=devices,
+        profile=profile,
+        steady=steady,
+        log_history=log_history,
+        evaluation=evaluation,
     )
     device_name = torch.cuda.get_device_name() if on_gpu else None
     dtype = loaded_info.get("dtype")

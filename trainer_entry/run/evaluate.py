@@ -45,7 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from orchestrator.contract.argnames import CLASSIFICATION_TASKS
+from orchestrator.contract.applicability import CLASSIFICATION_TASKS
 from trainer_entry.data.collate import pop_counts
 from trainer_entry.measure.steps import first_measured_step
 

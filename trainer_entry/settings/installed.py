@@ -4,7 +4,7 @@ Libraries rename settings between releases: transformers 5.23 renamed
 ``gradient_checkpointing`` to ``activation_checkpointing``, TRL once called
 ``max_length`` ``max_seq_length``, transformers ``tokenizer`` ``processing_class``.
 Scenarios, specs and rows use one name for each (tunematrix's, the newest
-release's: ``orchestrator.contract.argnames.SPELLINGS``); here each is passed
+release's: ``orchestrator.contract.applicability.SPELLINGS``); here each is passed
 under the name the installed class or function takes, read from its fields or
 parameters, never from a version number. A setting the installed library takes
 under no name is a ``SettingError`` naming the key, the library and its version.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from orchestrator.contract.argnames import SPELLINGS
+from orchestrator.contract.applicability import SPELLINGS
 from trainer_entry.spec_errors import SpecError
 
 

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.contract.argnames import (
+from orchestrator.contract.applicability import (
     BATCH_SHARING_SIZES,
     CONTROLLED,
     DATA_ALIASES,

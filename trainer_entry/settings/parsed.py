@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.contract.argnames import DEFAULT_TASK, default_backend
+from orchestrator.contract.applicability import DEFAULT_TASK, default_backend
 
 #: the trainer backend a run uses when its scenario names none (the default task's)
 DEFAULT_BACKEND = default_backend(DEFAULT_TASK)

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import PROJECT_ROOT
-from orchestrator.executors import shared
+from orchestrator.executors import sharedfs
 from orchestrator.executors.base import Preflight
 from orchestrator.executors.raycluster.settings import INSTALL, NAME, RaySettings
 from orchestrator.matrix.experiment import Experiment
@@ -228,17 +228,17 @@ def _describe(node_id: str, nodes: Sequence[NodeInfo]) -> str:
     return f"Ray node {node_id[:12]}"
 
 
-def check_shared(root: Path, say: Callable[[str], None] = shared.say_stderr) -> None:
+def check_shared(root: Path, say: Callable[[str], None] = sharedfs.say_stderr) -> None:
     """A token in the results folder, looked for by a zero-CPU task pinned to each alive node;
-    refuse in one line (``shared.not_shared``) where a node does not see it. A node that gives
+    refuse in one line (``sharedfs.not_shared``) where a node does not see it. A node that gives
     no answer within ``SHARED_TIMEOUT_S`` (busy, short of workers) is skipped, said in one
     line through ``say``."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = alive_nodes()
-    look = ray.remote(shared.seen)
-    with shared.token(root) as token:
+    look = ray.remote(sharedfs.seen)
+    with sharedfs.token(root) as token:
         refs: dict[Any, str] = {}
         for node in nodes:
             ref = look.options(
@@ -264,10 +264,10 @@ def check_shared(root: Path, say: Callable[[str], None] = shared.say_stderr) -> 
                     f"{reason(exc)} (is tunematrix installed at the same path on every node?)"
                 ) from None
             if not seen:
-                raise shared.not_shared(NAME, root, where)
+                raise sharedfs.not_shared(NAME, root, where)
     for ref in pending:
         say(
-            shared.skipped(
+            sharedfs.skipped(
                 root,
                 _describe(refs[ref], nodes),
                 f"no answer in {SHARED_TIMEOUT_S:g} s: busy, or short of workers?",

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.contract.layout import ResultsLayout
-from orchestrator.executors import shared
+from orchestrator.executors import sharedfs
 from orchestrator.executors.base import (
     Executor,
     ExecutorSection,
@@ -151,7 +151,7 @@ class SlurmExecutor(Executor):
         if preflight.experiments:
             # before the results folder is opened: a folder the nodes cannot see is
             # refused in one line, and nothing is moved aside or submitted
-            check_shared(preflight.layout.root, self.settings, shared.say_stderr)
+            check_shared(preflight.layout.root, self.settings, sharedfs.say_stderr)
 
     def run(self, ctx: RunContext) -> None:
         if self.cluster is None:

@@ -1,8 +1,8 @@
-"""Before submitting: can a job on the cluster see the results folder? (``executors.shared``)
+"""Before submitting: can a job on the cluster see the results folder? (``executors.sharedfs``)
 
 A token is written into the results folder here, and one short job step
 (``srun``, given an argument list: srun execs it directly, no shell) runs
-``shared.seen`` with the token's path and content on a node. The step asks
+``sharedfs.seen`` with the token's path and content on a node. The step asks
 for its resources with ``--immediate``, so a busy cluster costs at most that
 wait: then the check is skipped, said in one line, and the run goes on.
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.contract.layout import PROJECT_ROOT
-from orchestrator.executors import shared
+from orchestrator.executors import sharedfs
 from orchestrator.executors.slurm.settings import NAME, SlurmSettings
 
 #: how long the check waits for a free CPU on the cluster (srun --immediate)
@@ -25,7 +25,7 @@ MARK = "tunematrix-shared"
 #: runs on the node: sys.argv = [project root, token path, token content]
 _CHECK = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from orchestrator.executors.shared import seen, where_am_i; "
+    "from orchestrator.executors.sharedfs import seen, where_am_i; "
     f"print({MARK!r}, 'seen' if seen(sys.argv[2], sys.argv[3]) else 'unseen', where_am_i())"
 )
 
@@ -64,21 +64,21 @@ def answer(stdout: str) -> tuple[bool, str] | None:
 
 
 def check_shared(root: Path, settings: SlurmSettings, say: Callable[[str], None]) -> None:
-    """Raise ``shared.not_shared``'s one line where a job on the cluster cannot see ``root``;
+    """Raise ``sharedfs.not_shared``'s one line where a job on the cluster cannot see ``root``;
     say in one line (``say``) when the check could not run and was skipped."""
-    with shared.token(root) as token:
+    with sharedfs.token(root) as token:
         argv = check_argv(settings, token.path, token.content)
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=IMMEDIATE_S + 60)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            say(shared.skipped(root, "the SLURM nodes", str(exc)))
+            say(sharedfs.skipped(root, "the SLURM nodes", str(exc)))
             return
     found = answer(proc.stdout)
     if found is None:
         lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
         why = lines[-1][:200] if lines else f"srun exit code {proc.returncode}"
-        say(shared.skipped(root, "the SLURM nodes", why))
+        say(sharedfs.skipped(root, "the SLURM nodes", why))
         return
     visible, node = found
     if not visible:
-        raise shared.not_shared(NAME, root, node)
+        raise sharedfs.not_shared(NAME, root, node)

@@ -1,4 +1,4 @@
-"""The metric registry: one declaration per column, and every table reads it."""
+"""The column registry: one declaration per column, and every table reads it."""
 
 from __future__ import annotations
 
@@ -15,13 +15,22 @@ from fakeruns import write_run
 from pydantic import BaseModel
 
 from orchestrator import api
-from orchestrator.contract import metrics
-from orchestrator.contract.metrics import Column
+from orchestrator.contract import columns as registry
+from orchestrator.contract.columns import Column
 from orchestrator.contract.result import ChildMetrics, ChildResult
-from orchestrator.results import aggregate, capacity, collect, compare, markdown
-from orchestrator.results.columns import config_columns, is_output
+from orchestrator.results import (
+    aggregate,
+    capacity,
+    collect,
+    compare,
+    envtables,
+    equivalence,
+    markdown,
+    plots,
+)
 from orchestrator.results.report import CostSettings, build_report, write_report
 from orchestrator.results.rows import UndeclaredMetricWarning, build_row, column_order, to_csv
+from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, is_output
 
 # ---------------------------------------------------------------------------
 # The child's record and the registry agree
@@ -30,7 +39,7 @@ from orchestrator.results.rows import UndeclaredMetricWarning, build_row, column
 
 def test_every_figure_of_the_childs_metrics_is_declared_and_nothing_more() -> None:
     """A figure added to ``ChildMetrics`` (which the child must fill) needs its column here."""
-    declared = {c.name for c in metrics.child_metrics()}
+    declared = {c.name for c in registry.child_metrics()}
     assert declared == set(ChildMetrics.model_fields), (
         f"in ChildMetrics, not declared: {sorted(set(ChildMetrics.model_fields) - declared)}; "
         f"declared, not in ChildMetrics: {sorted(declared - set(ChildMetrics.model_fields))}"
@@ -46,7 +55,7 @@ def _model_of(annotation: object) -> type[BaseModel] | None:
 
 def test_every_child_column_names_a_field_of_the_result() -> None:
     """``world_size``, ``model.trainable_params``, ``timings.time_to_first_step_s``…"""
-    for column in metrics.select(source="child"):
+    for column in registry.select(source="child"):
         model: type[BaseModel] | None = ChildResult
         for key in column.where:
             assert model is not None and key in model.model_fields, (column.name, key)
@@ -60,32 +69,32 @@ def test_every_child_column_names_a_field_of_the_result() -> None:
 
 def test_register_refuses_a_second_declaration_and_key_columns() -> None:
     with pytest.raises(ValueError, match="column 'mfu' is declared twice"):
-        metrics.register(Column(name="mfu", source="child", unit="fraction"))
+        registry.register(Column(name="mfu", source="child", unit="fraction"))
     with pytest.raises(ValueError, match="'slurm_job_id' is declared"):
-        metrics.register(Column(name="some_id", source="outcome", aliases=("slurm_job_id",)))
+        registry.register(Column(name="some_id", source="outcome", aliases=("slurm_job_id",)))
     with pytest.raises(ValueError, match="key columns come from the plan"):
-        metrics.register(Column(name="seed", source="plan", key=True))
+        registry.register(Column(name="seed", source="plan", key=True))
     with pytest.raises(ValueError, match="aggregate must be one of"):
         Column(name="x_s", source="child", aggregate="mean")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="is one of the declared columns"):
-        metrics.unregister("mfu")
-    assert metrics.get("mfu").better == "higher"
-    with pytest.raises(KeyError, match=r"declared in orchestrator/contract/metrics\.py"):
-        metrics.get("no_such_metric")
+        registry.unregister("mfu")
+    assert registry.get("mfu").better == "higher"
+    with pytest.raises(KeyError, match=r"declared in orchestrator/contract/columns\.py"):
+        registry.get("no_such_metric")
 
 
 def test_the_tables_views_name_declared_columns_of_the_right_kind() -> None:
     """The few hand-picked views (an order, a selection) cannot name a stale column."""
-    medians = {c.name for c in metrics.select(aggregate="median")}
+    medians = {c.name for c in registry.select(aggregate="median")}
     assert set(aggregate.FIGURE_ORDER) <= medians
     assert len(set(aggregate.FIGURE_ORDER)) == len(aggregate.FIGURE_ORDER)
     for name in (*markdown.SUMMARY_FIGURES, *capacity.RUN_FIGURES, *compare.ANNOTATED):
-        metrics.get(name)
+        registry.get(name)
     for name, _, _ in aggregate.PEAK_MEMORY_SOURCES:
-        assert metrics.get(name).unit in ("bytes", "MiB"), name
+        assert registry.get(name).unit in ("bytes", "MiB"), name
     for name in compare.DEFAULT_METRICS:
-        assert metrics.direction(name) in ("higher", "lower"), name
-    assert metrics.KEY_COLUMNS[0] == "experiment_id" and metrics.KEY_COLUMNS[-1] == "status"
+        assert registry.direction(name) in ("higher", "lower"), name
+    assert registry.KEY_COLUMNS[0] == "experiment_id" and registry.KEY_COLUMNS[-1] == "status"
 
 
 def test_the_derived_columns_are_the_ones_the_report_adds() -> None:
@@ -102,7 +111,7 @@ def test_the_derived_columns_are_the_ones_the_report_adds() -> None:
     )
     added = aggregate.add_derived(rows, CostSettings(usd_per_gpu_hour=2.0, tokens=1e9))
     new = set(added.columns) - set(rows.columns)
-    assert new == {c.name for c in metrics.select(source="derived")}
+    assert new == {c.name for c in registry.select(source="derived")}
     # the report's own columns are outputs, never a scenario argument
     assert config_columns(added) == []
 
@@ -112,7 +121,7 @@ def test_outputs_are_what_the_registry_says() -> None:
     assert is_output("error") and is_output("job_id") and is_output("mfu")
     # an alias of a declared column (an old table's, the predecessor's) is one too
     assert is_output("slurm_job_id") and is_output("nvidia_mem_reserved")
-    assert compare.known_metrics() == sorted(metrics.directions())
+    assert compare.known_metrics() == sorted(registry.directions())
     assert "tokens_per_second_global" in compare.known_metrics()
     assert "step_time_cv" not in compare.known_metrics()  # no direction: not compared
 
@@ -137,7 +146,7 @@ def test_an_undeclared_metric_is_left_out_with_a_warning_that_names_it() -> None
         UndeclaredMetricWarning, match=r"a run's result reports the metric 'joules_total'"
     ) as caught:
         row = build_row(SPEC, {"status": "ok"}, result)
-    assert "orchestrator/contract/metrics.py" in str(caught[0].message)
+    assert "orchestrator/contract/columns.py" in str(caught[0].message)
     assert row["tokens_per_second_global"] == 10.0
     # left out: an undeclared name would read as a scenario argument, and split the cells
     assert "joules_total" not in row and "joules_total" not in to_csv([row])
@@ -173,11 +182,11 @@ NEW = Column(
 
 @pytest.fixture
 def new_metric() -> Iterator[Column]:
-    metrics.register(NEW)
+    registry.register(NEW)
     try:
         yield NEW
     finally:
-        metrics.unregister(NEW.name)
+        registry.unregister(NEW.name)
 
 
 def _with_figure(run: Path, name: str, value: float) -> None:
@@ -227,7 +236,7 @@ def test_a_registered_metric_reaches_every_table(tmp_path: Path, new_metric: Col
 
 
 def test_a_lower_is_better_metric_flags_the_other_way(tmp_path: Path) -> None:
-    column = metrics.register(
+    column = registry.register(
         Column(
             name="energy_per_token_j", source="child", unit="J", aggregate="median", better="lower"
         )
@@ -244,7 +253,232 @@ def test_a_lower_is_better_metric_flags_the_other_way(tmp_path: Path) -> None:
         assert down.table["regression"].tolist() == [False]
         assert build_report(new, CostSettings()).cells[column.name].tolist() == [2.0]
     finally:
-        metrics.unregister(column.name)
+        registry.unregister(column.name)
     # unregistered, it is unknown again
     with pytest.raises(ValueError, match="no direction known"):
         compare.direction("energy_per_token_j")
+
+
+# ---------------------------------------------------------------------------
+# The lists of the report, read from the columns' roles
+# ---------------------------------------------------------------------------
+
+#: each role's list as the report wrote it out by hand before the roles existed
+ROLE_LISTS = {
+    "compare": (
+        "scenario",
+        "trainer",
+        "task",
+        "framework_config",
+        "model_name_or_path",
+        "num_gpus",
+        "per_device_train_batch_size",
+        "peft_method",
+        "max_seq_len",
+        "packing",
+        "torch_dtype",
+        "device",
+        "environment",
+    ),
+    "baseline": (
+        "scenario",
+        "task",
+        "model_name_or_path",
+        "num_gpus",
+        "effective_batch_size",
+        "max_seq_len",
+        "packing",
+        "peft_method",
+        "torch_dtype",
+        "device",
+        "environment",
+    ),
+    "sort": (
+        "scenario",
+        "framework_config",
+        "model_name_or_path",
+        "num_gpus",
+        "effective_batch_size",
+        "max_seq_len",
+    ),
+    "family": (
+        "scenario",
+        "task",
+        "trainer",
+        "framework_config",
+        "model_name_or_path",
+        "effective_batch_size",
+        "max_seq_len",
+        "packing",
+        "peft_method",
+        "torch_dtype",
+        "device",
+    ),
+    "numeric": (
+        "num_gpus",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "effective_batch_size",
+        "max_seq_len",
+        "repeat",
+        "position",
+    ),
+    "cell_order": (
+        "model_name_or_path",
+        "framework_config",
+        "num_gpus",
+        "effective_batch_size",
+        "per_device_train_batch_size",
+    ),
+    "label_base": ("model_name_or_path", "framework_config", "num_gpus"),
+    "label": (
+        "task",
+        "trainer",
+        "effective_batch_size",
+        "per_device_train_batch_size",
+        "peft_method",
+        "max_seq_len",
+        "torch_dtype",
+        "packing",
+        "gradient_accumulation_steps",
+        "environment",
+        "device",
+        "processes",
+    ),
+    "varying": (
+        "task",
+        "trainer",
+        "peft_method",
+        "max_seq_len",
+        "torch_dtype",
+        "packing",
+        "environment",
+    ),
+    "environment_row": ("scenario", "model_name_or_path", "framework_config", "num_gpus"),
+    "summary": (
+        "tokens_per_second_global",
+        "tokens_per_second_per_device",
+        "train_tokens_per_second",
+        "peak_memory_bytes",
+        "mfu",
+        "cost_per_1m_tokens_usd",
+        "train_loss",
+        "gpu_util_mean_pct",
+        "cpu_util_mean_pct",
+    ),
+    "compared": (
+        "tokens_per_second_global",
+        "tokens_per_second_per_device",
+        "train_tokens_per_second",
+        "step_time_median_s",
+        "peak_memory_bytes",
+        "mfu",
+    ),
+    "environment_figure": ("tokens_per_second_global", "peak_memory_bytes"),
+    "run_figure": (
+        "train_runtime",
+        "tokens_per_second_global",
+        "train_tokens_per_second",
+        "step_time_median_s",
+        "train_loss",
+    ),
+    "annotated": ("gpu_device_name", "peak_memory_source", "memory_backend", "run_mode"),
+    "cell_figure": (
+        "train_tokens_per_second",
+        "train_samples_per_second",
+        "train_runtime",
+        "step_time_cv",
+        "train_loss",
+        "loss_last",
+        "mfu",
+        "achieved_tflops_per_device",
+        "flops_per_token",
+        "peak_memory_bytes",
+        "mem_nvidia_mem_reserved",
+        "mem_peak_torch_mem_alloc_in_bytes",
+        "mem_torch_mem_alloc_in_bytes",
+        "mem_peak_rss_bytes",
+        "torch_max_memory_reserved_bytes",
+        "mem_tree_peak_pss_bytes",
+        "mem_tree_peak_rss_bytes",
+        "time_to_first_step_s",
+        "job_s",
+        "padding_fraction",
+        "data_tokens",
+        "cost_per_1m_tokens_usd",
+        "cost_per_run_usd",
+        "time_per_epoch_s",
+        "cost_per_epoch_usd",
+        "time_to_train_s",
+        "cost_to_train_usd",
+    ),
+}
+
+
+def test_each_role_lists_the_columns_the_report_wrote_out_in_their_order() -> None:
+    assert set(ROLE_LISTS) == set(registry.ROLES)
+    for role, expected in ROLE_LISTS.items():
+        assert registry.with_role(role) == expected, role
+
+
+def test_the_report_reads_its_lists_from_the_roles() -> None:
+    views = {
+        "compare": compare.KEYS,
+        "compared": compare.DEFAULT_METRICS,
+        "annotated": compare.ANNOTATED,
+        "baseline": equivalence.MATCH_KEYS,
+        "family": aggregate.SCALING_FAMILY,
+        "cell_figure": aggregate.FIGURE_ORDER,
+        "numeric": collect.NUMERIC,
+        "cell_order": CELL_ORDER,
+        "label_base": plots.LABEL_BASE,
+        "label": plots.LABEL_KEYS,
+        "summary": markdown.SUMMARY_FIGURES,
+        "run_figure": capacity.RUN_FIGURES,
+        "environment_figure": envtables.SIDE_BY_SIDE,
+    }
+    for role, view in views.items():
+        assert view == registry.with_role(role), role
+
+
+def test_roles_have_places_one_to_n_and_the_right_kind_of_column() -> None:
+    """A role's places leave no gap and no tie, so its order is the declared one."""
+    key_roles = {"compare", "baseline", "sort", "family", "numeric", "cell_order"}
+    key_roles |= {"label_base", "label", "varying", "environment_row"}
+    for role in registry.ROLES:
+        members = registry.select(role=role)
+        assert members, f"no column has the role {role!r}"
+        assert sorted(c.roles[role] for c in members) == list(range(1, len(members) + 1)), role
+        assert all(c.key == (role in key_roles) for c in members), role
+        assert len(set(registry.with_role(role))) == len(members)
+    # the figures of summary.md and of compare's default are medians or spreads with a
+    # direction; the order of a cell's figures names only medians
+    for name in (*registry.with_role("summary"), *registry.with_role("compared")):
+        assert registry.get(name).aggregate in ("median", "spread"), name
+    for name in registry.with_role("compared"):
+        assert registry.direction(name) in ("higher", "lower"), name
+    assert {registry.get(n).aggregate for n in registry.with_role("cell_figure")} == {"median"}
+
+
+def test_roles_are_checked() -> None:
+    with pytest.raises(ValueError, match="no role 'sumary'"):
+        Column(name="x_s", source="child", roles={"sumary": 1})
+    with pytest.raises(ValueError, match="the place in 'summary' is 1 or more"):
+        Column(name="x_s", source="child", roles={"summary": 0})
+    with pytest.raises(ValueError, match="roles are the declared columns'"):
+        registry.register(Column(name="x_s", source="child", roles={"summary": 10}))
+    with pytest.raises(KeyError, match="no role 'nope'"):
+        registry.with_role("nope")
+    assert "x_s" not in registry.names()
+
+
+def test_the_names_the_code_reads_columns_by_are_declared_columns() -> None:
+    """``TOKENS_PER_SECOND`` and the like: each a declared column's own name."""
+    names = {n: v for n, v in vars(registry).items() if n.isupper() and isinstance(v, str)}
+    assert "TOKENS_PER_SECOND" in names and "PEAK_MEMORY" in names
+    for constant, name in names.items():
+        assert registry.get(name).name == name, constant
+    # summary.md's reading guide explains the figures it shows by the registry's words
+    for name in registry.with_role("summary"):
+        column = registry.get(name)
+        assert column.meaning or name in (registry.HF_TOKENS_PER_SECOND, registry.PEAK_MEMORY)

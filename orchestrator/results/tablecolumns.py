@@ -1,6 +1,6 @@
 """What a column of a table is: a key, a measured output, or a scenario argument.
 
-Tables come with columns we declare (``orchestrator.contract.metrics``) and
+Tables come with columns we declare (``orchestrator.contract.columns``) and
 columns we do not: the scenario arguments, swept or not, and the outputs and
 bookkeeping of other tables (the predecessor's ``epoch``). Cells group on the
 key columns and the arguments, never on an output; compare matches rows the
@@ -15,21 +15,15 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract import metrics
+from orchestrator.contract import columns as registry
 from orchestrator.contract.outcome import MEASURED, never_launched, shown
 from orchestrator.contract.wording import on_cpu
 
 #: columns a cell has besides the declared ones: how many repeats, how many ok
 CELL_COUNTS = ("repeats", "repeats_ok")
-#: columns the report adds to cells for its own tables and plots, never written to a CSV
 #: the order of a scenario's cells in summary.md's tables and in the plots' legends
-CELL_ORDER = (
-    "model_name_or_path",
-    "framework_config",
-    "num_gpus",
-    "effective_batch_size",
-    "per_device_train_batch_size",
-)
+CELL_ORDER = registry.with_role("cell_order")
+#: columns the report adds to cells for its own tables and plots, never written to a CSV
 REPORT_ONLY_COLUMNS = ("likely_oom", "failed_peak_memory_bytes")
 #: figures the report computes per cell from its runs, never per run: the trend of
 #: tokens/s with the run's position in the plan's order (orchestrator/results/drift.py)
@@ -67,7 +61,7 @@ def is_output(column: str) -> bool:
     ``error_messages``, ``index``, ``output_dir`` and config file path, and
     names shaped like outputs (``train_*``, ``mem_*``, ``*_per_second``, ``*_bytes``…).
     """
-    declared = metrics.find(column)
+    declared = registry.find(column)
     if declared is not None:
         return declared.output
     if column in PREDECESSOR_NOT_CONFIG or column in CELL_ONLY_FIGURES:
@@ -78,8 +72,8 @@ def is_output(column: str) -> bool:
 def known_columns() -> frozenset[str]:
     """Every column a row or cell of ours can have that is no scenario argument."""
     return (
-        metrics.names(aliases=True)
-        | set(metrics.spread_columns())
+        registry.names(aliases=True)
+        | set(registry.spread_columns())
         | set(CELL_COUNTS)
         | set(REPORT_ONLY_COLUMNS)
         | set(CELL_ONLY_FIGURES)

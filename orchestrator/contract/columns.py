@@ -1,20 +1,25 @@
 """Every column of the results tables, declared once.
 
 A ``Column`` says what a column is: its name and unit, the record it comes
-from, how the repeats of a cell combine it, which way is better, and how
-tables and plots label it. ``raw_summary.csv`` (its columns and their order),
-``benchmarks.csv`` (which figures a cell gets), compare (which metrics it
-knows, and their direction), the report's tables and the plots all read these
-declarations. What remains elsewhere are views that pick or order a few
-columns (summary.md's figures, compare's default metrics), each name checked
-against this registry by a test.
+from, how the repeats of a cell combine it, which way is better, how tables
+and plots label it, and the lists of the report it is in: its roles
+(``ROLES``: what compare matches rows on, what orders the cells, what a plot's
+label may name, summary.md's figures, …), each with its place in the list.
+``raw_summary.csv`` (its columns and their order), ``benchmarks.csv`` (which
+figures a cell gets, in which order), compare (which metrics it knows, their
+direction, which rows match), the report's tables and the plots all read these
+declarations (``with_role``). What remains elsewhere are a few views that pick
+columns for one table or check (the figures a run without metrics lacks, the
+cost table), each name checked against this registry by a test.
 
 To add a metric the child measures: compute it in the child
 (``trainer_entry/results/finished.py``), give the typed record a field for it
 (``ChildMetrics`` in ``orchestrator/contract/result.py``), and declare it here
 with one ``Column`` line, where ``raw_summary.csv`` should show it. With
 ``aggregate="median"`` it is in ``benchmarks.csv``; with a ``better``
-direction, compare checks it when asked (``--metric NAME``). A figure the
+direction, compare checks it when asked (``--metric NAME``); with a role,
+it joins that list at its place (``roles={"summary": 3}`` puts it third among
+summary.md's figures: renumber the ones after it). A figure the
 child reports but no line declares is left out of the tables, with a warning
 that names it; a unit test fails while ``ChildMetrics`` and this registry differ.
 
@@ -24,7 +29,8 @@ The contract package imports nothing else of the project.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
 #: Where a column's value comes from: ``plan``, the experiment as planned (its
@@ -56,6 +62,45 @@ SPREAD_SUFFIXES = ("_cv", "_min", "_max")
 
 #: Which way a metric improves; compare flags a change in the other direction.
 Better = Literal["higher", "lower", "none"]
+
+#: The lists of columns the report reads from the registry (``with_role``), and what
+#: each is for. A column takes a role with its place in that role's list (1, 2, …):
+#: ``roles={"compare": 3}``. Each list is in the order of those places.
+ROLES: Mapping[str, str] = MappingProxyType(
+    {
+        # -- key columns -------------------------------------------------------------------
+        "compare": "what makes two rows the same experiment: compare matches rows on "
+        "these where both sides have them (results/compare.py)",
+        "baseline": "what must be equal between a framework or trainer variant and its "
+        "baseline cell (results/equivalence.py)",
+        "sort": "the order of the cells in benchmarks.csv (results/aggregate.py)",
+        "family": "a scaling family: cells equal in these that differ in their GPU count "
+        "(results/aggregate.py)",
+        "numeric": "read as numbers from every table, empty where no number (results/collect.py)",
+        "cell_order": "the order of a scenario's cells in summary.md's tables and in the "
+        "plots (results/tablecolumns.py)",
+        "label_base": "what a cell's label in the plots starts with (results/plots.py)",
+        "label": "what a cell's label in the plots may add, in this order, where it tells "
+        "cells apart (results/plots.py)",
+        # -- figures -------------------------------------------------------------------------
+        "summary": "the figure columns of a scenario's table in summary.md (results/markdown.py)",
+        "compared": "what compare checks when no metric is named (results/compare.py)",
+        "varying": "the keys a scenario's table in summary.md shows in a column of their "
+        "own where its cells differ in them (results/markdown.py)",
+        "environment_row": "what a row of summary.md's environments side by side always "
+        "names, first (results/envtables.py)",
+        "environment_figure": "the figures summary.md shows side by side per environment "
+        "(results/envtables.py)",
+        "run_figure": "figures every run that trained reports: a failed run without any "
+        "left no metrics (results/capacity.py)",
+        "annotated": "conditions of a run that are not part of the experiment but change "
+        "its figures: compare marks a matched cell whose sides differ in one "
+        "(results/compare.py)",
+        "cell_figure": "the order of the median figures of a cell in benchmarks.csv, after "
+        "the spread ones; a median figure without this role follows them, in the "
+        "registry's order (results/aggregate.py)",
+    }
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,8 +140,19 @@ class Column:
     figure. Empty: the value itself, or ``name=value``."""
     flags: tuple[str, str] | None = None
     """A yes/no key column's labels for yes and no (``packed``, ``unpacked``)."""
+    meaning: str = ""
+    """What the figure means, as summary.md's reading guide says it; ``{worker}`` and
+    ``{workers}`` are GPU and GPUs, or process and processes on the CPU."""
+    roles: Mapping[str, int] = field(default_factory=dict, hash=False)
+    """The lists of ``ROLES`` the column is in, each with its place in the list (from 1)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "roles", MappingProxyType(dict(self.roles)))
+        for role, place in self.roles.items():
+            if role not in ROLES:
+                raise ValueError(f"{self.name}: no role {role!r}; the roles are {sorted(ROLES)}")
+            if isinstance(place, bool) or not isinstance(place, int) or place < 1:
+                raise ValueError(f"{self.name}: the place in {role!r} is 1 or more, got {place!r}")
         if not self.name or not self.name.isidentifier():
             raise ValueError(f"a column name is an identifier, got {self.name!r}")
         if self.source not in SOURCES:
@@ -154,55 +210,202 @@ def _derived(name: str, unit: str, **more: Any) -> Column:
     return Column(name=name, source="derived", unit=unit, **more)
 
 
+# The names the code reads columns by, outside this file; each column below is declared
+# from its name here.
+#: the headline throughput: real (non-padding) tokens per second over the measured
+#: steps, all workers together
+TOKENS_PER_SECOND = "tokens_per_second_global"
+#: samples per second, all workers together (the classification tasks' unit)
+SAMPLES_PER_SECOND = "samples_per_second_global"
+#: HF Trainer's estimate of tokens/s per device, padding included: no measurement
+HF_TOKENS_PER_SECOND = "train_tokens_per_second"
+#: HF Trainer's wall time of training
+TRAIN_RUNTIME = "train_runtime"
+#: the job's wall time, launch to exit
+JOB_S = "job_s"
+#: the parent's wall time of the experiment, its retries and waits included
+WALL_S = "wall_s"
+#: the tokens of the prepared dataset: one epoch
+DATA_TOKENS = "data_tokens"
+#: how busy the GPUs were
+GPU_UTIL = "gpu_util_mean_pct"
+#: how busy the job's allowed CPUs were
+CPU_UTIL = "cpu_util_mean_pct"
+# where a run's peak memory is read from (the report's peak memory, fit's probes)
+#: the peak memory NVML saw on the job's GPUs, the largest
+NVML_PEAK = "mem_nvidia_peak_bytes_max"
+#: torch's peak reserved memory, the largest rank's
+TORCH_RESERVED_PEAK = "torch_max_memory_reserved_bytes"
+#: the peak resident memory of a training process
+PROCESS_RSS_PEAK = "mem_peak_rss_bytes"
+#: the peak PSS of the job's process tree
+TREE_PSS_PEAK = "mem_tree_peak_pss_bytes"
+#: the peak summed RSS of the job's process tree
+TREE_RSS_PEAK = "mem_tree_peak_rss_bytes"
+#: the report's peak memory of a run, from the first source it has
+PEAK_MEMORY = "peak_memory_bytes"
+#: which source that was
+PEAK_MEMORY_SOURCE = "peak_memory_source"
+#: the price the report's costs use
+USD_PER_GPU_HOUR = "usd_per_gpu_hour"
+#: the report's costs and times to train (derived from the above and the price)
+COST_PER_1M_TOKENS = "cost_per_1m_tokens_usd"
+COST_PER_RUN = "cost_per_run_usd"
+TIME_PER_EPOCH = "time_per_epoch_s"
+COST_PER_EPOCH = "cost_per_epoch_usd"
+TIME_TO_TRAIN = "time_to_train_s"
+COST_TO_TRAIN = "cost_to_train_usd"
+
 # The order is raw_summary.csv's: the key columns, the design's figures, the
 # child's other figures, then the run's bookkeeping; the derived columns last.
 _DECLARED: tuple[Column, ...] = (
     # -- the experiment (plan.csv's columns, and raw_summary.csv's first) ------------------
     _key("experiment_id", aggregate="none"),
-    _key("scenario"),
-    _key("framework_config"),
-    _key("model_name_or_path"),
-    _key("num_gpus", unit="count", short="{v} {unit}"),
+    _key(
+        "scenario",
+        roles={"compare": 1, "baseline": 1, "sort": 1, "family": 1, "environment_row": 1},
+    ),
+    _key(
+        "framework_config",
+        roles={
+            "compare": 4,
+            "sort": 2,
+            "family": 4,
+            "cell_order": 2,
+            "label_base": 2,
+            "environment_row": 3,
+        },
+    ),
+    _key(
+        "model_name_or_path",
+        roles={
+            "compare": 5,
+            "baseline": 3,
+            "sort": 3,
+            "family": 5,
+            "cell_order": 1,
+            "label_base": 1,
+            "environment_row": 2,
+        },
+    ),
+    _key(
+        "num_gpus",
+        unit="count",
+        short="{v} {unit}",
+        roles={
+            "compare": 6,
+            "baseline": 4,
+            "sort": 4,
+            "numeric": 1,
+            "cell_order": 3,
+            "label_base": 3,
+            "environment_row": 4,
+        },
+    ),
     # training processes: num_gpus, but 1 under dp (one DataParallel process drives
     # all the cell's GPUs); empty in tables written before it existed
-    _key("processes", unit="count"),
-    _key("per_device_train_batch_size", unit="count", short="bs {v}/{per}"),
-    _key("gradient_accumulation_steps", unit="count", short="accum {v}"),
-    _key("effective_batch_size", unit="count", short="eb {v}"),
-    _key("max_seq_len", unit="tokens", short="seq {v}"),
-    _key("packing", flags=("packed", "unpacked")),
-    _key("task", path=("arguments", "task")),
-    _key("trainer", path=("arguments", "trainer")),
-    _key("peft_method", path=("arguments", "peft_method")),
-    _key("torch_dtype", path=("arguments", "torch_dtype")),
-    _key("device"),
+    _key("processes", unit="count", roles={"label": 12}),
+    _key(
+        "per_device_train_batch_size",
+        unit="count",
+        short="bs {v}/{per}",
+        roles={"compare": 7, "numeric": 2, "cell_order": 5, "label": 4},
+    ),
+    _key(
+        "gradient_accumulation_steps",
+        unit="count",
+        short="accum {v}",
+        roles={"numeric": 3, "label": 9},
+    ),
+    _key(
+        "effective_batch_size",
+        unit="count",
+        short="eb {v}",
+        roles={"baseline": 5, "sort": 5, "family": 6, "numeric": 4, "cell_order": 4, "label": 3},
+    ),
+    _key(
+        "max_seq_len",
+        unit="tokens",
+        short="seq {v}",
+        roles={
+            "compare": 9,
+            "baseline": 6,
+            "sort": 6,
+            "family": 7,
+            "numeric": 5,
+            "label": 6,
+            "varying": 4,
+        },
+    ),
+    _key(
+        "packing",
+        flags=("packed", "unpacked"),
+        roles={"compare": 10, "baseline": 7, "family": 8, "label": 8, "varying": 6},
+    ),
+    _key(
+        "task",
+        path=("arguments", "task"),
+        roles={"compare": 3, "baseline": 2, "family": 2, "label": 1, "varying": 1},
+    ),
+    _key(
+        "trainer",
+        path=("arguments", "trainer"),
+        roles={"compare": 2, "family": 3, "label": 2, "varying": 2},
+    ),
+    _key(
+        "peft_method",
+        path=("arguments", "peft_method"),
+        roles={"compare": 8, "baseline": 8, "family": 9, "label": 5, "varying": 3},
+    ),
+    _key(
+        "torch_dtype",
+        path=("arguments", "torch_dtype"),
+        roles={"compare": 11, "baseline": 9, "family": 10, "label": 7, "varying": 5},
+    ),
+    _key("device", roles={"compare": 12, "baseline": 10, "family": 11, "label": 11}),
     # the environments: entry a cell ran under (empty without one)
-    _key("environment"),
-    _key("repeat", aggregate="none"),
+    _key("environment", roles={"compare": 13, "baseline": 11, "label": 10, "varying": 7}),
+    _key("repeat", aggregate="none", roles={"numeric": 6}),
     # plan order and OOM pruning: the experiment's 1-based place in the plan's run order
     # (orchestrator/matrix/order.py); empty in tables written before it existed
-    _key("position", unit="count", aggregate="none"),
+    _key("position", unit="count", aggregate="none", roles={"numeric": 7}),
     _key("cell_id", aggregate="none"),
     Column(name="status", source="outcome", key=True, aggregate="mix"),
     # -- the design's figures --------------------------------------------------------------
     _outcome("error", aggregate="evidence"),
     _outcome("log", aggregate="evidence"),
-    _child("train_runtime", "s", aggregate="median", better="lower"),
-    _child("train_samples_per_second", "samples/s", aggregate="median", better="higher"),
+    _child(
+        TRAIN_RUNTIME,
+        "s",
+        aggregate="median",
+        better="lower",
+        roles={"cell_figure": 3, "run_figure": 1},
+    ),
+    _child(
+        "train_samples_per_second",
+        "samples/s",
+        aggregate="median",
+        better="higher",
+        roles={"cell_figure": 2},
+    ),
     _child("train_steps_per_second", "steps/s", better="higher"),
     _child(
-        "train_tokens_per_second",
+        HF_TOKENS_PER_SECOND,
         "tokens/s",
         aggregate="median",
         better="higher",
         label="HF est. tokens/s/GPU",
+        roles={"summary": 3, "compared": 3, "cell_figure": 1, "run_figure": 3},
     ),
     _child(
-        "tokens_per_second_global",
+        TOKENS_PER_SECOND,
         "tokens/s",
         aggregate="spread",
         better="higher",
         label="tokens/s",
+        roles={"summary": 1, "compared": 1, "run_figure": 2, "environment_figure": 1},
+        meaning="real (non-padding) tokens per second over the measured steps (warm-up "
+        "excluded), all {workers} together",
     ),
     _child(
         "tokens_per_second_per_device",
@@ -210,18 +413,37 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="spread",
         better="higher",
         label="tokens/s/GPU",
+        roles={"summary": 2, "compared": 2},
+        meaning="the same, per {worker}",
     ),
     _child(
-        "samples_per_second_global",
+        SAMPLES_PER_SECOND,
         "samples/s",
         aggregate="spread",
         better="higher",
         label="samples/s",
+        meaning="samples (rows; images for image tasks) per second over the measured steps, all "
+        "{workers} together",
     ),
     _child("samples_per_second_per_device", "samples/s", aggregate="spread", better="higher"),
-    _child("step_time_median_s", "s", aggregate="spread", better="lower"),
-    _child("step_time_cv", "fraction", aggregate="median"),
-    _child("train_loss", "", aggregate="median", better="lower", label="mean train loss"),
+    _child(
+        "step_time_median_s",
+        "s",
+        aggregate="spread",
+        better="lower",
+        roles={"compared": 4, "run_figure": 4},
+    ),
+    _child("step_time_cv", "fraction", aggregate="median", roles={"cell_figure": 4}),
+    _child(
+        "train_loss",
+        "",
+        aggregate="median",
+        better="lower",
+        label="mean train loss",
+        roles={"summary": 7, "cell_figure": 5, "run_figure": 5},
+        meaning="HF Trainer's `train_loss`: the mean training loss over all the run's steps, "
+        "warm-up included (the quality column has the first and last)",
+    ),
     # quality beside speed (trainer_entry/run/evaluate.py; summary.md's quality column,
     # orchestrator/results/quality.py): eval: true's figures on the held-out split, the
     # Trainer's eval loss (each eval batch's mean loss, causal-lm per label token, averaged
@@ -238,6 +460,7 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="lower",
         aliases=("nvidia_mem_reserved",),
+        roles={"cell_figure": 11},
     ),
     _child(
         "mem_peak_torch_mem_alloc_in_bytes",
@@ -245,6 +468,7 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="lower",
         aliases=("peak_torch_mem_alloc_in_bytes",),
+        roles={"cell_figure": 12},
     ),
     _child(
         "mem_torch_mem_alloc_in_bytes",
@@ -252,19 +476,41 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="lower",
         aliases=("torch_mem_alloc_in_bytes",),
+        roles={"cell_figure": 13},
     ),
-    _child("mem_peak_rss_bytes", "bytes", aggregate="median", better="lower"),
-    _child("flops_per_token", "FLOPs", aggregate="median"),
-    _child("mfu", "fraction", aggregate="median", better="higher", label="MFU %"),
+    _child(
+        PROCESS_RSS_PEAK, "bytes", aggregate="median", better="lower", roles={"cell_figure": 14}
+    ),
+    _child("flops_per_token", "FLOPs", aggregate="median", roles={"cell_figure": 9}),
+    _child(
+        "mfu",
+        "fraction",
+        aggregate="median",
+        better="higher",
+        label="MFU %",
+        roles={"summary": 5, "compared": 6, "cell_figure": 7},
+        meaning="model FLOPs utilisation: the model's training FLOPs per token (forward and "
+        "backward, attention included, recompute not counted) × tokens/s per {worker}, "
+        "over the {worker}'s peak FLOP/s at the run's precision",
+    ),
     _derived(
-        "cost_per_1m_tokens_usd",
+        COST_PER_1M_TOKENS,
         "USD",
         aggregate="median",
         better="lower",
         label="$/1M tokens",
         raw=True,
+        roles={"summary": 6, "cell_figure": 22},
+        meaning="{workers} × the price per {worker}-hour ÷ tokens per hour, × 1M",
     ),
-    _child("gpu_device_name", "", aggregate="first", path=("gpu_device_name",), fallback="outcome"),
+    _child(
+        "gpu_device_name",
+        "",
+        aggregate="first",
+        path=("gpu_device_name",),
+        fallback="outcome",
+        roles={"annotated": 1},
+    ),
     # what trained, as accelerate set it up (trainer_entry/run/engine.py): NO, MULTI_CPU,
     # MULTI_GPU, FSDP, DEEPSPEED; a run whose config names DeepSpeed but that did not run
     # under it fails instead. ZeRO stage and partitioned parameters: DeepSpeed runs only
@@ -289,22 +535,34 @@ _DECLARED: tuple[Column, ...] = (
     _child("samples_measured", "count"),
     _child("tokens_total", "tokens"),
     _child("padded_tokens_total", "tokens"),
-    _child("padding_fraction", "fraction", aggregate="median"),
+    _child("padding_fraction", "fraction", aggregate="median", roles={"cell_figure": 20}),
     _child("measured_time_s", "s"),
     # loss_first, loss_last and loss_nonfinite_steps in the cells: the quality column's
     # divergence flag reads them
     _child("loss_first", "", aggregate="median"),
-    _child("loss_last", "", aggregate="median"),
+    _child("loss_last", "", aggregate="median", roles={"cell_figure": 6}),
     _child("loss_mean_last10pct", ""),
     _child("loss_nonfinite_steps", "count", aggregate="median"),
     # the wall time eval: true added after training, and the examples it evaluated
     _child("eval_runtime", "s", aggregate="median"),
     _child("eval_samples", "count", aggregate="median"),
     _child("hardware_flops_per_token", "FLOPs"),
-    _child("achieved_tflops_per_device", "TFLOP/s", aggregate="median", better="higher"),
+    _child(
+        "achieved_tflops_per_device",
+        "TFLOP/s",
+        aggregate="median",
+        better="higher",
+        roles={"cell_figure": 8},
+    ),
     _child("peak_tflops_per_device", "TFLOP/s"),
     _child("torch_max_memory_allocated_bytes", "bytes"),
-    _child("torch_max_memory_reserved_bytes", "bytes", aggregate="median", better="lower"),
+    _child(
+        TORCH_RESERVED_PEAK,
+        "bytes",
+        aggregate="median",
+        better="lower",
+        roles={"cell_figure": 15},
+    ),
     _child("mem_load_peak_bytes", "bytes"),
     _child("mem_stage_source", ""),
     _child("mfu_precision", ""),
@@ -321,8 +579,8 @@ _DECLARED: tuple[Column, ...] = (
     _child("profile_export_s", "s", aggregate="median"),
     _child("top_ops", "", aggregate="first_ok", label="top operators (self time)"),
     # -- the run: the parent's bookkeeping, the child's record, the sidecar ----------------
-    _outcome("wall_s", "s"),
-    _outcome("job_s", "s", aggregate="median"),
+    _outcome(WALL_S, "s"),
+    _outcome(JOB_S, "s", aggregate="median", roles={"cell_figure": 19}),
     _outcome("returncode"),
     _outcome("started_at"),
     _outcome("finished_at"),
@@ -335,56 +593,107 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="lower",
         path=("timings", "time_to_first_step_s"),
+        roles={"cell_figure": 18},
     ),
     _child("data_cache_hit", "", path=("data", "cache_hit")),
-    _child("data_tokens", "tokens", aggregate="median", path=("data", "tokens")),
+    _child(
+        DATA_TOKENS,
+        "tokens",
+        aggregate="median",
+        path=("data", "tokens"),
+        roles={"cell_figure": 21},
+    ),
     # the job's tree: PSS (shared pages split between the processes that map them), and
     # whether RSS stood in for a process; the summed RSS counts shared pages once per process
-    _sidecar("mem_tree_peak_pss_bytes", "bytes", aggregate="median", better="lower"),
+    _sidecar(
+        TREE_PSS_PEAK,
+        "bytes",
+        aggregate="median",
+        better="lower",
+        roles={"cell_figure": 16},
+    ),
     _sidecar("mem_tree_peak_measure", ""),
-    _sidecar("mem_tree_peak_rss_bytes", "bytes", aggregate="median"),
+    _sidecar(TREE_RSS_PEAK, "bytes", aggregate="median", roles={"cell_figure": 17}),
     _sidecar("mem_nvidia_peak_bytes_mean", "bytes"),
-    _sidecar("mem_nvidia_peak_bytes_max", "bytes"),
+    _sidecar(NVML_PEAK, "bytes"),
     # utilisation (orchestrator/job/utilisation.py), over the window util_window names:
     # "measured" (the measured steps), "training" (first step to last) or "job" (its whole
     # life, where the child's files do not say when training ran). Empty where not sampled:
     # the GPU columns on the CPU, gpu_mem_bw_util_mean_pct where NVML does not tell it
-    _sidecar("gpu_util_mean_pct", "%", aggregate="median", better="higher", label="GPU util %"),
+    _sidecar(
+        GPU_UTIL,
+        "%",
+        aggregate="median",
+        better="higher",
+        label="GPU util %",
+        roles={"summary": 8},
+        meaning="how busy the GPUs were (NVML), mean over the measured steps",
+    ),
     _sidecar("gpu_util_p10_pct", "%", aggregate="median", better="higher"),
     _sidecar("gpu_mem_bw_util_mean_pct", "%", aggregate="median"),
     # the job tree's CPU time / (wall time × the CPUs its affinity allows): 100 = all busy
-    _sidecar("cpu_util_mean_pct", "% of allowed CPUs", aggregate="median", label="CPU util %"),
+    _sidecar(
+        CPU_UTIL,
+        "% of allowed CPUs",
+        aggregate="median",
+        label="CPU util %",
+        roles={"summary": 9},
+        meaning="the job's CPU time ÷ (wall time × the CPUs it may use) over the measured steps: "
+        "100 is every allowed CPU busy",
+    ),
     _sidecar("cpu_allowed", "count"),
     _sidecar("util_window", "", aggregate="first_ok"),
-    _outcome("memory_backend"),
+    _outcome("memory_backend", roles={"annotated": 3}),
     _outcome("devices"),
     _outcome("attempt", "count"),
-    _outcome("run_mode"),
+    _outcome("run_mode", roles={"annotated": 4}),
     _outcome("packed_with"),
     _outcome("executor"),
     _outcome("job_id", aliases=("slurm_job_id",)),
     # an environment's versions as the plan found them (python and the training stack),
     # and, where the child's result reports other versions (the interpreter changed
     # between plan and run), which: the plan's against the child's, set where the row is
-    # built (orchestrator/results/environments.py)
+    # built (orchestrator/results/envtables.py)
     Column(name="environment_versions", source="plan", aggregate="first"),
     Column(name="environment_note", source="plan", aggregate="first"),
     # -- derived by the report (after the scenario arguments in raw_summary.csv) -----------
     _derived(
-        "peak_memory_bytes",
+        PEAK_MEMORY,
         "bytes",
         aggregate="median",
         better="lower",
         label="peak mem GiB",
         raw=False,
+        roles={"summary": 4, "compared": 5, "cell_figure": 10, "environment_figure": 2},
     ),
-    _derived("peak_memory_source", "", aggregate="first_ok", raw=False),
-    _derived("usd_per_gpu_hour", "USD", raw=False),
-    _derived("cost_per_run_usd", "USD", aggregate="median", label="$ per run", raw=False),
-    _derived("time_per_epoch_s", "s", aggregate="median", label="time per epoch", raw=False),
-    _derived("cost_per_epoch_usd", "USD", aggregate="median", label="$ per epoch", raw=False),
-    _derived("time_to_train_s", "s", aggregate="median", raw=False),
-    _derived("cost_to_train_usd", "USD", aggregate="median", raw=False),
+    _derived(PEAK_MEMORY_SOURCE, "", aggregate="first_ok", raw=False, roles={"annotated": 2}),
+    _derived(USD_PER_GPU_HOUR, "USD", raw=False),
+    _derived(
+        COST_PER_RUN,
+        "USD",
+        aggregate="median",
+        label="$ per run",
+        raw=False,
+        roles={"cell_figure": 23},
+    ),
+    _derived(
+        TIME_PER_EPOCH,
+        "s",
+        aggregate="median",
+        label="time per epoch",
+        raw=False,
+        roles={"cell_figure": 24},
+    ),
+    _derived(
+        COST_PER_EPOCH,
+        "USD",
+        aggregate="median",
+        label="$ per epoch",
+        raw=False,
+        roles={"cell_figure": 25},
+    ),
+    _derived(TIME_TO_TRAIN, "s", aggregate="median", raw=False, roles={"cell_figure": 26}),
+    _derived(COST_TO_TRAIN, "USD", aggregate="median", raw=False, roles={"cell_figure": 27}),
 )
 
 #: The key columns, in order: what names an experiment (``plan.csv``'s columns).
@@ -399,11 +708,14 @@ _columns: tuple[Column, ...] | None = None
 def register(column: Column) -> Column:
     """Declare a further column (after the declared ones); returns it.
 
-    Key columns are the plan's and cannot be added; a name (or alias) already
+    Key columns are the plan's and cannot be added, nor can a column with roles (the
+    report reads the lists once, from the declared columns); a name (or alias) already
     declared is an error.
     """
     if column.key:
         raise ValueError(f"{column.name}: key columns come from the plan and are fixed")
+    if column.roles:
+        raise ValueError(f"{column.name}: roles are the declared columns' (the lists are fixed)")
     _declare([column])
     return column
 
@@ -426,6 +738,10 @@ def _declare(declared: Iterable[Column]) -> None:
         for name in (column.name, *column.aliases):
             if name in _registry or name in _by_alias:
                 raise ValueError(f"column {name!r} is declared twice")
+        for role, place in column.roles.items():
+            taken = [c.name for c in _registry.values() if c.roles.get(role) == place]
+            if taken:
+                raise ValueError(f"{column.name}: place {place} of {role!r} is {taken[0]}'s")
         _registry[column.name] = column
         for alias in column.aliases:
             _by_alias[alias] = column.name
@@ -451,7 +767,7 @@ def get(name: str) -> Column:
     """The column named ``name``; a ``KeyError`` that says where to declare it otherwise."""
     column = find(name)
     if column is None:
-        raise KeyError(f"no column {name!r} is declared in orchestrator/contract/metrics.py")
+        raise KeyError(f"no column {name!r} is declared in orchestrator/contract/columns.py")
     return column
 
 
@@ -475,6 +791,7 @@ def select(
     better: Better | Iterable[Better] | None = None,
     key: bool | None = None,
     raw: bool | None = None,
+    role: str | None = None,
 ) -> tuple[Column, ...]:
     """The columns that match every criterion given, in declaration order."""
 
@@ -491,7 +808,15 @@ def select(
         and wanted(c.better, better)
         and (key is None or c.key == key)
         and (raw is None or c.raw == raw)
+        and (role is None or role in c.roles)
     )
+
+
+def with_role(role: str) -> tuple[str, ...]:
+    """The names of the columns in ``role``'s list (see ``ROLES``), in their places' order."""
+    if role not in ROLES:
+        raise KeyError(f"no role {role!r}; the roles are {sorted(ROLES)}")
+    return tuple(c.name for c in sorted(select(role=role), key=lambda c: c.roles[role]))
 
 
 def raw_columns() -> tuple[str, ...]:

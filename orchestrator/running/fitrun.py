@@ -1,7 +1,7 @@
 """``tunematrix fit``: the largest per-device batch (or sequence length) that fits, by probes.
 
 For each cell family of the selected scenarios (a planned cell without its
-batch, or its sequence length), the search (``orchestrator.matrix.search``)
+batch, or its sequence length), the search (``orchestrator.matrix.fitsearch``)
 asks for values to probe; each probe is an ordinary short experiment with its
 own id and run folder, run by the chosen executor through ``run_plan`` into
 the fit's results folder, so it works wherever the matrix does (one at a
@@ -25,6 +25,14 @@ from typing import Any
 
 from orchestrator.config.scenarios import BenchConfig, Scenario
 from orchestrator.config.search import DEFAULT_MARGIN, DEFAULT_MIN, Search
+from orchestrator.contract.columns import (
+    NVML_PEAK,
+    PROCESS_RSS_PEAK,
+    TOKENS_PER_SECOND,
+    TORCH_RESERVED_PEAK,
+    TREE_PSS_PEAK,
+    TREE_RSS_PEAK,
+)
 from orchestrator.contract.errors import ConfigError, UserError
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import Outcome, is_pruned, read_outcome
@@ -32,8 +40,7 @@ from orchestrator.contract.result import read_result
 from orchestrator.executors.base import Executor
 from orchestrator.job.execute import RunOptions
 from orchestrator.matrix.experiment import Experiment
-from orchestrator.matrix.plan import Plan
-from orchestrator.matrix.search import (
+from orchestrator.matrix.fitsearch import (
     Verdict,
     decide,
     family_key,
@@ -41,6 +48,7 @@ from orchestrator.matrix.search import (
     probe_experiment,
     search_problem,
 )
+from orchestrator.matrix.plan import Plan
 from orchestrator.results.fitreport import FamilyFit, FitRecord, ProbeRecord, write_fit
 from orchestrator.results.numbers import number
 from orchestrator.results.rows import build_row, write_raw_summary
@@ -50,13 +58,13 @@ from orchestrator.running.runner import RunReport, preflight, run_plan
 #: job's whole process tree (what a memory cgroup counts), else one process
 PEAK_COLUMNS = {
     "gpu": (
-        ("mem_nvidia_peak_bytes_max", "NVML peak over the job's GPUs"),
-        ("torch_max_memory_reserved_bytes", "torch reserved, largest rank"),
+        (NVML_PEAK, "NVML peak over the job's GPUs"),
+        (TORCH_RESERVED_PEAK, "torch reserved, largest rank"),
     ),
     "cpu": (
-        ("mem_tree_peak_pss_bytes", "PSS of the job's processes"),
-        ("mem_tree_peak_rss_bytes", "RSS of the job's processes"),
-        ("mem_peak_rss_bytes", "RSS of a training process"),
+        (TREE_PSS_PEAK, "PSS of the job's processes"),
+        (TREE_RSS_PEAK, "RSS of the job's processes"),
+        (PROCESS_RSS_PEAK, "RSS of a training process"),
     ),
 }
 #: steps of a probe: enough for the optimizer's state to exist (its memory is counted)
@@ -269,50 +277,127 @@ def run_fit(
     ``run_options.resume``: keep the folder and reuse its probes that ended ok or
     oom; without it an earlier fit there is moved aside first.
     """
-    from orchestrator.matrix.table import write_plan_csv
-    from orchestrator.running.resultsdir import open_results
+    found = _families_to_search(config, plan, options)
+    _check_with_executor(executor, plan, found, results, run_options)
+    layout, moved_to = _open_folder(results, run_options, log)
+    fit_run = _FitRun(plan, results, layout, run_options, options, executor, argv, log)
+    for family in found:
+        fit_run.search(family)
+        if fit_run.record.interrupted:
+            break
+    fit_run.save()
+    return FitReport(record=fit_run.record, layout=layout, moved_to=moved_to)
 
+
+def _families_to_search(config: BenchConfig, plan: Plan, options: FitOptions) -> list[_Family]:
+    """The families of ``plan`` to search; none is one line that says how to ask for one."""
     found = families(config, plan, options)
     if not found:
         raise UserError(
             "no selected scenario has search: and no --max was given; "
             "add search: {max: per_device_train_batch_size} to a scenario or pass --max"
         )
-    # the executor's checks (a SLURM cluster's partition, say), on each family's planned cell
+    return found
+
+
+def _check_with_executor(
+    executor: Executor,
+    plan: Plan,
+    found: list[_Family],
+    results: Path,
+    run_options: RunOptions,
+) -> None:
+    """The executor's checks (a SLURM cluster's partition, say), on each family's planned cell."""
     firsts = tuple(family.first for family in found)
     preflight(
         executor, dataclasses.replace(plan, experiments=firsts), ResultsLayout(results), run_options
     )
+
+
+def _open_folder(
+    results: Path, run_options: RunOptions, log: Callable[[str], None]
+) -> tuple[ResultsLayout, Path | None]:
+    """The fit's results folder, an earlier run there moved aside unless resumed."""
+    from orchestrator.running.resultsdir import open_results
+
     with open_results(results, resume=run_options.resume) as opened:
         layout = opened.layout
     if opened.moved_to is not None:
         log(f"the earlier run in {results} was moved to {opened.moved_to}")
-    probe_options = dataclasses.replace(run_options, resume=True, report=False, fail_fast=False)
-    remote = executor.gpu_counter() is not None
-    capacities: dict[str, Capacity] = {}
-    record = FitRecord(probe_steps=options.probe_steps, families=[])
-    rows: dict[str, dict[str, Any]] = {}
-    probes: dict[str, Experiment] = {}
+    return layout, opened.moved_to
 
-    def save() -> None:
-        write_raw_summary(list(rows.values()), layout.raw_summary)
-        write_plan_csv(
-            dataclasses.replace(plan, experiments=tuple(probes.values())), layout.plan_csv
+
+class _FitRun:
+    """One fit under way: its families' searches, the probes they ran, the files they leave."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        results: Path,
+        layout: ResultsLayout,
+        run_options: RunOptions,
+        options: FitOptions,
+        executor: Executor,
+        argv: list[str],
+        log: Callable[[str], None],
+    ) -> None:
+        self.plan, self.results, self.layout = plan, results, layout
+        self.run_options, self.options = run_options, options
+        self.executor, self.argv, self.log = executor, argv, log
+        # each probe runs alone, kept on resume, its report left to the fit
+        self.probe_options = dataclasses.replace(
+            run_options, resume=True, report=False, fail_fast=False
         )
-        write_fit(layout, record)
+        self.remote = executor.gpu_counter() is not None
+        self.capacities: dict[str, Capacity] = {}
+        self.record = FitRecord(probe_steps=options.probe_steps, families=[])
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.probes: dict[str, Experiment] = {}
 
-    for family in found:
-        first = family.first
-        key, low = family.search.key, family.search.start
-        if first.device not in capacities:
-            capacities[first.device] = (
-                Capacity(options.capacity_bytes, "given with --memory-gib")
-                if options.capacity_bytes is not None
-                else Capacity(None, f"the {executor.name} executor's jobs run elsewhere")
-                if remote
-                else local_capacity(first.device)
+    def save(self) -> None:
+        """raw_summary.csv, plan.csv and fit.json/fit.md as they stand."""
+        from orchestrator.matrix.table import write_plan_csv
+
+        write_raw_summary(list(self.rows.values()), self.layout.raw_summary)
+        write_plan_csv(
+            dataclasses.replace(self.plan, experiments=tuple(self.probes.values())),
+            self.layout.plan_csv,
+        )
+        write_fit(self.layout, self.record)
+
+    def search(self, family: _Family) -> None:
+        """One family's search: probe after probe until the search decides, then its answer."""
+        fit = self._start(family)
+        verdicts: dict[int, Verdict] = {}
+        while True:
+            decision = decide(verdicts, family.search.start, family.search.limit)
+            fit.largest_fit, fit.first_too_big = decision.largest_fit, decision.first_too_big
+            if decision.next is None:
+                fit.ending = decision.ending
+                break
+            verdicts[decision.next] = self._probe(family, fit, decision.next)
+            self.save()
+            if self.record.interrupted:
+                break
+        _settle_answer(fit)
+        self.save()
+
+    def _capacity(self, device: str) -> Capacity:
+        """One device's memory, looked up once per kind of device."""
+        if device not in self.capacities:
+            self.capacities[device] = (
+                Capacity(self.options.capacity_bytes, "given with --memory-gib")
+                if self.options.capacity_bytes is not None
+                else Capacity(None, f"the {self.executor.name} executor's jobs run elsewhere")
+                if self.remote
+                else local_capacity(device)
             )
-        capacity = capacities[first.device]
+        return self.capacities[device]
+
+    def _start(self, family: _Family) -> FamilyFit:
+        """The family's entry in fit.json, before its first probe."""
+        first, key = family.first, family.search.key
+        capacity = self._capacity(first.device)
         fit = FamilyFit(
             family=family_label(first, key),
             family_id=family_key(first, key)[:12],
@@ -323,7 +408,7 @@ def run_fit(
             device=first.device,
             num_gpus=first.num_gpus,
             cells=family.cells,
-            low=low,
+            low=family.search.start,
             limit=family.search.limit,
             margin=family.margin,
             capacity_bytes=capacity.bytes,
@@ -333,75 +418,79 @@ def run_fit(
             fit.notes.append(
                 f"no margin applied: the device's memory is unknown ({capacity.source})"
             )
-        record.families.append(fit)
-        log(f"fit: {fit.family}: searching {key} from {low}")
-        verdicts: dict[int, Verdict] = {}
-        while True:
-            decision = decide(verdicts, low, family.search.limit)
-            fit.largest_fit, fit.first_too_big = decision.largest_fit, decision.first_too_big
-            if decision.next is None:
-                fit.ending = decision.ending
-                break
-            value = decision.next
-            probe = probe_experiment(first, key, value, options.probe_steps)
-            eid = probe.experiment_id
-            probes[eid] = probe
-            outcome = _reusable(layout, eid) if run_options.resume else None
-            reused = outcome is not None
-            if outcome is None:
-                done = run_plan(
-                    dataclasses.replace(plan, experiments=(probe,)),
-                    results,
-                    probe_options,
-                    argv=argv,
-                    executor=executor,
-                )
-                outcome = done.outcomes.get(eid) or Outcome(status="interrupted", error="not run")
-                if done.interrupted:
-                    record.interrupted = True
-            row = build_row(probe.spec(), outcome.as_dict(), read_result(layout.run(eid).result))
-            rows[eid] = row
-            verdict, reason = judge(row, first.device, capacity.bytes, family.margin)
-            if outcome.status == "planned":
-                verdict, reason = (
-                    "stop",
-                    (
-                        "the executor returned before the probe ended; a fit waits for each "
-                        "probe (SLURM: leave out --no-wait)"
-                    ),
-                )
-            verdicts[value] = verdict
-            peak, source = peak_memory(row, first.device)
-            fit.probes.append(
-                ProbeRecord(
-                    value=value,
-                    experiment_id=eid,
-                    status=outcome.status,
-                    verdict=verdict,
-                    reason=reason,
-                    peak_memory_bytes=peak,
-                    peak_memory_source=source,
-                    tokens_per_second=number(row.get("tokens_per_second_global")),
-                    wall_s=outcome.wall_s,
-                    reused=reused,
-                )
+        self.record.families.append(fit)
+        self.log(f"fit: {fit.family}: searching {key} from {family.search.start}")
+        return fit
+
+    def _probe(self, family: _Family, fit: FamilyFit, value: int) -> Verdict:
+        """Run (or reuse) the probe of ``value``, record it in ``fit``; its verdict."""
+        first, key = family.first, family.search.key
+        probe = probe_experiment(first, key, value, self.options.probe_steps)
+        eid = probe.experiment_id
+        self.probes[eid] = probe
+        outcome, reused = self._outcome_of(probe)
+        row = build_row(probe.spec(), outcome.as_dict(), read_result(self.layout.run(eid).result))
+        self.rows[eid] = row
+        verdict, reason = _verdict(row, outcome, first.device, fit.capacity_bytes, family.margin)
+        peak, source = peak_memory(row, first.device)
+        fit.probes.append(
+            ProbeRecord(
+                value=value,
+                experiment_id=eid,
+                status=outcome.status,
+                verdict=verdict,
+                reason=reason,
+                peak_memory_bytes=peak,
+                peak_memory_source=source,
+                tokens_per_second=number(row.get(TOKENS_PER_SECOND)),
+                wall_s=outcome.wall_s,
+                reused=reused,
             )
-            if verdict == "stop":
-                fit.stopped_by = f"{key} {value}: {reason}"
-            log(
-                f"fit: {key}={value}: {outcome.status}"
-                + (f" ({reason})" if reason else "")
-                + (" [reused]" if reused else "")
-            )
-            save()
-            if record.interrupted:
-                break
-        _settle_answer(fit)
-        save()
-        if record.interrupted:
-            break
-    save()
-    return FitReport(record=record, layout=layout, moved_to=opened.moved_to)
+        )
+        if verdict == "stop":
+            fit.stopped_by = f"{key} {value}: {reason}"
+        self.log(
+            f"fit: {key}={value}: {outcome.status}"
+            + (f" ({reason})" if reason else "")
+            + (" [reused]" if reused else "")
+        )
+        return verdict
+
+    def _outcome_of(self, probe: Experiment) -> tuple[Outcome, bool]:
+        """The probe's outcome, and whether it is an earlier one reused (on resume)."""
+        eid = probe.experiment_id
+        outcome = _reusable(self.layout, eid) if self.run_options.resume else None
+        if outcome is not None:
+            return outcome, True
+        done = run_plan(
+            dataclasses.replace(self.plan, experiments=(probe,)),
+            self.results,
+            self.probe_options,
+            argv=self.argv,
+            executor=self.executor,
+        )
+        if done.interrupted:
+            self.record.interrupted = True
+        return done.outcomes.get(eid) or Outcome(status="interrupted", error="not run"), False
+
+
+def _verdict(
+    row: Mapping[str, Any],
+    outcome: Outcome,
+    device: str,
+    capacity: float | None,
+    margin: float,
+) -> tuple[Verdict, str | None]:
+    """Whether a probe fits (``judge``); one the executor left queued is no verdict."""
+    if outcome.status == "planned":
+        return (
+            "stop",
+            (
+                "the executor returned before the probe ended; a fit waits for each "
+                "probe (SLURM: leave out --no-wait)"
+            ),
+        )
+    return judge(row, device, capacity, margin)
 
 
 def _settle_answer(fit: FamilyFit) -> None:

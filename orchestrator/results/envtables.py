@@ -17,14 +17,14 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.config.environments import drift, short_labels
-from orchestrator.contract.errors import UserError
+from orchestrator.contract import columns as registry
 from orchestrator.contract.wording import worker
 
 COLUMN = "environment"
 VERSIONS = "environment_versions"
 NOTE = "environment_note"
 #: the figures summary.md puts side by side, per environment
-SIDE_BY_SIDE = ("tokens_per_second_global", "peak_memory_bytes")
+SIDE_BY_SIDE = registry.with_role("environment_figure")
 
 
 def versions_of(value: Any) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def _cell_keys(cells: pd.DataFrame, args: Sequence[str]) -> list[str]:
 
 
 #: what a side-by-side row always names
-_ALWAYS = ("scenario", "model_name_or_path", "framework_config", "num_gpus")
+_ALWAYS = registry.with_role("environment_row")
 
 
 def _ordered(keys: Sequence[str]) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from orchestrator.contract.steady import STOPPED_STEADY
-from orchestrator.results.columns import measured, numeric
+from orchestrator.results.tablecolumns import measured, numeric
 
 
 def steady_markdown(rows: pd.DataFrame) -> list[str]:
