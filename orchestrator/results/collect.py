@@ -18,6 +18,7 @@ so a new run's ``sft`` and ``hf`` cells each meet their own kind in an old table
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -64,8 +65,17 @@ def _json(path: Path) -> dict[str, Any] | None:
 
 
 def _csv_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a CSV table, after the ``#`` lines that may open it (``_comment_lines``)."""
     with path.open(newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+        reader = csv.DictReader(itertools.dropwhile(lambda line: line.startswith("#"), f))
+        rows = list(reader)
+    for number, row in enumerate(rows, 1):
+        if None in row:  # DictReader's key for the fields past the header's
+            raise UserError(
+                f"{path}: data row {number} has more fields than the header has columns "
+                f"({len(reader.fieldnames or ())})"
+            )
+    return rows
 
 
 def _our_names(row: dict[str, Any]) -> dict[str, Any]:
@@ -183,7 +193,7 @@ def load(source: Path) -> pd.DataFrame:
     if table is not None:
         # pandas' own reader: ten times faster than rows of dicts for large tables
         try:
-            df = pd.read_csv(table, low_memory=False)
+            df = pd.read_csv(table, low_memory=False, skiprows=_comment_lines(table))
         except (OSError, UnicodeDecodeError, ValueError, pd.errors.ParserError) as exc:
             raise UserError(f"{table}: cannot read it as CSV ({exc})") from None
         if df.empty:
@@ -258,3 +268,15 @@ def normalise(
     if "error" not in df.columns:
         df["error"] = None
     return df.reset_index(drop=True)
+
+
+def _comment_lines(table: Path) -> int:
+    """How many lines open ``table`` as a comment (``#``: where it came from, its
+    licence) before the header; none is read as a row."""
+    count = 0
+    with open(table, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.startswith("#"):
+                break
+            count += 1
+    return count

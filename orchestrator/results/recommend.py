@@ -137,7 +137,14 @@ def markdown(cells: pd.DataFrame) -> list[str]:
     excluded = len(cells) - len(usable)
     lines = ["## Recommendation", ""]
     if usable.empty:
-        return [*lines, f"No cell finished ok ({len(cells)} cell(s)): nothing to recommend.", ""]
+        ok = int((cells["status"] == "ok").sum()) if "status" in cells.columns else 0
+        why = (
+            f"No cell finished ok ({len(cells)} cell(s))"
+            if ok == 0
+            else f"No cell has a measured tokens/s ({ok} of {len(cells)} cell(s) finished ok; "
+            "HF's estimate is not a measurement)"
+        )
+        return [*lines, f"{why}: nothing to recommend.", ""]
     cpu = ran_on_cpu(usable)
     count = workers(cpu)
     unit = _unit(usable)
