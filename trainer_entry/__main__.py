@@ -101,12 +101,13 @@ def _main(argv: "list[str] | None") -> int:
         return 2
 
     from orchestrator.contract.outcome import Status
-    from trainer_entry.results.failure import is_oom, write_failure
+    from trainer_entry.measure.memory import is_oom
+    from trainer_entry.results.failure import write_failure
 
     process_start = _process_start()
     timings: dict[str, float] = {"interpreter_start_s": _WALL_START - process_start}
     try:
-        from trainer_entry.settings.preflight import preflight
+        from trainer_entry.run.preflight import preflight
 
         preflight(spec)
         t = time.perf_counter()

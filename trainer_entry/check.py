@@ -72,7 +72,7 @@ def _problem(cell: str, exc: BaseException) -> dict[str, Any]:
 def resolve_models(specs: Iterable[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each distinct model of ``specs`` (cell id, RunSpec) resolved once, by name."""
     from trainer_entry.models.resolve import HubProbe, resolve
-    from trainer_entry.settings.parse import parse_arguments
+    from trainer_entry.run.parse import parse_arguments
 
     hub = HubProbe()
     out: dict[str, dict[str, Any]] = {}
@@ -103,8 +103,8 @@ def check_cell(spec: Any, *, gpu_here: bool) -> bool:
     """Check one cell as a job would before its first step; False when its trainer
     configuration was not built here (a GPU cell on a machine without one)."""
     from trainer_entry.backends import get_backend
-    from trainer_entry.settings.parse import parse_arguments
-    from trainer_entry.settings.preflight import preflight
+    from trainer_entry.run.parse import parse_arguments
+    from trainer_entry.run.preflight import preflight
     from trainer_entry.tasks import get_task
 
     preflight(spec, models=False)

@@ -62,7 +62,7 @@ PEFT_KEYS = frozenset(
 )
 MEASURE_KEYS = frozenset({"warmup_steps_excluded", "peak_tflops_per_device", "instrumentation"})
 #: eval after training: ``eval: true`` evaluates on a held-out split of the prepared
-#: data (``holdout``: how many examples, a count or a fraction); see ``trainer_entry.run.evaluate``
+#: data (``holdout``: how many examples, a count or a fraction); see ``trainer_entry.results.evaluate``
 EVAL_KEY = "eval"
 HOLDOUT_KEY = "holdout"
 EVAL_KEYS = frozenset({EVAL_KEY, HOLDOUT_KEY})

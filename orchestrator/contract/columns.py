@@ -444,7 +444,7 @@ _DECLARED: tuple[Column, ...] = (
         meaning="HF Trainer's `train_loss`: the mean training loss over all the run's steps, "
         "warm-up included (the quality column has the first and last)",
     ),
-    # quality beside speed (trainer_entry/run/evaluate.py; summary.md's quality column,
+    # quality beside speed (trainer_entry/results/evaluate.py; summary.md's quality column,
     # orchestrator/results/quality.py): eval: true's figures on the held-out split, the
     # Trainer's eval loss (each eval batch's mean loss, causal-lm per label token, averaged
     # with the batches weighted by their rows: the exact per-token mean for trainer hf's
@@ -511,7 +511,7 @@ _DECLARED: tuple[Column, ...] = (
         fallback="outcome",
         roles={"annotated": 1},
     ),
-    # what trained, as accelerate set it up (trainer_entry/run/engine.py): NO, MULTI_CPU,
+    # what trained, as accelerate set it up (trainer_entry/measure/engine.py): NO, MULTI_CPU,
     # MULTI_GPU, FSDP, DEEPSPEED; a run whose config names DeepSpeed but that did not run
     # under it fails instead. ZeRO stage and partitioned parameters: DeepSpeed runs only
     _child("distributed_type", "", aggregate="first", path=("distributed_type",)),

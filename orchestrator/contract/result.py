@@ -109,13 +109,13 @@ class ChildMetrics(_Record):
     loss_last: float | None
     loss_mean_last10pct: float | None
     #: least-squares slope of the logged training loss over the measured steps, in loss
-    #: per optimizer step: negative, the loss falls (``trainer_entry.run.evaluate``)
+    #: per optimizer step: negative, the loss falls (``trainer_entry.results.evaluate``)
     loss_slope_per_step: float | None = None
     #: logged steps whose loss or gradient norm is NaN or infinite
     loss_nonfinite_steps: int | None = None
     #: ``eval: true``: the Trainer's eval loss on the held-out split (each batch's mean
     #: loss, per label token for causal-lm, averaged with batches weighted by their rows;
-    #: see ``trainer_entry.run.evaluate``)
+    #: see ``trainer_entry.results.evaluate``)
     eval_loss: float | None = None
     #: exp(eval_loss), causal-lm only
     perplexity: float | None = None

@@ -4,7 +4,7 @@ The planner checks a scenario's ``task`` and ``trainer`` against these
 declarations before any job starts; the child's registries
 (``trainer_entry.tasks``, ``trainer_entry.backends``) import a task's or a
 backend's module from its line here, and the child's check before the training
-stack loads (``trainer_entry.settings.preflight``) reads what a backend needs.
+stack loads (``trainer_entry.run.preflight``) reads what a backend needs.
 Pure: nothing imported beyond the standard library.
 
 To add a task: write its module, a class implementing

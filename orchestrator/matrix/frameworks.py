@@ -4,7 +4,7 @@ The distributed type an accelerate config names decides how a cell runs, and
 ``accelerate launch`` lets a flag on its command line override it without a
 word (``--multi_gpu`` turns a DeepSpeed config into plain DDP). So the flags
 tunematrix adds are chosen from the config here, and the child checks that the
-engine the config names is the one that trained (``trainer_entry/run/engine.py``).
+engine the config names is the one that trained (``trainer_entry/measure/engine.py``).
 
 - ``NO`` (the ``dp`` framework): one process, which sees every GPU of the cell;
   the trainer spreads each batch over them with ``torch.nn.DataParallel``. The

@@ -11,7 +11,7 @@ whose loss diverged is flagged, so a fast cell that does not learn stands out:
   it is), or
 - the last logged loss is above ``DIVERGENCE_RATIO`` times the first.
 
-The figures come from the child (``trainer_entry/run/evaluate.py``); this module
+The figures come from the child (``trainer_entry/results/evaluate.py``); this module
 only reads a cell's columns.
 """
 

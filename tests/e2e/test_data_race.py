@@ -22,7 +22,7 @@ CHILD = """\
 import fcntl, json, os, sys, time
 from pathlib import Path
 from transformers import AutoTokenizer
-from trainer_entry.settings.parse import DataConfig
+from trainer_entry.run.parse import DataConfig
 from trainer_entry.data import prepare as prepare_module
 from trainer_entry.models.tiny import ensure_tiny
 

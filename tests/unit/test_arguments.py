@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.contract.applicability import FIELDS_FILE, training_fields
 from orchestrator.contract.spec import RunSpec
-from trainer_entry.settings.parse import parse_arguments
+from trainer_entry.run.parse import parse_arguments
 from trainer_entry.spec_errors import SpecError
 
 
@@ -152,7 +152,7 @@ def test_refused_arguments_at_their_defaults_pass() -> None:
 
 
 def test_a_launch_whose_ranks_share_batches_is_refused() -> None:
-    from trainer_entry.settings.parse import check_launch_env
+    from trainer_entry.run.parse import check_launch_env
 
     sizes = {"PARALLELISM_CONFIG_TP_SIZE": "2", "PARALLELISM_CONFIG_CP_SIZE": "1"}
     with pytest.raises(

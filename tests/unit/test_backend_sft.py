@@ -13,7 +13,7 @@ import pytest
 from orchestrator.contract.spec import RunSpec
 from orchestrator.contract.trainers import own_fields as saved_own_fields
 from orchestrator.contract.trainers import trainer
-from trainer_entry.settings.parse import parse_arguments
+from trainer_entry.run.parse import parse_arguments
 from trainer_entry.spec_errors import SpecError
 
 pytest.importorskip("trl")
@@ -118,7 +118,7 @@ def test_sft_arguments_belong_to_sft_only() -> None:
 def test_without_trl_the_sft_backend_is_refused_before_the_training_stack(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from trainer_entry.settings import preflight
+    from trainer_entry.run import preflight
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -16,7 +16,7 @@ from orchestrator.contract.spec import RunSpec
 from orchestrator.contract.trainers import Trainer, trainer_names
 from trainer_entry import backends
 from trainer_entry.backends.trainer_protocol import TrainerBackend, TrainOutput, TrainSettings
-from trainer_entry.settings.parse import ParsedArguments, parse_arguments
+from trainer_entry.run.parse import ParsedArguments, parse_arguments
 from trainer_entry.spec_errors import SpecError
 
 
@@ -201,7 +201,7 @@ def test_a_backend_is_one_module_and_one_registry_line(
 def test_a_backend_s_package_is_checked_before_the_training_stack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer_entry.settings.preflight import preflight
+    from trainer_entry.run.preflight import preflight
 
     needy = Trainer(
         "needy",

@@ -36,7 +36,7 @@ def imported_after(*modules: str) -> set[str]:
 def test_the_checks_before_training_import_no_training_stack() -> None:
     # a misspelt dataset or backend fails in a fraction of a second, not after torch loads
     loaded = imported_after(
-        "trainer_entry.settings.preflight",
+        "trainer_entry.run.preflight",
         "trainer_entry.results.failure",
         "trainer_entry.backends",
     )

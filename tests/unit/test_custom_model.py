@@ -18,6 +18,7 @@ from orchestrator.matrix.ids import model_short_name
 from trainer_entry.models.custom import check_findable, factory_arguments
 from trainer_entry.models.kinds import model_kind
 from trainer_entry.spec_errors import SpecError
+from trainer_entry.tasks.causal_lm import CausalLMTask
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "custom_model"
 FACTORY = "python:my_models.zoo"
@@ -188,7 +189,7 @@ def test_preflight_finds_the_package_without_running_it(
 
 
 def test_preflight_refuses_model_kwargs_for_other_models(tmp_path: Path) -> None:
-    from trainer_entry.settings.preflight import preflight
+    from trainer_entry.run.preflight import preflight
 
     spec = RunSpec(arguments={"model_name_or_path": "tiny-llama", "model_kwargs": {"a": 1}})
     with pytest.raises(SpecError, match="model 'tiny-llama' takes none"):
@@ -207,12 +208,13 @@ def test_preflight_refuses_model_kwargs_for_other_models(tmp_path: Path) -> None
 
 def _load(name: str, kwargs: dict[str, Any] | None = None, **options: Any) -> Any:
     from trainer_entry.models.load import load_model
-    from trainer_entry.settings.parse import ModelConfig, PeftConfig
+    from trainer_entry.run.parse import ModelConfig, PeftConfig
 
     model_options = {
         k: options.pop(k) for k in ("tokenizer", "dtype", "attn_implementation") if k in options
     }
     peft = options.pop("peft", PeftConfig())
+    options.setdefault("task", CausalLMTask())
     return load_model(
         ModelConfig(name=name, kwargs=kwargs or {}, **model_options),
         peft,
@@ -250,7 +252,7 @@ def test_a_returned_tokenizer_is_used_and_checked(clean_imports: None, tiny_path
 
 
 def test_the_scenarios_dtype_and_lora_apply_to_a_built_model(clean_imports: None) -> None:
-    from trainer_entry.settings.parse import PeftConfig
+    from trainer_entry.run.parse import PeftConfig
 
     loaded = _load(
         f"{FACTORY}:build_tiny",

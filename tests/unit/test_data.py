@@ -11,7 +11,7 @@ import pytest
 from trainer_entry.data.collate import Collator
 from trainer_entry.data.formats import IGNORE_INDEX
 from trainer_entry.data.prepare import load_unprocessed, prepare
-from trainer_entry.settings.parse import DataConfig
+from trainer_entry.run.parse import DataConfig
 from trainer_entry.spec_errors import SpecError
 
 RECORDS = [

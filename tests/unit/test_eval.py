@@ -17,7 +17,7 @@ from trainer_entry.backends import get_backend
 from trainer_entry.data.holdout import holdout_count, holdout_indices, split_sequences
 from trainer_entry.data.tokenize import PreparedData
 from trainer_entry.measure.steps import first_measured_step, loss_summary
-from trainer_entry.run.evaluate import (
+from trainer_entry.results.evaluate import (
     accuracy,
     eval_figures,
     loss_points,
@@ -25,7 +25,7 @@ from trainer_entry.run.evaluate import (
     nonfinite_steps,
     slope,
 )
-from trainer_entry.settings.parse import parse_arguments
+from trainer_entry.run.parse import parse_arguments
 from trainer_entry.spec_errors import SpecError
 from trainer_entry.tasks.causal_lm import CausalLMTask
 
@@ -307,7 +307,7 @@ def test_eval_loss_is_what_the_column_says(tiny_path, tiny_tokenizer, tmp_path, 
     import torch
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
-    from trainer_entry.run.evaluate import evaluate
+    from trainer_entry.results.evaluate import evaluate
 
     parsed = parse(
         {
@@ -381,7 +381,7 @@ def test_eval_loss_is_what_the_column_says(tiny_path, tiny_tokenizer, tmp_path, 
 
 def test_eval_figures_are_the_columns_a_run_without_eval_leaves_empty() -> None:
     # record.py fills EVAL_FIGURES with None when eval is off: the lists must agree
-    from trainer_entry.run.evaluate import EVAL_FIGURES, eval_figures
+    from trainer_entry.results.evaluate import EVAL_FIGURES, eval_figures
 
     figures = eval_figures({"eval_loss": 1.0}, task="causal-lm", samples=3, runtime_s=0.5).figures
     assert tuple(figures) == EVAL_FIGURES

@@ -18,7 +18,8 @@ from trainer_entry.measure.flops import (
 )
 from trainer_entry.measure.steps import RankStats, SequenceLengths, StepRecorder
 from trainer_entry.models.load import apply_peft
-from trainer_entry.settings.parse import PeftConfig
+from trainer_entry.run.parse import PeftConfig
+from trainer_entry.tasks.causal_lm import CausalLMTask
 
 BATCH, SEQ = 4, 128
 
@@ -43,6 +44,7 @@ def _model(tiny_path, peft: str | None, checkpointing: bool):
             model,
             PeftConfig(method="lora", r=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
             quantized=False,
+            task=CausalLMTask(),
         )
     model.train()
     if checkpointing:
@@ -163,7 +165,7 @@ def _figures(
     completion_only_loss=False,
 ):
     from trainer_entry.results.finished import flops_figures
-    from trainer_entry.settings.parse import DataConfig, MeasureConfig
+    from trainer_entry.run.parse import DataConfig, MeasureConfig
 
     parsed = SimpleNamespace(
         data=DataConfig(

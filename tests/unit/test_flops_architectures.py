@@ -24,7 +24,8 @@ from trainer_entry.measure.flops import (
 )
 from trainer_entry.measure.steps import SequenceLengths
 from trainer_entry.models.load import ARCHITECTURES, apply_peft, shipped_architectures
-from trainer_entry.settings.parse import PeftConfig
+from trainer_entry.run.parse import PeftConfig
+from trainer_entry.tasks.causal_lm import CausalLMTask
 
 BATCH, SEQ, WINDOW, VOCAB = 2, 64, 16, 512
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": VOCAB}
@@ -215,6 +216,7 @@ def _model(name: str, mode: str, attn: str = "eager", window: int = WINDOW):
                 modules_to_save=["lm_head"] if mode == "lora+save" else None,
             ),
             quantized=False,
+            task=CausalLMTask(),
         )
     model.train()
     return model
@@ -340,6 +342,7 @@ def test_mixture_of_experts_counts_active_experts_and_router(peft) -> None:
             model,
             PeftConfig(method="lora", r=8, target_modules=["q_proj", "v_proj"]),
             quantized=False,
+            task=CausalLMTask(),
         )
     estimate = estimate_flops(model, SEQ, False)
     # Checked analytically: transformers runs the experts as grouped matmuls

@@ -25,13 +25,13 @@ from orchestrator.matrix.frameworks import cpu_launch_flag, distributed_type, pr
 from orchestrator.matrix.table import format_table, plan_rows
 from orchestrator.results.collect import normalise
 from orchestrator.running.needs import require
-from trainer_entry.measure.steps import RankStats, summarize
-from trainer_entry.run.engine import (
+from trainer_entry.measure.engine import (
     check_devices,
     check_engine,
     configured_type,
     devices_per_process,
 )
+from trainer_entry.measure.steps import RankStats, summarize
 from trainer_entry.spec_errors import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -348,7 +348,7 @@ def _zero3(module, share: int):
 def test_zero3_partitioning_is_read_from_the_parameters() -> None:
     import torch
 
-    from trainer_entry.run.engine import (
+    from trainer_entry.measure.engine import (
         built_by_zero_init,
         params_partitioned,
         partitioned_flops_problem,
@@ -371,7 +371,7 @@ def test_zero3_partitioning_is_read_from_the_parameters() -> None:
 def test_the_seed_is_set_again_before_the_model_is_built() -> None:
     import torch
 
-    from trainer_entry.run.engine import seed_before_load
+    from trainer_entry.measure.engine import seed_before_load
 
     class Args:
         seed = 7

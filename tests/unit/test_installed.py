@@ -16,9 +16,9 @@ import pytest
 
 from orchestrator.contract.applicability import RENAMED, SPELLINGS, canonical_name
 from orchestrator.contract.spec import RunSpec
+from trainer_entry.run.parse import parse_arguments
 from trainer_entry.settings import installed
 from trainer_entry.settings.installed import Owner, SettingError, in_installed_names
-from trainer_entry.settings.parse import parse_arguments
 from trainer_entry.spec_errors import SpecError
 
 OLD = frozenset({"gradient_checkpointing", "gradient_checkpointing_kwargs", "learning_rate"})

@@ -20,6 +20,7 @@ from trainer_entry.measure.memory import (
     stage_memory_figures,
 )
 from trainer_entry.models.load import Placement, config_placement, fsdp_loading
+from trainer_entry.tasks.causal_lm import CausalLMTask
 
 
 class FakeCuda:
@@ -209,7 +210,7 @@ def test_default_memory_logging_does_not_run_hf_tracker(tmp_path: Path) -> None:
     """What the parent writes by default, read by the child: skip_memory_metrics stays on."""
     from orchestrator.job.execute import RunOptions
     from trainer_entry.backends.hf import training_arguments
-    from trainer_entry.settings.parse import parse_arguments
+    from trainer_entry.run.parse import parse_arguments
 
     stages = MEMORY_LOGGING[RunOptions().memory_logging][1]
     spec = RunSpec(memory_stages=stages, output_dir=str(tmp_path))
@@ -297,7 +298,7 @@ def test_a_rank_that_does_not_draw_weights_keeps_correct_buffers(tmp_path: Path)
     """Skipped weights are overwritten by rank 0's broadcast; buffers that are not
     broadcast (rotary frequencies) must still be right."""
     from trainer_entry.models.load import load_model
-    from trainer_entry.settings.parse import ModelConfig, PeftConfig
+    from trainer_entry.run.parse import ModelConfig, PeftConfig
 
     arch = tmp_path / "arch.json"
     arch.write_text(
@@ -314,9 +315,14 @@ def test_a_rank_that_does_not_draw_weights_keeps_correct_buffers(tmp_path: Path)
         )
     )
     cfg = ModelConfig(name=f"config:{arch}")
-    drawn = load_model(cfg, PeftConfig(), on_gpu=False, local_rank=0)
+    drawn = load_model(cfg, PeftConfig(), on_gpu=False, local_rank=0, task=CausalLMTask())
     skipped = load_model(
-        cfg, PeftConfig(), on_gpu=False, local_rank=0, placement=Placement("cpu", False)
+        cfg,
+        PeftConfig(),
+        on_gpu=False,
+        local_rank=0,
+        placement=Placement("cpu", False),
+        task=CausalLMTask(),
     )
     assert (drawn.info["built_on"], drawn.info["weights_drawn"]) == ("cpu", True)
     assert skipped.info["weights_drawn"] is False

@@ -133,7 +133,7 @@ def test_the_childs_interrupted_is_believed_only_when_the_parent_stopped_it() ->
     ],
 )
 def test_child_and_parent_agree_on_what_is_out_of_memory(message: str) -> None:
-    from trainer_entry.results.failure import is_oom as _is_oom
+    from trainer_entry.measure.memory import is_oom as _is_oom
 
     assert _is_oom(RuntimeError(message))
     assert (

@@ -24,7 +24,7 @@ from orchestrator.contract.errors import ConfigError
 from orchestrator.contract.spec import RunSpec
 from orchestrator.matrix.expand import Selection, build_plan
 from orchestrator.matrix.table import format_table, plan_rows
-from trainer_entry.settings.parse import parse_arguments
+from trainer_entry.run.parse import parse_arguments
 from trainer_entry.spec_errors import SpecError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -37,7 +37,7 @@ from trainer_entry.measure.steps import SequenceLengths
 from trainer_entry.models import tiny_vit
 from trainer_entry.models.kinds import model_kind
 from trainer_entry.models.load import ARCHITECTURES, load_model, shipped_architectures
-from trainer_entry.settings.parse import DataConfig, ModelConfig, PeftConfig, parse_arguments
+from trainer_entry.run.parse import DataConfig, ModelConfig, PeftConfig, parse_arguments
 from trainer_entry.spec_errors import SpecError
 from trainer_entry.tasks import get_task
 from trainer_entry.tasks.image_classification import (

@@ -25,7 +25,7 @@ from trainer_entry.measure.steps import SequenceLengths
 from trainer_entry.models import tiny_bert
 from trainer_entry.models.kinds import TINY_MODELS, model_kind
 from trainer_entry.models.load import ARCHITECTURES, apply_peft, shipped_architectures
-from trainer_entry.settings.parse import ParsedArguments, PeftConfig, parse_arguments
+from trainer_entry.run.parse import ParsedArguments, PeftConfig, parse_arguments
 from trainer_entry.spec_errors import SpecError
 from trainer_entry.tasks import get_task
 from trainer_entry.tasks.seq_classification import (
@@ -418,7 +418,7 @@ def test_every_shipped_encoder_is_checked() -> None:
 def test_shipped_encoders_load_at_full_size_for_the_task(name) -> None:
     """``config:<encoder>`` through the child's loader, at full size; its FLOPs on a short batch."""
     from trainer_entry.models.load import load_model
-    from trainer_entry.settings.parse import ModelConfig
+    from trainer_entry.run.parse import ModelConfig
 
     task = SeqClassificationTask()
     loaded = load_model(

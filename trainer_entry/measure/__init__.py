@@ -1,1 +1,2 @@
-"""What a run measures while it trains: the step clock, memory, FLOPs, profiles, the steady-state stop and progress."""
+"""What a run measures while it trains: the step clock, memory, FLOPs, profiles, the
+steady-state stop, progress, and the engine that trained."""

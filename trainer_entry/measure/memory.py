@@ -4,9 +4,22 @@ boundaries, and HF's stage metrics read the predecessor's way."""
 from __future__ import annotations
 
 import resource
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from orchestrator.contract.outcome import looks_like_oom
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Out of memory by the same patterns the parent reads a stderr with."""
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return looks_like_oom(f"{type(exc).__name__}: {exc}")
 
 
 def peak_rss_bytes() -> int:

@@ -25,7 +25,7 @@ The contract (also in ``trainer_entry/models/README.md`` and the README):
 scenario is what runs it.
 
 Nothing here imports the training stack at module level: the checks before
-training (``trainer_entry.settings.preflight``) use ``check_findable``.
+training (``trainer_entry.run.preflight``) use ``check_findable``.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def _import(name: str, module: str, folders: Sequence[str]) -> Any:
 
 
 def _oom(exc: BaseException) -> bool:
-    from trainer_entry.results.failure import is_oom
+    from trainer_entry.measure.memory import is_oom
 
     return is_oom(exc)
 

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from orchestrator.contract.modelnames import hub_offline
+from trainer_entry.models.for_task import ModelTask
 from trainer_entry.models.kinds import TINY_MODELS, model_kind
 from trainer_entry.models.resolve import ARCHITECTURES as ARCHITECTURES
 from trainer_entry.models.resolve import architecture_config, shipped_architectures
@@ -41,7 +42,6 @@ from trainer_entry.models.tiny import TINY_NAME
 from trainer_entry.settings import installed
 from trainer_entry.settings.parsed import ModelConfig, PeftConfig
 from trainer_entry.spec_errors import SpecError
-from trainer_entry.tasks.task_protocol import Task
 
 DTYPES = {
     "float32": torch.float32,
@@ -160,26 +160,20 @@ def tiny_model_path(name: str) -> Path:
     return path
 
 
-def _default_task() -> Task:
-    from trainer_entry.tasks.causal_lm import CausalLMTask
-
-    return CausalLMTask()
-
-
 def load_model(
     cfg: ModelConfig,
     peft: PeftConfig,
     *,
     on_gpu: bool,
     local_rank: int,
+    task: ModelTask,
     placement: Placement | None = None,
-    task: Task | None = None,
     task_kwargs: Mapping[str, Any] | None = None,
     search_path: Sequence[str] = (),
 ) -> LoadedModel:
     """Model (with PEFT applied) and tokenizer, on the CPU or this rank's GPU.
 
-    ``task`` (default: causal LM) gives the model class, ``task_kwargs`` what
+    ``task`` gives the model class, ``task_kwargs`` what
     that class needs from the data (``num_labels``). An image task has no
     tokenizer (None). ``placement`` says where a ``config:`` model is built
     (default: this rank's GPU when ``on_gpu``, see ``config_placement``); other
@@ -188,7 +182,6 @@ def load_model(
     """
     from transformers import AutoConfig, AutoTokenizer
 
-    task = task or _default_task()
     auto_model = task.model_class()
     extra = dict(task_kwargs or {})
 
@@ -272,7 +265,7 @@ def _numel(p: Any) -> int:
 
 def _python_model(
     cfg: ModelConfig,
-    task: Task,
+    task: ModelTask,
     task_kwargs: Mapping[str, Any],
     search_path: Sequence[str],
     dtype: torch.dtype | str,
@@ -446,7 +439,7 @@ LORA_CONFIG = installed.Owner("peft", "LoraConfig")
 _LORA_NAMES = {"bias": "lora_bias"}
 
 
-def lora_config(cfg: PeftConfig, task: Task, head: list[str] | None = None) -> Any:
+def lora_config(cfg: PeftConfig, task: ModelTask, head: list[str] | None = None) -> Any:
     """The ``LoraConfig`` of ``cfg``, in the names the installed peft takes; ``head``: the
     modules trained in full when the scenario names none (a new classifier)."""
     from peft import LoraConfig
@@ -472,10 +465,9 @@ def lora_config(cfg: PeftConfig, task: Task, head: list[str] | None = None) -> A
         raise installed.Refused(LORA_CONFIG, str(exc), "LoRA settings") from None
 
 
-def apply_peft(model: Any, cfg: PeftConfig, *, quantized: bool, task: Task | None = None) -> Any:
+def apply_peft(model: Any, cfg: PeftConfig, *, quantized: bool, task: ModelTask) -> Any:
     if cfg.method is None:
         return model
-    task = task or _default_task()
     from peft import get_peft_model, prepare_model_for_kbit_training
 
     available = linear_module_names(model)

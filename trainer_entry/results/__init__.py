@@ -1,1 +1,2 @@
-"""What a run leaves behind: the result of a finished run, or the failure of one that did not finish."""
+"""What a run leaves behind: eval's figures, the result of a finished run, or the failure
+of one that did not finish."""

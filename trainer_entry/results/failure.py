@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from orchestrator.contract.outcome import Status, looks_like_oom
+from orchestrator.contract.outcome import Status
 from orchestrator.contract.result import (
     LAUNCH_ID_ENV,
     ChildResult,
@@ -19,16 +19,6 @@ from orchestrator.contract.result import (
 )
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.spec_errors import SpecError
-
-
-def is_oom(exc: BaseException) -> bool:
-    """Out of memory by the same patterns the parent reads a stderr with."""
-    if isinstance(exc, MemoryError):
-        return True
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
-        return True
-    return looks_like_oom(f"{type(exc).__name__}: {exc}")
 
 
 def describe(exc: BaseException) -> str:

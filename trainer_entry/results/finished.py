@@ -23,6 +23,7 @@ from orchestrator.contract.result import (
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.backends import get_backend
 from trainer_entry.backends.trainer_protocol import TrainerBackend, TrainSettings
+from trainer_entry.measure.engine import EngineRecord, partitioned_flops_problem, zero3_build_note
 from trainer_entry.measure.flops import (
     FlopsUnavailable,
     compute_mode,
@@ -42,8 +43,7 @@ from trainer_entry.measure.steps import (
     loss_summary,
     summarize,
 )
-from trainer_entry.run.engine import EngineRecord, partitioned_flops_problem, zero3_build_note
-from trainer_entry.run.evaluate import EVAL_FIGURES, EvalResult, loss_trend
+from trainer_entry.results.evaluate import EVAL_FIGURES, EvalResult, loss_trend
 from trainer_entry.settings import installed
 from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.tasks.task_protocol import Task
@@ -191,7 +191,7 @@ def build_result(
 ) -> ChildResult:
     """The result of a finished run, from every rank's records (``ranks``, ``stage_memory``).
 
-    ``engine``: what trained (``trainer_entry.run.engine``); its devices per process
+    ``engine``: what trained (``trainer_entry.measure.engine``); its devices per process
     make the device count (``DataParallel``: one process, several GPUs), which the
     batch and the per-device figures count, not the processes. ``backend``: the
     run's (default: the one ``parsed`` names).

@@ -1,1 +1,2 @@
-"""One run's steps in order: devices and engine, model, data, the backend's trainer, eval, the result."""
+"""One run's steps in order: the spec's arguments parsed and checked before the stack loads,
+then devices, model, data, the backend's trainer, eval and the result (``train``)."""

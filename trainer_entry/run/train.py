@@ -20,6 +20,17 @@ from orchestrator.contract.result import ChildResult, timestamp, write_result
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.backends import backend_name, get_backend
 from trainer_entry.backends.trainer_protocol import BuiltTrainer, TrainerBackend, TrainSettings
+from trainer_entry.measure.engine import (
+    EngineRecord,
+    built_by_zero_init,
+    check_devices,
+    check_engine,
+    configured_type,
+    devices_per_process,
+    engine_record,
+    running_type,
+    seed_before_load,
+)
 from trainer_entry.measure.hooks import StepHooks
 from trainer_entry.measure.memory import MemoryCounters, memory_stages, peak_rss_bytes
 from trainer_entry.measure.profile import (
@@ -32,20 +43,9 @@ from trainer_entry.measure.progressfile import ProgressFile
 from trainer_entry.measure.steadystop import SteadyStop, steady_stop, with_step_cap
 from trainer_entry.measure.steps import RankStats, StepRecorder
 from trainer_entry.models.load import LoadedModel, config_placement, fsdp_loading, load_model
+from trainer_entry.results.evaluate import evaluate
 from trainer_entry.results.finished import build_result
-from trainer_entry.run.engine import (
-    EngineRecord,
-    built_by_zero_init,
-    check_devices,
-    check_engine,
-    configured_type,
-    devices_per_process,
-    engine_record,
-    running_type,
-    seed_before_load,
-)
-from trainer_entry.run.evaluate import evaluate
-from trainer_entry.settings.parse import check_launch_env, parse_arguments
+from trainer_entry.run.parse import check_launch_env, parse_arguments
 from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.spec_errors import SpecError
 from trainer_entry.tasks import get_task, task_name

@@ -1,1 +1,2 @@
-"""What a run is asked to do: its spec's arguments parsed, checked before the stack loads, and named as the installed libraries name them."""
+"""What a run is set to do: the setting types it is parsed into, and each setting under
+the name the installed libraries take it by."""

@@ -2,7 +2,7 @@
 and eval settings, and the trainer backend's own arguments (``ParsedArguments``).
 
 Plain types that import nothing else of the child, so every stage of a run can
-name them; ``trainer_entry.settings.parse`` fills them from a spec.
+name them; ``trainer_entry.run.parse`` fills them from a spec.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class MeasureConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Eval after training (``trainer_entry.run.evaluate``), on a held-out split of the data."""
+    """Eval after training (``trainer_entry.results.evaluate``), on a held-out split of the data."""
 
     #: ``eval: true``: hold out part of the prepared data and evaluate on it after training
     enabled: bool = False

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from trainer_entry.models.for_task import ModelTask
+
 if TYPE_CHECKING:
     import torch
 
@@ -44,34 +46,18 @@ class TaskData:
     eval_examples: Any = None
 
 
-class Task(Protocol):
-    #: the task's name, as a scenario writes it
-    name: str
+class Task(ModelTask, Protocol):
+    """A task: what loading its model needs (``ModelTask``: its name, modality, model
+    class, LoRA's task type and head), and what training and measuring it need."""
+
     #: what one sample is, for samples/s (``sequences``, ``images``)
     sample_unit: str
-    #: ``text``: a tokenizer comes with the model; ``image``: pixels, no tokenizer
-    modality: str
-    #: the embedded tiny model whose tokenizer a model built here (``config:``,
-    #: ``python:``) takes unless the scenario names one; None: no tokenizer
-    tokenizer_model: str | None
     #: False: the model's loss is a mean over the micro-batch whatever item count the
     #: trainer passes it, so the trainer must scale the loss for accumulation itself
     loss_counts_items: bool
 
-    def model_class(self) -> Any:
-        """The transformers auto class a model of this task is loaded as."""
-        ...
-
     def model_kwargs(self, parsed: ParsedArguments) -> dict[str, Any]:
         """Keyword arguments the model class needs from the data (``num_labels``, ...)."""
-        ...
-
-    def peft_task_type(self) -> str | None:
-        """PEFT's ``task_type`` under LoRA (None: a plain ``PeftModel``)."""
-        ...
-
-    def head_modules(self, model: Any) -> list[str]:
-        """Modules trained in full under LoRA (a new classifier head); [] for none."""
         ...
 
     def prepare(

@@ -17,7 +17,7 @@ from trainer_entry.data.sources import LOCAL_SUFFIXES
 from trainer_entry.models.custom import check_findable
 from trainer_entry.models.kinds import model_kind
 from trainer_entry.models.resolve import resolve
-from trainer_entry.settings.parse import parse_arguments
+from trainer_entry.run.parse import parse_arguments
 from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.spec_errors import SpecError
 
