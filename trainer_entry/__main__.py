@@ -1,9 +1,17 @@
-"""``python -m trainer_entry --spec SPEC``: one training run, measured.
+"""``python -m trainer_entry --spec SPEC [--spec SPEC ...]``: training runs, measured.
 
 Normally started by the orchestrator through ``accelerate launch``; it runs by
 hand too. Exit code 0 and ``result.json`` with status ``ok`` on success; on an
 error, a result with status ``failed`` (or ``oom``), a one-line error on
 stderr and a non-zero exit code.
+
+Several specs are one launch: their runs one after another in this process,
+the training stack imported once. Each run loads its own model, data, trainer
+and optimizer and writes its own result; the first pays the imports
+(``interpreter_start_s``, ``import_s``), and a later one's
+``time_to_first_step_s`` counts from its own start. A run that does not finish
+ends the launch: the specs after it are left without a result, to be launched
+afresh.
 """
 
 import time
@@ -22,6 +30,7 @@ EPILOG = """\
 Examples:
   python -m trainer_entry --spec results/runs/<experiment_id>/spec.json
   accelerate launch --cpu --num_processes 1 -m trainer_entry --spec spec.json
+  python -m trainer_entry --spec a/spec.json --spec b/spec.json   (one launch, two runs)
 
 A minimal spec, written by hand:
   {"arguments": {"model_name_or_path": "tiny-llama", "max_steps": 5,
@@ -87,34 +96,55 @@ def _main(argv: "list[str] | None") -> int:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--spec", required=True, type=Path, help="the run's spec.json")
+    parser.add_argument(
+        "--spec",
+        required=True,
+        type=Path,
+        action="append",
+        help="a run's spec.json; given again, the runs share this launch, in order",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
 
     from orchestrator.contract.errors import UserError
-    from orchestrator.contract.spec import read_spec
+    from orchestrator.contract.spec import RunSpec, read_spec
 
+    specs: list[RunSpec] = []
     try:
-        spec = read_spec(args.spec)
+        specs = [read_spec(path) for path in args.spec]
     except UserError as exc:
         print(f"trainer_entry: error: {exc}", file=sys.stderr)
         return 2
 
+    process_start = _process_start()
+    timings: dict[str, float] = {"interpreter_start_s": _WALL_START - process_start}
+    for spec in specs:
+        code = _one_run(spec, timings, process_start)
+        if code != 0:
+            return code
+        # the next run of the launch: the imports are paid, its clock starts now
+        timings, process_start = {}, time.time()
+    return 0
+
+
+def _one_run(spec: Any, timings: dict[str, float], process_start: float) -> int:
+    """One spec's run (``spec``: a ``RunSpec``); its exit code."""
     from orchestrator.contract.outcome import Status
     from trainer_entry.measure.memory import is_oom
     from trainer_entry.results.failure import write_failure
 
-    process_start = _process_start()
-    timings: dict[str, float] = {"interpreter_start_s": _WALL_START - process_start}
     try:
         from trainer_entry.run.preflight import preflight
 
         preflight(spec)
         t = time.perf_counter()
+        imported = "trainer_entry.run.train" in sys.modules
         from trainer_entry.run import train
 
         backend = train.load_backend(spec)  # its training stack, timed with the rest
-        timings["import_s"] = time.perf_counter() - t
+        if not imported:
+            timings["import_s"] = time.perf_counter() - t
+        train.between_runs()
         train.run(spec, timings, process_start, backend)
         return 0
     except KeyboardInterrupt as exc:

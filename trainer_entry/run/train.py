@@ -88,6 +88,16 @@ def load_backend(spec: RunSpec) -> TrainerBackend:
     return get_backend(backend_name(spec.arguments, task_name(spec.arguments)))
 
 
+def between_runs() -> None:
+    """Free what an earlier run of this launch left (its model, optimizer and data are
+    unreferenced once it returned) and reset the GPU peaks, so a run's memory is its own."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+        # this rank's device only: touching the others would give each a context
+        torch.cuda.reset_peak_memory_stats()
+
+
 def run(
     spec: RunSpec,
     timings: dict[str, float],
