@@ -55,30 +55,35 @@ def run_in_own_group(
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
+def child_argv(specs: list[Path], *, processes: int, port: int) -> list[str]:
+    """The child's command on ``specs`` (one launch); ``processes`` 0 runs it bare, else
+    under accelerate launch (1: ``--cpu``; more: gloo DDP)."""
+    flags = [arg for spec in specs for arg in ("--spec", str(spec))]
+    if processes == 0:
+        return [sys.executable, "-m", "trainer_entry", *flags]
+    flag = "--cpu" if processes == 1 else "--multi_gpu"
+    return [
+        *ACCELERATE,
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        str(port),
+        flag,
+        "-m",
+        "trainer_entry",
+        *flags,
+    ]
+
+
 def run_child(
     tmp: Path, arguments: dict, *, processes: int = 0, port: int = 29710, **spec: object
 ) -> tuple[subprocess.CompletedProcess[str], dict]:
     """Run the child on a spec; ``processes`` 0 runs it bare, else under accelerate launch."""
     spec_path = tmp / "spec.json"
     spec_path.write_text(json.dumps({"arguments": arguments, "device": "cpu", **spec}))
-    if processes == 0:
-        argv = [sys.executable, "-m", "trainer_entry", "--spec", str(spec_path)]
-    else:
-        flag = "--cpu" if processes == 1 else "--multi_gpu"
-        argv = [
-            *ACCELERATE,
-            "--num_processes",
-            str(processes),
-            "--num_machines",
-            "1",
-            "--main_process_port",
-            str(port),
-            flag,
-            "-m",
-            "trainer_entry",
-            "--spec",
-            str(spec_path),
-        ]
+    argv = child_argv([spec_path], processes=processes, port=port)
     proc = run_in_own_group(argv, env=child_env(), cwd=tmp, timeout=300)
     result_path = tmp / "result.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {}

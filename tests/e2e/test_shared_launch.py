@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from test_child import ACCELERATE, child_env, run_in_own_group
+from test_child import child_argv, child_env, run_in_own_group
 
 pytestmark = pytest.mark.e2e
 
@@ -22,23 +21,7 @@ def _spec(folder: Path, **arguments: object) -> Path:
 
 
 def _launch(cwd: Path, specs: list[Path], *, processes: int, port: int = 29740):
-    flags = ["--spec" if i % 2 == 0 else str(specs[i // 2]) for i in range(2 * len(specs))]
-    if processes == 0:
-        argv = [sys.executable, "-m", "trainer_entry", *flags]
-    else:
-        argv = [
-            *ACCELERATE,
-            "--num_processes",
-            str(processes),
-            "--num_machines",
-            "1",
-            "--main_process_port",
-            str(port),
-            "--cpu" if processes == 1 else "--multi_gpu",
-            "-m",
-            "trainer_entry",
-            *flags,
-        ]
+    argv = child_argv(specs, processes=processes, port=port)
     return run_in_own_group(argv, env=child_env(), cwd=cwd, timeout=600)
 
 
