@@ -24,7 +24,10 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+if TYPE_CHECKING:
+    from orchestrator.contract.spec import RunSpec
 
 EPILOG = """\
 Examples:
@@ -107,9 +110,8 @@ def _main(argv: "list[str] | None") -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
     from orchestrator.contract.errors import UserError
-    from orchestrator.contract.spec import RunSpec, read_spec
+    from orchestrator.contract.spec import read_spec
 
-    specs: list[RunSpec] = []
     try:
         specs = [read_spec(path) for path in args.spec]
     except UserError as exc:
@@ -118,8 +120,8 @@ def _main(argv: "list[str] | None") -> int:
 
     process_start = _process_start()
     timings: dict[str, float] = {"interpreter_start_s": _WALL_START - process_start}
-    for spec in specs:
-        code = _one_run(spec, timings, process_start)
+    for position, spec in enumerate(specs):
+        code = _one_run(spec, timings, process_start, first=position == 0)
         if code != 0:
             return code
         # the next run of the launch: the imports are paid, its clock starts now
@@ -127,8 +129,11 @@ def _main(argv: "list[str] | None") -> int:
     return 0
 
 
-def _one_run(spec: Any, timings: dict[str, float], process_start: float) -> int:
-    """One spec's run (``spec``: a ``RunSpec``); its exit code."""
+def _one_run(
+    spec: "RunSpec", timings: dict[str, float], process_start: float, *, first: bool
+) -> int:
+    """One spec's run; its exit code. ``first``: the launch's first run, which pays the
+    imports; a later one starts by freeing what the run before it left."""
     from orchestrator.contract.outcome import Status
     from trainer_entry.measure.memory import is_oom
     from trainer_entry.results.failure import write_failure
@@ -138,13 +143,13 @@ def _one_run(spec: Any, timings: dict[str, float], process_start: float) -> int:
 
         preflight(spec)
         t = time.perf_counter()
-        imported = "trainer_entry.run.train" in sys.modules
         from trainer_entry.run import train
 
         backend = train.load_backend(spec)  # its training stack, timed with the rest
-        if not imported:
+        if first:
             timings["import_s"] = time.perf_counter() - t
-        train.between_runs()
+        else:
+            train.between_runs()
         train.run(spec, timings, process_start, backend)
         return 0
     except KeyboardInterrupt as exc:

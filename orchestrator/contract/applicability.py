@@ -243,8 +243,9 @@ def unknown_argument(
     if fields is None:
         fields = training_fields()
         for t in TRAINERS:
-            if (backend is None or t.name == backend) and own_fields(t.name):
-                fields |= own_fields(t.name)
+            own = own_fields(t.name) if backend is None or t.name == backend else frozenset()
+            if own:
+                fields |= own
                 classes.append(t.config_class)
     known = OWN_KEYS | REPLACED.keys() | RENAMED.keys() | DROPPED.keys() | CONTROLLED
     if key in known or key in fields:

@@ -66,8 +66,9 @@ def _json(path: Path) -> dict[str, Any] | None:
 
 def _csv_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a CSV table, after the ``#`` lines that may open it (``_comment_lines``)."""
+    comments = _comment_lines(path)
     with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(itertools.dropwhile(lambda line: line.startswith("#"), f))
+        reader = csv.DictReader(itertools.islice(f, comments, None))
         rows = list(reader)
     for number, row in enumerate(rows, 1):
         if None in row:  # DictReader's key for the fields past the header's

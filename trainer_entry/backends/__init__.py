@@ -36,7 +36,7 @@ def backend_name(arguments: Mapping[str, Any], task: str = DEFAULT_TASK) -> str:
     if name is None:
         return default_backend(task)
     if not isinstance(name, str) or trainer(name) is None:
-        raise SpecError(f"{BACKEND_KEY} must be one of {', '.join(trainer_names())}, got {name!r}")
+        raise _unknown(name)
     runs = task_backends(task)
     if runs and name not in runs:
         raise SpecError(
@@ -49,7 +49,12 @@ def get_backend(name: str) -> TrainerBackend:
     """An instance of backend ``name``; imports its module (and its training stack)."""
     declared = trainer(name)
     if declared is None:
-        raise SpecError(f"{BACKEND_KEY} must be one of {', '.join(trainer_names())}, got {name!r}")
+        raise _unknown(name)
     module, _, cls = declared.implementation.partition(":")
     backend: TrainerBackend = getattr(importlib.import_module(module), cls)()
     return backend
+
+
+def _unknown(name: object) -> SpecError:
+    """The refusal of a ``trainer`` value no declared backend has."""
+    return SpecError(f"{BACKEND_KEY} must be one of {', '.join(trainer_names())}, got {name!r}")
