@@ -36,6 +36,9 @@
 #                             MEASURE_PRECISION (default 0.02: ±2%), after at least
 #                             MEASURE_MIN_STEPS measured steps (10), at most
 #                             MEASURE_MAX_STEPS steps (200)
+#   LAUNCH=cell|family        a launch per experiment (default; the file's launch:), or
+#                             one launch per family: its experiments one after another,
+#                             the start-up paid once (as --launch family)
 #   MEMORY_LOGGING=all|nvidia|huggingface|hf-tracker   what measures memory (default: all)
 #   EFFECTIVE_BS_MATRIX="4 8" effective batch sizes (default: the scenarios file's)
 #   DEVICE=auto|gpu|cpu       plan for GPUs or the CPU (default: auto)
@@ -150,6 +153,10 @@ case "${EXECUTOR:-local}" in
     local | packed | slurm | ray) ;;
     *) die "EXECUTOR must be local, packed, slurm or ray, got '${EXECUTOR}'" ;;
 esac
+case "${LAUNCH:-}" in
+    "" | cell | family) ;;
+    *) die "LAUNCH must be cell or family, got '${LAUNCH}'" ;;
+esac
 
 if flag DRY_RUN; then
     exec "$PYTHON" -m orchestrator plan "${args[@]}" --commands
@@ -161,4 +168,5 @@ if flag NO_DATA_PROCESSING; then run_args+=(--no-data-processing); fi
 if [ -n "${PRUNE:-}" ] && ! flag PRUNE; then run_args+=(--no-prune); fi
 if [ -n "${STOP_EARLY:-}" ] && ! flag STOP_EARLY; then run_args+=(--no-stop-early); fi
 if [ -n "${CHECK:-}" ] && ! flag CHECK; then run_args+=(--no-check); fi
+[ -z "${LAUNCH:-}" ] || run_args+=(--launch "$LAUNCH")
 exec "$PYTHON" -m orchestrator run "${args[@]}" "${run_args[@]}"

@@ -257,6 +257,7 @@ def run(
     prune: bool = True,
     stop_early: bool = True,
     check: bool = True,
+    launch: str | None = None,
     **plan_options: Any,
 ) -> RunResult:
     """Run a plan (or plan ``scenarios`` first, with ``plan_options``) into ``results``.
@@ -271,9 +272,11 @@ def run(
     experiment, even one certain to run out of memory (``--no-prune``). ``stop_early=False``:
     launch every experiment like two cells that already failed with the same error
     (``--no-stop-early``). ``check=False``: launch without checking every cell against the
-    installed libraries first (``--no-check``).
+    installed libraries first (``--no-check``). ``launch="family"``: the experiments of
+    one family share a launch (``--launch family``; default: the file's ``launch:``,
+    else ``cell``).
     """
-    from orchestrator.config.values import MEMORY_LOGGING
+    from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
     from orchestrator.executors import registry
     from orchestrator.executors.packed import PackedExecutor
     from orchestrator.job.execute import RunOptions
@@ -285,6 +288,8 @@ def run(
         raise UserError(
             f"memory_logging must be one of {', '.join(MEMORY_LOGGING)}, got {memory_logging!r}"
         )
+    if launch is not None and launch not in LAUNCH_MODES:
+        raise UserError(f"launch must be one of {', '.join(LAUNCH_MODES)}, got {launch!r}")
     if slots > 1 and not pack:
         raise UserError("slots only has a meaning with pack=True")
     if isinstance(scenarios, Plan):
@@ -297,6 +302,7 @@ def run(
     else:
         config, the_plan = _load_and_plan(scenarios, plan_options)
         usd_per_gpu_hour = usd_per_gpu_hour or config.usd_per_gpu_hour
+        launch = launch or config.launch
     chosen = PackedExecutor(slots=slots) if pack else registry.get(executor).default()
     require(the_plan.experiments, chosen.name)
     options = RunOptions(
@@ -310,6 +316,7 @@ def run(
         report=report,
         prune=prune,
         stop_early=stop_early,
+        launch=launch or "cell",
     )
     root = Path(results)
     preflight(chosen, the_plan, ResultsLayout(root), options)

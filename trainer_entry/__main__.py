@@ -110,6 +110,7 @@ def _main(argv: "list[str] | None") -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
     from orchestrator.contract.errors import UserError
+    from orchestrator.contract.launch import marker
     from orchestrator.contract.spec import read_spec
 
     try:
@@ -121,12 +122,19 @@ def _main(argv: "list[str] | None") -> int:
     process_start = _process_start()
     timings: dict[str, float] = {"interpreter_start_s": _WALL_START - process_start}
     for position, spec in enumerate(specs):
+        if len(specs) > 1:  # where the parent cuts the launch's logs into the runs' own
+            _mark(marker(position + 1, len(specs), spec.experiment_id))
         code = _one_run(spec, timings, process_start, first=position == 0)
         if code != 0:
             return code
         # the next run of the launch: the imports are paid, its clock starts now
         timings, process_start = {}, time.time()
     return 0
+
+
+def _mark(line: str) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        print(line, file=stream, flush=True)
 
 
 def _one_run(

@@ -17,7 +17,7 @@ from orchestrator.cli.common import (
     plan_from_args,
 )
 from orchestrator.config.scenarios import BenchConfig
-from orchestrator.config.values import MEMORY_LOGGING
+from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
 from orchestrator.contract.outcome import (
     NOT_LAUNCHED_PREFIX,
     PRUNED_PREFIX,
@@ -97,6 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         report=not args.no_report,
         prune=not args.no_prune,
         stop_early=not args.no_stop_early,
+        launch=args.launch or planned.config.launch or "cell",
     )
     # everything the executor would refuse later, refused here, before a folder is touched
     preflight(executor, plan, planned.layout, options)
@@ -198,6 +199,15 @@ def add_parser(sub: Any) -> None:
         help="launch every experiment; by default, once one runs out of memory, those of its "
         "family that need at least as much memory are recorded as pruned, not launched "
         "(PRUNE=false)",
+    )
+    g.add_argument(
+        "--launch",
+        choices=LAUNCH_MODES,
+        default=None,
+        help="cell: a launch per experiment (the default); family: the experiments that "
+        "share model, task, trainer, framework, GPU count, dtype and interpreter run one "
+        "after another in one launch, paying its start-up once (the file's launch:; "
+        "LAUNCH=family)",
     )
     g.add_argument(
         "--no-check",

@@ -137,6 +137,8 @@ class BenchConfig:
     data_processing: Mapping[str, Any] | None
     scenarios: tuple[Scenario, ...]
     timeout_s: float | None = None
+    #: the file's ``launch:`` (None: not set; the command line's ``--launch`` wins)
+    launch: str | None = None
     usd_per_gpu_hour: float | None = None
     #: the executors' sections of the file that it has, by executor name (``<executor>:``)
     executors: Mapping[str, BaseModel] = field(default_factory=dict)
@@ -562,6 +564,7 @@ def load_config(
         data_processing=data,
         scenarios=tuple(scenarios),
         timeout_s=model.timeout_s,
+        launch=model.launch,
         usd_per_gpu_hour=model.cost.usd_per_gpu_hour if model.cost else None,
         executors={
             name: getattr(model, name)

@@ -142,6 +142,8 @@ class ScenariosFileModel(_Strict):
     accelerate_config: str | None = None
     #: time limit of each experiment, in seconds (a scenario may set its own)
     timeout_s: PositiveFloat | None = None
+    #: ``family``: the experiments of one family share a launch (``--launch``)
+    launch: Literal["cell", "family"] | None = None
     cost: CostModel | None = None
     frameworks: dict[str, FrameworkModel] = {}
     matrix: MatrixModel = MatrixModel()

@@ -24,6 +24,10 @@ AXES = ("effective_batch_size", "max_seq_len", "packing")
 #: Keys that are not trainer arguments and so may not appear in ``arguments``.
 RESERVED_ARGUMENTS = ("num_gpus", "repeat", "repeats")
 
+#: ``--launch`` / the file's ``launch:``: a launch per experiment (the default), or the
+#: experiments of one family one after another in one launch
+LAUNCH_MODES = ("cell", "family")
+
 #: The framework label used for "no overlay" (``null`` in ``framework_config``).
 NO_FRAMEWORK = "none"
 

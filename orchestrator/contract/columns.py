@@ -225,6 +225,8 @@ TRAIN_RUNTIME = "train_runtime"
 JOB_S = "job_s"
 #: the parent's wall time of the experiment, its retries and waits included
 WALL_S = "wall_s"
+#: a launch's cost before training, paid once however many rows shared it
+LAUNCH_OVERHEAD = "launch_overhead_s"
 #: the tokens of the prepared dataset: one epoch
 DATA_TOKENS = "data_tokens"
 #: how busy the GPUs were
@@ -650,6 +652,12 @@ _DECLARED: tuple[Column, ...] = (
     _outcome("packed_with"),
     _outcome("executor"),
     _outcome("job_id", aliases=("slurm_job_id",)),
+    # the launch a row ran in (--launch family: several rows share one), its place there
+    # and size, and its cost before training, paid once per launch (the same on its rows)
+    _outcome("launch_id"),
+    _outcome("launch_position", "count"),
+    _outcome("launch_size", "count"),
+    _outcome(LAUNCH_OVERHEAD, "s", aggregate="median", better="lower"),
     # an environment's versions as the plan found them (python and the training stack),
     # and, where the child's result reports other versions (the interpreter changed
     # between plan and run), which: the plan's against the child's, set where the row is

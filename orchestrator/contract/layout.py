@@ -206,6 +206,7 @@ class ResultsLayout:
             self.summary_md,
             self.plots,
             self.runs,
+            self.launches,
             self.scaling_csv,
             self.compare_csv,
             self.compare_md,
@@ -218,6 +219,23 @@ class ResultsLayout:
     def kept(self) -> tuple[Path, ...]:
         """What stays when a run is moved aside: the prepared-data cache and the history."""
         return (self.data, self.history)
+
+    @property
+    def launches(self) -> Path:
+        """Where launches shared by several experiments keep their own files
+        (``--launch family``: ``launches/<launch_id>/``)."""
+        return self.root / "launches"
+
+    def launch(self, launch_id: str) -> NodeFiles:
+        """The whole output of one shared launch: its logs, the sidecar's samples and
+        log (each experiment of it gets its own slice in its run folder)."""
+        folder = self.launches / _component(launch_id)
+        return NodeFiles(
+            folder / "stdout.log",
+            folder / "stderr.log",
+            folder / "memory.csv",
+            folder / "sidecar.log",
+        )
 
     def run(self, experiment_id: str) -> RunPaths:
         """The folder of one experiment; the id must be a single safe path component."""

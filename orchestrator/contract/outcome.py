@@ -132,13 +132,24 @@ class Outcome(BaseModel):
     gpu_device_name: str | None = None
     devices: list[str] = Field(default_factory=list)
     attempt: int = 1
-    #: ``alone`` or ``packed`` (with ``packed_with``: the jobs that ran beside it)
+    #: ``alone``, ``packed`` (with ``packed_with``: the jobs that ran beside it) or
+    #: ``shared`` (one launch after other experiments, or before them: ``launch_id``)
     run_mode: str = "alone"
     packed_with: list[str] = Field(default_factory=list)
     #: the name of the executor that ran it (``local``, ``packed``, ...)
     executor: str = "local"
     #: the executor's own id of the job, where it has one
     job_id: str | None = None
+    #: the launch it ran in (``accelerate launch``; ``shared``: with other experiments,
+    #: ``--launch family``), its 1-based place there and how many experiments it held
+    launch_id: str | None = None
+    launch_position: int | None = None
+    launch_size: int | None = None
+    #: what the launch cost before training, paid once however many experiments it held:
+    #: from the launch to the end of its first run's first step, less that run's model
+    #: load and first step (the launcher, the interpreter, the imports, the data, the
+    #: trainer's construction)
+    launch_overhead_s: float | None = None
 
     def as_dict(self, *, recorded_only: bool = False) -> dict[str, Any]:
         """Every field, as JSON values (what ``outcome.json`` holds).

@@ -55,6 +55,8 @@ class RunTimings(_Record):
     first_step_s: float | None = None
     #: from the process's start to the end of the first optimizer step
     time_to_first_step_s: float | None = None
+    #: when the first optimizer step ended (Unix time): the parent times its launch to it
+    first_step_unix: float | None = None
 
 
 class ChildMetrics(_Record):

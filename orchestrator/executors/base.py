@@ -378,6 +378,8 @@ class Executor(ABC):
     mode: ClassVar[str] = "exclusive"
     #: prefixes of the environment variables it sets in a job, recorded in ``env.json``
     env_prefixes: ClassVar[tuple[str, ...]] = ()
+    #: it runs a family's experiments in one launch when asked (``--launch family``)
+    shares_launches: ClassVar[bool] = False
 
     # -- the command line and the scenarios file --------------------------------
 

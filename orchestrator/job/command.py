@@ -53,8 +53,12 @@ def launch_argv(
     port: int,
     accelerate: Sequence[str] = ("accelerate", "launch"),
     site: LaunchSite | None = None,
+    later_specs: Sequence[Path] = (),
 ) -> list[str]:
     """``accelerate launch [flags] -m trainer_entry --spec SPEC`` as an argument list.
+
+    ``later_specs``: experiments of the same family that run after it in this launch
+    (``--launch family``), each another ``--spec``.
 
     On GPUs the accelerate config decides the distributed type (FSDP, DDP,
     DeepSpeed, or one DataParallel process: ``--num_processes`` is the cell's
@@ -87,6 +91,8 @@ def launch_argv(
         flag = cpu_launch_flag(experiment.accelerate, single=single)
         argv += [flag] if flag else []
     argv += ["-m", "trainer_entry", "--spec", str(spec)]
+    for later in later_specs:
+        argv += ["--spec", str(later)]
     return argv
 
 

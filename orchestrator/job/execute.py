@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -97,6 +97,10 @@ class RunOptions:
     #: out of memory, not a time limit), record the others like them as not launched
     #: (``--no-stop-early``; ``RunContext.failed_alike``)
     stop_early: bool = True
+    #: ``cell``: a launch per experiment; ``family``: the experiments of one family
+    #: (``orchestrator.matrix.launches``) one after another in one launch
+    #: (``orchestrator.job.shared``)
+    launch: str = "cell"
 
 
 class Interrupted(Exception):
@@ -318,6 +322,8 @@ class Launch:
     #: the first node writes the run's files and outcome, the others only their logs
     primary: bool
     timeout_s: float
+    #: names the launch on every node (``LAUNCH_ID_ENV``) and in the outcome
+    launch_id: str = ""
 
 
 def prepare_launch(
@@ -342,11 +348,12 @@ def prepare_launch(
         accelerate=accelerate_command(experiment.python),
         site=site,
     )
+    launch_id = placement.launch_id or uuid.uuid4().hex
     overlay, env = child_environment(
         experiment,
         placement.devices,
         cpu_share=placement.cpu_share,
-        launch_id=placement.launch_id,
+        launch_id=launch_id,
     )
     if primary:
         write_command_script(run.command, overlay, argv, Path.cwd())
@@ -356,6 +363,7 @@ def prepare_launch(
         files=run.node(site.machine_rank),
         primary=primary,
         timeout_s=timeout_for(experiment, options),
+        launch_id=launch_id,
     )
 
 
@@ -364,6 +372,8 @@ class Ran:
     """What launching and waiting found out."""
 
     started_at: str
+    #: when the job was started (Unix time): its launch overhead counts from here
+    launched_unix: float | None = None
     returncode: int | None = None
     job_s: float | None = None
     wall_s: float = 0.0
@@ -422,9 +432,10 @@ def launch_and_wait(
         files.sidecar_log.open("w") as side,
     ):
         try:
-            if _wants_sidecar(options):
+            if wants_sidecar(options):
                 ran.sidecar = start_sidecar(files.memory, devices, options.sidecar_interval_s, side)
             ran.oom_watch = oomkill.watch()  # the job inherits this process's cgroups
+            ran.launched_unix = time.time()
             ran.proc = subprocess.Popen(
                 launch.argv,
                 env=launch.env,
@@ -507,11 +518,29 @@ def build_outcome(
         # utilisation over the measured steps where the child's files say when they were
         windows = utilisation.run_windows(run.progress, run.result) if launch.primary else []
         outcome.memory = {**summarize(samples), **utilisation.summarize(samples, windows)}
-    elif _wants_sidecar(options):
+    elif wants_sidecar(options):
         outcome.memory_backend = "unavailable (the sidecar did not start; see stderr.log)"
     if placement.packed_with:
         outcome.run_mode, outcome.packed_with = "packed", sorted(placement.packed_with)
+    outcome.launch_id, outcome.launch_position, outcome.launch_size = launch.launch_id, 1, 1
+    if launch.primary and ran.launched_unix is not None:
+        outcome.launch_overhead_s = launch_overhead(read_result(run.result), ran.launched_unix)
     return outcome
+
+
+def launch_overhead(result: Mapping[str, Any] | None, launched_unix: float) -> float | None:
+    """A launch's cost before training, from its first run's result: from the launch to
+    the end of the run's first step, less the model's load and the first step itself
+    (``Outcome.launch_overhead_s``); None where the run did not say."""
+    timings = (result or {}).get("timings") or {}
+    first_step_unix = timings.get("first_step_unix")
+    if not isinstance(first_step_unix, (int, float)):
+        return None
+    load, first_step = timings.get("model_load_s"), timings.get("first_step_s")
+    if not isinstance(load, (int, float)) or not isinstance(first_step, (int, float)):
+        return None
+    overhead = float(first_step_unix) - launched_unix - load - first_step
+    return overhead if overhead >= 0 else None  # clocks that disagree: no figure
 
 
 def run_experiment(
@@ -568,7 +597,7 @@ def _host_oom(
     return oomkill.evidence(started, pids)
 
 
-def _wants_sidecar(options: RunOptions) -> bool:
+def wants_sidecar(options: RunOptions) -> bool:
     return MEMORY_LOGGING[options.memory_logging][0]
 
 

@@ -29,6 +29,7 @@ from orchestrator.contract.columns import (
     CPU_UTIL,
     GPU_UTIL,
     HF_TOKENS_PER_SECOND,
+    LAUNCH_OVERHEAD,
     PEAK_MEMORY,
     PEAK_MEMORY_SOURCE,
     SAMPLES_PER_SECOND,
@@ -157,6 +158,36 @@ def packed_note(rows: pd.DataFrame) -> list[str]:
         "not an exclusive machine's.",
         "",
     ]
+
+
+def shared_note(rows: pd.DataFrame) -> list[str]:
+    """A paragraph when experiments shared launches (``--launch family``): which, and what
+    each launch cost before training, paid once for all of its experiments."""
+    if "run_mode" not in rows.columns or "launch_id" not in rows.columns:
+        return []
+    shared = rows[rows["run_mode"].astype(str) == "shared"]
+    if shared.empty:
+        return []
+    lines = [
+        f"**Shared launches**: {len(shared)} of {len(rows)} experiment(s) ran one after "
+        f"another in {shared['launch_id'].nunique()} launch(es) of their family "
+        "(`--launch family`: same model, task, trainer, framework, processes, dtype and "
+        "interpreter; `launch_id` and `launch_position` in raw_summary.csv). Each launch paid "
+        "its start-up once (launcher, interpreter, imports, data, trainer: `launch_overhead_s`, "
+        "launch to first step less the model load and the first step); each experiment "
+        "loaded its own model and built its own optimizer and trainer, with the memory peaks "
+        "reset between them.",
+        "",
+        "| launch | experiments, in order | paid once, s |",
+        "|---|---|---|",
+    ]
+    for launch_id, group in shared.groupby("launch_id", sort=False):
+        group = group.sort_values("launch_position", kind="stable")
+        names = ", ".join(f"`{eid}`" for eid in group["experiment_id"].astype(str))
+        overhead = pd.to_numeric(group.get(LAUNCH_OVERHEAD), errors="coerce").dropna()
+        paid = f"{overhead.iloc[0]:.1f}" if len(overhead) else "–"
+        lines.append(f"| `{str(launch_id)[:8]}` | {names} | {paid} |")
+    return [*lines, ""]
 
 
 def not_launched_note(rows: pd.DataFrame) -> list[str]:
@@ -372,6 +403,7 @@ def summary_markdown(
         # first: what to run, per scenario, then across scenarios (results/recommend.py)
         *recommend.markdown(cells),
         *packed_note(rows),
+        *shared_note(rows),
         *not_launched_note(rows),
     ]
     lines += _capacity_lines(report)

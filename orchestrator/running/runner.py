@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.clock import now
+from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import ACCEPTABLE, Outcome, shown
 from orchestrator.contract.result import read_result
@@ -108,6 +109,11 @@ def preflight(executor: Executor, plan: Plan, layout: ResultsLayout, options: Ru
     def expected_s(experiment: Experiment) -> float | None:
         return history.longest_ok_job(layout.history, experiment.cell_id)
 
+    if options.launch == "family" and not executor.shares_launches:
+        raise UserError(
+            f"--launch family: the {executor.title} executor runs a launch per experiment; "
+            "run with the local executor, or --launch cell"
+        )
     executor.check(Preflight(plan.experiments, layout, options, expected_s))
 
 

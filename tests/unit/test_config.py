@@ -124,7 +124,8 @@ def test_unknown_key_names_path_and_allowed_keys(load) -> None:
 def test_unknown_top_level_key(load) -> None:
     message = _error(load, "scenario:\n  - name: a\n")
     assert message.endswith(
-        "scenarios.yaml:1: unknown key 'scenario'; allowed: accelerate_config, timeout_s, cost, slurm, ray, frameworks, "
+        "scenarios.yaml:1: unknown key 'scenario'; allowed: accelerate_config, timeout_s, launch, cost, slurm, ray, "
+        "frameworks, "
         "matrix, environments, data_processing, scenarios (and 1 more problem)"
     )
 

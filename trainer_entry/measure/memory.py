@@ -22,9 +22,45 @@ def is_oom(exc: BaseException) -> bool:
     return looks_like_oom(f"{type(exc).__name__}: {exc}")
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size (Linux reports KiB)."""
+#: whether this process's resident high-water mark is this run's: False once a reset
+#: between the runs of a shared launch failed (the mark then holds an earlier run's peak)
+_peak_rss_is_this_runs = True
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident set size since it started, or since the last
+    ``reset_peak_rss``; None when that reset failed (an earlier run's peak would show).
+
+    Linux's ``VmHWM`` (what ``reset_peak_rss`` resets), else ``ru_maxrss`` (KiB).
+    """
+    if not _peak_rss_is_this_runs:
+        return None
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def reset_peak_rss() -> None:
+    """Between the runs of a shared launch: hand freed heap back to the system (glibc's
+    ``malloc_trim``) and start the resident high-water mark again from the resident
+    size now (Linux's ``clear_refs``, since 4.0), so the next run's peak is its own."""
+    global _peak_rss_is_this_runs
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # another C library: its heap stays as it is, and the peak says so
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        _peak_rss_is_this_runs = False
 
 
 #: The prefixes of HF's GPU stage metrics, in the order the stages run.

@@ -32,7 +32,12 @@ from trainer_entry.measure.engine import (
     seed_before_load,
 )
 from trainer_entry.measure.hooks import StepHooks
-from trainer_entry.measure.memory import MemoryCounters, memory_stages, peak_rss_bytes
+from trainer_entry.measure.memory import (
+    MemoryCounters,
+    memory_stages,
+    peak_rss_bytes,
+    reset_peak_rss,
+)
 from trainer_entry.measure.profile import (
     ProfileOutcome,
     StepProfiler,
@@ -90,8 +95,9 @@ def load_backend(spec: RunSpec) -> TrainerBackend:
 
 def between_runs() -> None:
     """Free what an earlier run of this launch left (its model, optimizer and data are
-    unreferenced once it returned) and reset the GPU peaks, so a run's memory is its own."""
+    unreferenced once it returned) and reset the peaks, so a run's memory is its own."""
     gc.collect()
+    reset_peak_rss()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
         # this rank's device only: touching the others would give each a context
@@ -142,6 +148,7 @@ def run(
     if stats.first_step_s is not None and stats.first_step_end_unix is not None:
         timings["first_step_s"] = stats.first_step_s
         timings["time_to_first_step_s"] = stats.first_step_end_unix - process_start
+        timings["first_step_unix"] = stats.first_step_end_unix
     result = build_result(
         spec=spec,
         parsed=job.parsed,
