@@ -20,7 +20,8 @@ import memcgroup
 import psutil
 import pytest
 
-pytestmark = pytest.mark.e2e
+# a real kernel OOM kill in a memory cgroup (root): tox -e faults
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import memcgroup
 import pytest
 
-pytestmark = pytest.mark.e2e
+# a real kernel OOM kill in a memory cgroup (root): tox -e faults
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 REPO = Path(__file__).resolve().parents[2]
 LIMIT_BYTES = 2048 * 1024 * 1024
