@@ -107,10 +107,11 @@ def run_shared(
         member.run.dir.mkdir(parents=True, exist_ok=True)
         write_experiment_spec(member.experiment, member.run, layout, options)
         member.run.progress.unlink(missing_ok=True)
+    port = placement.port or free_port()
     argv = launch_argv(
         first,
         members[0].run.spec.resolve(),
-        port=placement.port or free_port(),
+        port=port,
         accelerate=accelerate_command(first.python),
         later_specs=[m.run.spec.resolve() for m in members[1:]],
     )
@@ -118,11 +119,17 @@ def run_shared(
         first, placement.devices, cpu_share=placement.cpu_share, launch_id=launch_id
     )
     write_command_script(files.stdout.parent / "command.sh", overlay, argv, Path.cwd())
-    watcher = _Watcher(members, layout, options, placement, files, launch_id, on_done)
     for member in members:  # each one's own command, to re-run it alone by hand
-        write_command_script(member.run.command, overlay, watcher.alone_argv(member), Path.cwd())
-    watcher.launch(argv, env, on_begin, on_tick, stop)
-    return list(members[watcher.current + 1 :]) if watcher.current < len(members) else []
+        alone = launch_argv(
+            member.experiment,
+            member.run.spec.resolve(),
+            port=port,
+            accelerate=accelerate_command(member.experiment.python),
+        )
+        write_command_script(member.run.command, overlay, alone, Path.cwd())
+    watcher = _Watcher(members, layout, options, placement, files, launch_id, on_begin, on_done)
+    watcher.launch(argv, env, on_tick, stop)
+    return list(members[watcher.current + 1 :])
 
 
 class _Watcher:
@@ -136,6 +143,7 @@ class _Watcher:
         placement: Placement,
         files: NodeFiles,
         launch_id: str,
+        on_begin: Callable[[Member], None],
         on_done: Callable[[Member, Outcome], None],
     ) -> None:
         self.members = list(members)
@@ -144,22 +152,15 @@ class _Watcher:
         self.placement = placement
         self.files = files
         self.launch_id = launch_id
+        self.on_begin = on_begin
         self.on_done = on_done
         self.windows: list[_Window] = []
-        #: the member running now (len(members) once every one has its outcome)
+        #: the member running now; once the launch ended, the last one it ran
         self.current = 0
         #: members whose result is in, waiting for their last samples to be written
         self.settling: list[int] = []
         self.overhead: float | None = None
         self.ran = Ran(started_at=now("milliseconds"))
-
-    def alone_argv(self, member: Member) -> list[str]:
-        return launch_argv(
-            member.experiment,
-            member.run.spec.resolve(),
-            port=self.placement.port or free_port(),
-            accelerate=accelerate_command(member.experiment.python),
-        )
 
     # -- the launch ----------------------------------------------------------------
 
@@ -167,12 +168,10 @@ class _Watcher:
         self,
         argv: list[str],
         env: dict[str, str],
-        on_begin: Callable[[Member], None],
         on_tick: Callable[[], None],
         stop: threading.Event | None,
     ) -> None:
         ran, files, options = self.ran, self.files, self.options
-        self.on_begin = on_begin
         with (
             files.stdout.open("w") as out,
             files.stderr.open("w") as err,
