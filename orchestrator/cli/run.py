@@ -32,6 +32,7 @@ _RUN_EXAMPLES = (
     'tunematrix run --results results/a100 --num-gpus "1 2" --filter standard-peft',
     "tunematrix run --resume --timeout 3600",
     "tunematrix run --usd-per-gpu-hour 2.5 --tokens 1e9",
+    "tunematrix run --launch family     (a family's experiments in one launch)",
 )
 
 
