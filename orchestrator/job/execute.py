@@ -416,12 +416,15 @@ def launch_and_wait(
     *,
     stop: threading.Event | None = None,
     on_tick: Callable[[], None] = lambda: None,
+    wait: Callable[[Ran], None] | None = None,
 ) -> Ran:
     """Step 2 and 3: start the sidecar and the job in its own process group, wait.
 
-    Whatever happens (the time limit, Ctrl-C, ``stop``, an exception here), the
-    ``finally`` stops the job's whole group (TERM, a grace period, KILL) and
-    the sidecar.
+    ``wait``: how to wait for the job instead of ``wait_with_limit`` (a shared launch
+    watches its runs one by one); it sets ``timed_out`` or ``interrupted`` on the
+    ``Ran`` it is given. Whatever happens (the time limit, Ctrl-C, ``stop``, an
+    exception here), the ``finally`` stops the job's whole group (TERM, a grace
+    period, KILL) and the sidecar.
     """
     ran = Ran(started_at=now("milliseconds"))
     start = time.monotonic()
@@ -446,9 +449,12 @@ def launch_and_wait(
             )
             if ran.sidecar is not None:
                 ran.sidecar.watch(ran.proc.pid)
-            ran.timed_out, ran.interrupted, ran.job_s = wait_with_limit(
-                ran.proc, launch.timeout_s, stop, on_tick
-            )
+            if wait is not None:
+                wait(ran)
+            else:
+                ran.timed_out, ran.interrupted, ran.job_s = wait_with_limit(
+                    ran.proc, launch.timeout_s, stop, on_tick
+                )
             if ran.interrupted:
                 ran.job_s = None  # stopped, not ended: the job's lifetime is not known
         except (KeyboardInterrupt, Interrupted):

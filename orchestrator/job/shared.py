@@ -23,15 +23,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from orchestrator.contract.clock import at, now
 from orchestrator.contract.launch import split_log
 from orchestrator.contract.layout import NodeFiles, ResultsLayout, RunPaths, write_atomic
 from orchestrator.contract.outcome import Outcome, Status, write_outcome
 from orchestrator.contract.result import read_result
-from orchestrator.job import oomkill, utilisation
+from orchestrator.job import utilisation
 from orchestrator.job.classify import classify
 from orchestrator.job.command import accelerate_command, launch_argv
 from orchestrator.job.execute import (
@@ -44,9 +45,8 @@ from orchestrator.job.execute import (
     child_environment,
     classify_run,
     free_port,
+    launch_and_wait,
     launch_overhead,
-    start_sidecar,
-    stop_group,
     timeout_for,
     wants_sidecar,
     write_command_script,
@@ -128,7 +128,15 @@ def run_shared(
         )
         write_command_script(member.run.command, overlay, alone, Path.cwd())
     watcher = _Watcher(members, layout, options, placement, files, launch_id, on_begin, on_done)
-    watcher.launch(argv, env, on_tick, stop)
+    launch = Launch(
+        argv=argv,
+        env=env,
+        files=files,
+        primary=True,
+        timeout_s=timeout_for(first, options),
+        launch_id=launch_id,
+    )
+    watcher.launch(launch, on_tick, stop)
     return list(members[watcher.current + 1 :])
 
 
@@ -160,58 +168,37 @@ class _Watcher:
         #: members whose result is in, waiting for their last samples to be written
         self.settling: list[int] = []
         self.overhead: float | None = None
-        self.ran = Ran(started_at=now("milliseconds"))
+        self.ran = Ran(started_at=now("milliseconds"))  # launch_and_wait's, once it starts
+        self.prepared: Launch | None = None
 
     # -- the launch ----------------------------------------------------------------
 
     def launch(
         self,
-        argv: list[str],
-        env: dict[str, str],
+        launch: Launch,
         on_tick: Callable[[], None],
         stop: threading.Event | None,
     ) -> None:
-        ran, files, options = self.ran, self.files, self.options
-        with (
-            files.stdout.open("w") as out,
-            files.stderr.open("w") as err,
-            files.sidecar_log.open("w") as side,
-        ):
-            try:
-                if wants_sidecar(options):
-                    ran.sidecar = start_sidecar(
-                        files.memory, self.placement.devices, options.sidecar_interval_s, side
-                    )
-                ran.oom_watch = oomkill.watch()
-                ran.launched_unix = time.time()
-                self._begin(ran.launched_unix, time.monotonic())
-                ran.proc = subprocess.Popen(
-                    argv,
-                    env=env,
-                    stdout=out,
-                    stderr=err,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-                if ran.sidecar is not None:
-                    ran.sidecar.watch(ran.proc.pid)
-                self._wait(ran.proc, on_tick, stop)
-            except (KeyboardInterrupt, Interrupted):
-                ran.interrupted = True
-            finally:
-                if ran.proc is not None:
-                    grace = min(options.grace_s, 5.0) if ran.interrupted else options.grace_s
-                    stop_group(ran.proc, grace)
-                if ran.sidecar is not None:
-                    ran.sidecar.stop()
-        ran.returncode = ran.proc.returncode if ran.proc is not None else None
+        """Start it (``launch_and_wait``, whose ``finally`` stops it), watch it, then give
+        the members it ran their outcomes; ``Interrupted`` after Ctrl-C or ``stop``."""
+        self.prepared = launch
+
+        def watch(ran: Ran) -> None:
+            self.ran = ran
+            assert ran.proc is not None and ran.launched_unix is not None
+            self._begin(ran.launched_unix, time.monotonic() - (time.time() - ran.launched_unix))
+            self._wait(ran.proc, on_tick, stop)
+
+        self.ran = launch_and_wait(
+            launch, self.options, self.placement.devices, stop=stop, on_tick=on_tick, wait=watch
+        )
         self._end()
-        if ran.interrupted:
+        if self.ran.interrupted:
             raise Interrupted("stopped")
 
     def _wait(
         self,
-        proc: subprocess.Popen[bytes],
+        proc: subprocess.Popen[Any],
         on_tick: Callable[[], None],
         stop: threading.Event | None,
     ) -> None:
@@ -288,15 +275,9 @@ class _Watcher:
             return
         member = self.members[index]
         # the evidence as a job of its own would give it: its result, the launch's exit
-        # code and stderr, the kernel's word on an OOM kill
-        launch = Launch(
-            argv=[],
-            env={},
-            files=self.files,
-            primary=True,
-            timeout_s=timeout_for(member.experiment, self.options),
-            launch_id=self.launch_id,
-        )
+        # code and stderr, the kernel's word on an OOM kill; its own time limit
+        assert self.prepared is not None
+        launch = replace(self.prepared, timeout_s=timeout_for(member.experiment, self.options))
         verdict = classify_run(member.run, launch, self.ran)
         outcome = self._outcome(index, verdict.status, verdict.error, self.ran.returncode)
         self._slices(index, self.windows[index].start_unix, time.time(), outcome)
