@@ -20,6 +20,8 @@ _WALL_START = time.time()  # before the heavy imports, to time them
 
 import argparse  # noqa: E402
 import os  # noqa: E402
+
+_PARENT = os.getppid()  # the launcher, read first: whether it is gone yet is checked later
 import signal  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
@@ -47,6 +49,9 @@ class Terminated(BaseException):
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
+    # once: a rank the launcher's stop reaches gets a second one as the launcher dies
+    # (``_die_with_launcher``), which must not cut the first one's failure record short
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated("stopped by SIGTERM")
 
 
@@ -108,6 +113,10 @@ def _main(argv: "list[str] | None") -> int:
     )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    from orchestrator.contract.result import LAUNCH_ID_ENV
+
+    if os.environ.get(LAUNCH_ID_ENV):
+        _die_with_launcher()
 
     from orchestrator.contract.errors import UserError
     from orchestrator.contract.launch import marker
@@ -130,6 +139,37 @@ def _main(argv: "list[str] | None") -> int:
         # the next run of the launch: the imports are paid, its clock starts now
         timings, process_start = {}, time.time()
     return 0
+
+
+#: prctl(2)'s option: the signal this process gets when its parent thread exits
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_launcher() -> None:
+    """Started by tunematrix: have the kernel end this process when its launcher dies.
+
+    torchrun (``accelerate launch --multi_gpu``) starts each rank in a session of its
+    own, out of reach of a stop that kills the launch's process group, and Ray's
+    cancel kills a task's worker and its children but not their children: a launcher
+    killed outright would leave its ranks training, on a GPU, with no one to end them.
+    A rank in a session of its own gets SIGKILL: its launcher passes SIGTERM on before
+    it dies, unless it was killed outright. One in the launcher's group (a single
+    process) gets SIGTERM, and ends as if stopped, its failure recorded. By hand (no
+    launch id) a run outlives its shell as any command does.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    death = signal.SIGKILL if os.getsid(0) == os.getpid() else signal.SIGTERM
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, death, 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != _PARENT:  # the launcher died before the request was made
+        os._exit(143)
 
 
 def _mark(line: str) -> None:
