@@ -167,6 +167,10 @@ class _Watcher:
         self.current = 0
         #: members whose result is in, waiting for their last samples to be written
         self.settling: list[int] = []
+        #: members with their outcome written (the first ones), and those said to begin:
+        #: a member is said to begin once those before it are said to end
+        self.written = 0
+        self.announced = 0
         self.overhead: float | None = None
         self.ran = Ran(started_at=now("milliseconds"))  # launch_and_wait's, once it starts
         self.prepared: Launch | None = None
@@ -226,7 +230,14 @@ class _Watcher:
 
     def _begin(self, start_unix: float, start_mono: float) -> None:
         self.windows.append(_Window(start_unix, start_mono))
-        self.on_begin(self.members[self.current])
+        self._announce()
+
+    def _announce(self) -> None:
+        """``on_begin`` for the members that began, each once those before it ended: the
+        next run starts before the last one's samples are in, its line comes after."""
+        while self.announced < len(self.windows) and self.announced <= self.written:
+            self.on_begin(self.members[self.announced])
+            self.announced += 1
 
     def _advance(self) -> None:
         """Members whose ok result is in end (all but the last: the launch's exit code
@@ -332,6 +343,8 @@ class _Watcher:
         member = self.members[index]
         write_outcome(member.run, outcome)
         self.on_done(member, outcome)
+        self.written = index + 1
+        self._announce()
 
     def _split_logs(self, upto: int | None = None) -> None:
         """Each member's part of the launch's stdout and stderr, in its own folder."""

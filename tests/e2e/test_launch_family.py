@@ -94,6 +94,13 @@ def test_a_shared_launch_measures_what_launches_of_their_own_do(tmp_path) -> Non
         assert float(row["mem_peak_rss_bytes"]) > 0
         assert f"run {position} of 3: {eid}" in run.joinpath("stderr.log").read_text()
         assert len(run.joinpath("memory.csv").read_text().splitlines()) > 2
+    # each run's progress lines in turn: the next starts once the last one's line is out
+    events = [
+        (words[1], words[2])
+        for words in (line.split() for line in shared.stderr.splitlines())
+        if len(words) > 2 and words[0].startswith("[") and words[1] in ("start", "ok")
+    ]
+    assert events == [(kind, eid) for eid in by_shared for kind in ("start", "ok")], events
     # the launch's start-up, paid once: on every row of the launch, and only the first
     # row's wall time holds it
     overheads = {r["launch_overhead_s"] for r in by_shared.values()}
