@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cli.common import Formatter, add_selection_args, plan_from_args
+from orchestrator.config.values import LAUNCH_MODES
 
 _PLAN_EPILOG = """\
 Examples:
   tunematrix plan
   tunematrix plan --scenarios scenarios.yaml --filter 'cpu-*' --output plan.csv
   tunematrix plan --device gpu --num-gpus "1 2 4" --effective-batch-size "8 16" --commands
+  tunematrix plan --device cpu --commands --launch family   (a command per launch)
   tunematrix plan --output - | column -s, -t
   tunematrix plan --results results/a100 --usd-per-gpu-hour 2.5   (cost from that history)
 
@@ -51,7 +53,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(*estimate_plan(plan.experiments, planned.layout.history).lines(price), sep="\n")
     if args.commands:
         print()
-        print(format_commands(plan.experiments, planned.layout))
+        launch = args.launch or planned.config.launch or "cell"
+        print(format_commands(plan.experiments, planned.layout, launch))
     if args.output:
         write_plan_csv(plan, Path(args.output))
         print(f"\nwrote {args.output}", file=sys.stderr)
@@ -72,6 +75,13 @@ def add_parser(sub: Any) -> None:
         "--commands",
         action="store_true",
         help="print the exact accelerate launch command of each experiment",
+    )
+    p.add_argument(
+        "--launch",
+        choices=LAUNCH_MODES,
+        default=None,
+        help="with --commands: a launch per experiment (cell) or per family (family); "
+        "default: the file's launch:, else cell",
     )
     p.add_argument(
         "--usd-per-gpu-hour",

@@ -16,6 +16,7 @@ from pathlib import Path
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.frameworks import cpu_launch_flag
+from orchestrator.matrix.launches import families
 
 #: Shown in a plan, where the real port is picked free at launch.
 PLAN_PORT = 29500
@@ -115,8 +116,11 @@ def job_env(experiment: Experiment, devices: Sequence[str]) -> dict[str, str]:
 # The preview's commands (``tunematrix plan --commands``)
 
 
-def command_for(experiment: Experiment, layout: ResultsLayout) -> tuple[dict[str, str], list[str]]:
-    """The environment overlay and argv that ``run`` will use (GPUs 0..N-1, plan port)."""
+def command_for(
+    experiment: Experiment, layout: ResultsLayout, later: Sequence[Experiment] = ()
+) -> tuple[dict[str, str], list[str]]:
+    """The environment overlay and argv that ``run`` will use (GPUs 0..N-1, plan port);
+    ``later``: the experiments of its family that follow it in the same launch."""
     devices = [str(i) for i in range(experiment.num_gpus)]
     env = job_env(experiment, devices)
     argv = launch_argv(
@@ -124,19 +128,30 @@ def command_for(experiment: Experiment, layout: ResultsLayout) -> tuple[dict[str
         layout.run(experiment.experiment_id).spec,
         port=PLAN_PORT,
         accelerate=accelerate_command(experiment.python),
+        later_specs=[layout.run(e.experiment_id).spec for e in later],
     )
     return env, argv
 
 
-def format_commands(experiments: Sequence[Experiment], layout: ResultsLayout) -> str:
+def format_commands(
+    experiments: Sequence[Experiment], layout: ResultsLayout, launch: str = "cell"
+) -> str:
+    """The preview's commands: one per experiment, or with ``launch="family"`` one per
+    family (``orchestrator.matrix.launches``), its experiments' specs in turn."""
     lines = [
-        "# The exact command of each experiment. At run time the scheduler picks the",
+        "# The exact command of each "
+        + ("launch" if launch == "family" else "experiment")
+        + ". At run time the scheduler picks the",
         f"# GPUs and a free --main_process_port (shown here as {PLAN_PORT}), and writes",
         "# runs/<experiment_id>/spec.json before launching.",
     ]
-    for e in experiments:
-        env, argv = command_for(e, layout)
-        lines.append(f"# {e.experiment_id}")
+    if launch == "family":
+        lines.append("# One launch per family: after a run that does not finish, the rest of its")
+        lines.append("# family are launched afresh (or pruned).")
+    groups = families(experiments) if launch == "family" else [[e] for e in experiments]
+    for group in groups:
+        env, argv = command_for(group[0], layout, later=group[1:])
+        lines.extend(f"# {e.experiment_id}" for e in group)
         lines.append(shlex.join(["env", *_env_words(env), *argv]))
     return "\n".join(lines)
 

@@ -138,6 +138,28 @@ def test_commands_are_exact_accelerate_launches(capsys) -> None:
         assert argv[argv.index("--config_file") + 1] == str(REPO / "accelerate-ddp.yaml")
 
 
+def test_commands_of_a_launch_per_family_run_its_specs_in_turn(capsys) -> None:
+    common = ("plan", *SHIPPED, "--device", "cpu", "--num-gpus", "1", "--commands")
+    code, out, _ = run_cli(capsys, *common, "--results", "res", "--launch", "family")
+    assert code == 0
+    launches: list[tuple[list[str], list[str]]] = []  # (ids named above it, its argv)
+    named: list[str] = []
+    for line in out.splitlines():
+        if line.startswith("# ") and "." in line and " " not in line[2:]:
+            named.append(line[2:])
+        elif line.startswith("env "):
+            launches.append((named, shlex.split(line)))
+            named = []
+    alone = _commands(run_cli(capsys, *common, "--results", "res")[1])
+    assert [eid for ids, _ in launches for eid in ids] == list(alone)  # each once, in order
+    assert [len(ids) for ids, _ in launches] == [5, 1]  # the sft family, then hf alone
+    for ids, argv in launches:
+        start = argv.index("trainer_entry") + 1
+        assert argv[start:] == [w for eid in ids for w in ("--spec", f"res/runs/{eid}/spec.json")]
+        # the command of its first experiment, the later ones' specs added
+        assert argv[:start] == alone[ids[0]][:start]
+
+
 def test_gpu_commands_leave_the_distributed_type_to_the_config(capsys) -> None:
     code, out, _ = run_cli(
         capsys,
