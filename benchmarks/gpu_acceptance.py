@@ -17,7 +17,11 @@ table, each check pass or fail:
 - the oversized cell ``oom`` and the next one ``pruned``;
 - the steady cell's tokens/s within 2% of the fixed-step cell's;
 - what ``MEMORY_LOGGING=hf-tracker`` costs in tokens/s against the default;
-- FSDP's time to first step at most 2x DDP's.
+- FSDP's time to first step at most 2x DDP's;
+- the same matrix again with one launch per family (``--launch family``): the wall
+  of running its cells against a launch per cell (reported), and per cell the
+  tokens/s, torch's reserved peak and the NVML peak within 2% of its own launch's,
+  and equal loss curves.
 
 The table goes to ``benchmarks/results/gpu_acceptance-<date>.md`` (and a
 ``.json`` beside it) with the device, the driver and the versions. On a machine
@@ -472,6 +476,86 @@ def checks(
     return out
 
 
+def shared_checks(
+    cell: dict[str, dict[str, Any]],
+    family: dict[str, dict[str, Any]],
+    cell_wall: float | None,
+    family_wall: float | None,
+) -> list[tuple[str, str, str, bool | None]]:
+    """One launch per family against a launch per cell, the same matrix: per experiment
+    (``bench_launch.read_runs`` records, with ``nvml_peak``) its figures within 2%."""
+    out: list[tuple[str, str, str, bool | None]] = [
+        (
+            "the matrix: running its cells, one launch per family vs one per cell",
+            f"{family_wall:.0f} vs {cell_wall:.0f} s ({family_wall / cell_wall:.2f}x)"
+            if family_wall and cell_wall
+            else "-",
+            "reported",
+            None,
+        )
+    ]
+    for eid, fresh in sorted(cell.items()):
+        shared = family.get(eid)
+        name = fresh.get("scenario") or eid
+        if shared is None:
+            out.append((f"{name}: shared launch", "missing", "a row", False))
+            continue
+        for key, label in (
+            ("tokens_per_second", "tokens/s"),
+            ("peak", f"peak ({fresh.get('peak_name')})"),
+            ("nvml_peak", "NVML peak"),
+        ):
+            a, b = shared.get(key), fresh.get(key)
+            out.append(
+                (
+                    f"{name}: {label}, shared vs own launch",
+                    f"{a / b:.3f}x ({a:,.0f} vs {b:,.0f})" if a and b else "-",
+                    "within 2%",
+                    within(a, b, 0.02),
+                )
+            )
+        equal = fresh.get("loss_history") == shared.get("loss_history")
+        out.append(
+            (
+                f"{name}: loss curve, shared vs own launch",
+                f"{'equal' if equal else 'differ'} "
+                f"(status {shared.get('status')} / {fresh.get('status')})",
+                "equal",
+                equal and bool(fresh.get("loss_history")),
+            )
+        )
+    return out
+
+
+def launch_records(results: Path) -> dict[str, dict[str, Any]]:
+    """Per experiment of a run: ``bench_launch.read_runs``'s record, its scenario and
+    NVML peak; empty when the run left no table."""
+    if not (results / "raw_summary.csv").exists():
+        return {}
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_launch import read_runs
+
+    records = read_runs(results)
+    with (results / "raw_summary.csv").open() as f:
+        for row in csv.DictReader(f):
+            record = records.get(row["experiment_id"])
+            if record is not None:
+                record["scenario"] = row.get("scenario")
+                record["nvml_peak"] = num(row, "mem_nvidia_peak_bytes_max")
+    return records
+
+
+def cells_wall(results: Path) -> float | None:
+    """``bench_launch.cells_wall``, None when nothing ran."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_launch import cells_wall as wall
+
+    try:
+        return wall(results)
+    except ValueError:  # no outcomes
+        return None
+
+
 def render(table: list[tuple[str, str, str, bool | None]], header: dict[str, Any]) -> str:
     lines = [f"# GPU acceptance run, {header['date']}", ""]
     lines += [f"- {k}: {v}" for k, v in header.items() if k != "date"]
@@ -522,9 +606,17 @@ def run(args: argparse.Namespace) -> int:
     if on_gpu:
         (work / "oom.yaml").write_text(oom_matrix(args, dataset))
         oom_rows = tunematrix(work, work / "oom.yaml", work / "oom", "--device", device)
+    # the same matrix, one launch per family: what it saves, and that it measures the same
+    tunematrix(work, work / "main.yaml", work / "shared", "--device", device, "--launch", "family")
     plain = independent(args, device, work / "independent.json")
 
     table = checks(rows, oom_rows, tracker_rows[0] if tracker_rows else None, plain, on_gpu)
+    table += shared_checks(
+        launch_records(work / "main"),
+        launch_records(work / "shared"),
+        cells_wall(work / "main"),
+        cells_wall(work / "shared"),
+    )
     versions: dict[str, Any] = {}
     for result in sorted((work / "main" / "runs").glob("*/result.json")):
         versions = json.loads(result.read_text()).get("versions") or {}

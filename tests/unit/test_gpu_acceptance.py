@@ -91,3 +91,35 @@ def test_the_checks_pass_and_fail_on_the_figures() -> None:
     assert result["MEMORY_LOGGING=hf-tracker: tokens/s cost"] is None  # reported, not judged
     text = acceptance.render(table, {"date": "2026-11-25", "device": "NVIDIA H200"})  # type: ignore[attr-defined]
     assert "| sft-full: tokens/s | 900 tok/s (ok) | >= 0.95 x plain loop 1,000 | FAIL |" in text
+
+
+def test_the_shared_launch_checks_compare_each_cell_with_its_own_launch() -> None:
+    acceptance = load()
+    fresh = {
+        "status": "ok",
+        "scenario": "hf-full",
+        "tokens_per_second": 1000.0,
+        "peak": 10.0 * 2**30,
+        "peak_name": "torch_max_memory_reserved_bytes",
+        "nvml_peak": 11.0 * 2**30,
+        "loss_history": [2.0, 1.5],
+    }
+    shared = {**fresh, "tokens_per_second": 985.0, "nvml_peak": 11.5 * 2**30}
+    lora = {**fresh, "scenario": "hf-lora", "nvml_peak": None}
+    table = acceptance.shared_checks(  # type: ignore[attr-defined]
+        {"a": fresh, "b": lora, "c": {**fresh, "scenario": "sft-full"}},
+        {"a": shared, "b": {**lora, "loss_history": [2.0, 1.4]}},
+        100.0,
+        60.0,
+    )
+    result = {check: (measured, ok) for check, measured, _, ok in table}
+    wall = "the matrix: running its cells, one launch per family vs one per cell"
+    assert result[wall] == ("60 vs 100 s (0.60x)", None)  # reported, not judged
+    assert result["hf-full: tokens/s, shared vs own launch"][1] is True  # 1.5% off
+    peak = "hf-full: peak (torch_max_memory_reserved_bytes), shared vs own launch"
+    assert result[peak][1] is True
+    assert result["hf-full: NVML peak, shared vs own launch"][1] is False  # 4.5% off
+    assert result["hf-full: loss curve, shared vs own launch"][1] is True
+    assert result["hf-lora: NVML peak, shared vs own launch"][1] is None  # not measured
+    assert result["hf-lora: loss curve, shared vs own launch"][1] is False
+    assert result["sft-full: shared launch"] == ("missing", False)
