@@ -43,6 +43,19 @@ def test_the_checks_before_training_import_no_training_stack() -> None:
     assert not {"torch", "transformers", "numpy"} & loaded
 
 
+def test_the_plain_trainer_imports_no_trl() -> None:
+    # trainer: hf pays for what it uses: TRL is the sft backend's alone
+    loaded = imported_after(
+        "trainer_entry.run.train",
+        "trainer_entry.backends.hf",
+        "trainer_entry.tasks.causal_lm",
+        "trainer_entry.tasks.seq_classification",
+        "trainer_entry.tasks.image_classification",
+    )
+    assert "transformers.trainer" in loaded  # the stack itself is there
+    assert not {m for m in loaded if m.partition(".")[0] == "trl"}
+
+
 def test_data_does_not_import_models() -> None:
     # models.tiny trains its tokenizer on data's prompts; the other way round would be a cycle
     loaded = imported_after("trainer_entry.data.prepare", "trainer_entry.data.collate")
