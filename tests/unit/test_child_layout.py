@@ -56,6 +56,21 @@ def test_the_plain_trainer_imports_no_trl() -> None:
     assert not {m for m in loaded if m.partition(".")[0] == "trl"}
 
 
+def test_the_text_data_path_imports_no_datasets() -> None:
+    # a local file is read by hand; the datasets package is for hub datasets (and is
+    # imported by transformers' Trainer itself when it is installed)
+    loaded = imported_after(
+        "trainer_entry.data.prepare",
+        "trainer_entry.data.sources",
+        "trainer_entry.data.tokenize",
+        "trainer_entry.data.cache",
+        "trainer_entry.data.holdout",
+        "trainer_entry.tasks.causal_lm",
+    )
+    assert "torch" in loaded  # the path itself is there
+    assert not {m for m in loaded if m.partition(".")[0] == "datasets"}
+
+
 def test_data_does_not_import_models() -> None:
     # models.tiny trains its tokenizer on data's prompts; the other way round would be a cycle
     loaded = imported_after("trainer_entry.data.prepare", "trainer_entry.data.collate")
