@@ -532,10 +532,7 @@ def launch_records(results: Path) -> dict[str, dict[str, Any]]:
     NVML peak; empty when the run left no table."""
     if not (results / "raw_summary.csv").exists():
         return {}
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_launch import read_runs
-
-    records = read_runs(results)
+    records: dict[str, dict[str, Any]] = _bench_launch().read_runs(results)
     with (results / "raw_summary.csv").open() as f:
         for row in csv.DictReader(f):
             record = records.get(row["experiment_id"])
@@ -547,13 +544,21 @@ def launch_records(results: Path) -> dict[str, dict[str, Any]]:
 
 def cells_wall(results: Path) -> float | None:
     """``bench_launch.cells_wall``, None when nothing ran."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_launch import cells_wall as wall
-
     try:
-        return wall(results)
+        wall: float = _bench_launch().cells_wall(results)
     except ValueError:  # no outcomes
         return None
+    return wall
+
+
+def _bench_launch() -> Any:
+    """``benchmarks/bench_launch.py``, whose readers of a run's folder these share."""
+    import importlib
+
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module("bench_launch")
 
 
 def render(table: list[tuple[str, str, str, bool | None]], header: dict[str, Any]) -> str:

@@ -293,7 +293,6 @@ class _Watcher:
         outcome = self._outcome(index, verdict.status, verdict.error, self.ran.returncode)
         self._slices(index, self.windows[index].start_unix, time.time(), outcome)
         self._write(index, outcome)
-        self._split_logs()
 
     def _outcome(
         self, index: int, status: Status, error: str | None, returncode: int | None
@@ -346,9 +345,10 @@ class _Watcher:
         self.written = index + 1
         self._announce()
 
-    def _split_logs(self, upto: int | None = None) -> None:
-        """Each member's part of the launch's stdout and stderr, in its own folder."""
-        started = self.members[: (self.current if upto is None else upto) + 1]
+    def _split_logs(self, upto: int) -> None:
+        """Each member's part of the launch's stdout and stderr, in its own folder (those
+        up to ``upto``)."""
+        started = self.members[: upto + 1]
         ids = [m.experiment.experiment_id for m in self.members]
         for source, target in ((self.files.stdout, "stdout"), (self.files.stderr, "stderr")):
             try:
