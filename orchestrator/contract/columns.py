@@ -519,6 +519,13 @@ _DECLARED: tuple[Column, ...] = (
     _child("distributed_type", "", aggregate="first", path=("distributed_type",)),
     _child("zero_stage", "", aggregate="first", path=("zero_stage",)),
     _child("params_partitioned", "", aggregate="first", path=("params_partitioned",)),
+    # what hardware_flops_per_token's recompute depends on (trainer_entry/measure/recompute.py)
+    _child(
+        "activation_checkpointing_mode",
+        "",
+        aggregate="first",
+        path=("activation_checkpointing_mode",),
+    ),
     # -- the child's other figures ---------------------------------------------------------
     _child("step_time_mean_s", "s"),
     _child("step_time_min_s", "s"),

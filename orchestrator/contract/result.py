@@ -311,6 +311,9 @@ class ChildResult(_Record):
     peft_method: str | None = None
     torch_dtype: str | None = None
     activation_checkpointing: bool | None = None
+    #: how the checkpointed blocks recompute, read from the model: ``non-reentrant``,
+    #: ``reentrant``, ``mixed`` or ``other``; None: no block checkpointed
+    activation_checkpointing_mode: str | None = None
     gpu_device_name: str | None = None
     started_at: str | None = None
     metrics: ChildMetrics | None = None

@@ -358,15 +358,16 @@ def test_a_config_the_flops_formula_cannot_read_gives_no_figure(clean_imports: N
     """A model of the user's own whose config has no attention fields: no FLOPs figure
     (and no crash where the hooks ask for its sliding windows)."""
     from trainer_entry.measure.flops import FlopsUnavailable, estimate_flops, sliding_windows
+    from trainer_entry.measure.recompute import Recomputed
 
     mixer = _load(f"{FACTORY}:build_mixer").model
     with pytest.raises(FlopsUnavailable, match="MixerConfig\\) has no num_hidden_layers"):
         sliding_windows(mixer)
     with pytest.raises(FlopsUnavailable, match="has no num_attention_heads"):
-        estimate_flops(mixer, 64, False)
+        estimate_flops(mixer, 64, Recomputed())
     # a Llama built by a function is counted like any Llama
     llama = _load(f"{FACTORY}:build_tiny", {"hidden_size": 32, "layers": 1}).model
-    flops = estimate_flops(llama, 64, False)
+    flops = estimate_flops(llama, 64, Recomputed())
     linear = sum(m.weight.numel() for m in llama.modules() if type(m).__name__ == "Linear")
     assert flops.linear_forward == pytest.approx(2 * linear)
     assert flops.attention == pytest.approx(3 * 4 * 32 * 64)

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from flopcount import counted_step
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainer_entry.measure.flops import (
     FlopsUnavailable,
-    _decoder_layer_linears,
     attention_windows,
     estimate_flops,
 )
+from trainer_entry.measure.recompute import Recomputed, checkpointing_mode
 from trainer_entry.measure.steps import SequenceLengths
 from trainer_entry.models.load import ARCHITECTURES, apply_peft, shipped_architectures
 from trainer_entry.run.parse import PeftConfig
@@ -238,13 +239,19 @@ def test_formula_matches_the_flop_counter(name, mode) -> None:
     windowed = any(w is not None and w < SEQ for w in attention_windows(_model(name, "full")))
     # windowed models run the banded kernel so the counter sees a windowed kernel's work
     model = _model(name, mode, attn="banded" if windowed else "eager")
-    ids = torch.randint(3, VOCAB, (BATCH, SEQ))
-    estimate = estimate_flops(model, SEQ, activation_checkpointing=False)
-    measured = _counted(model, ids)
-    assert estimate.model_flops_per_token == pytest.approx(measured, rel=0.10)
+    step = counted_step(model, torch.randint(3, VOCAB, (BATCH, SEQ)), _loss)
+    estimate = estimate_flops(model, SEQ, step.recomputed)
+    # above the count by the input gradients autograd skipped (LoRA: the first layer's
+    # input projections, which nothing below needs), and by nothing else
+    assert step.counted <= estimate.model_flops_per_token
+    assert estimate.model_flops_per_token == pytest.approx(
+        step.counted + step.skipped_input_grads, rel=1e-6
+    )
     if mode == "full":
         # nothing upstream of the first layer is skipped: the formula is exact
-        assert estimate.model_flops_per_token == pytest.approx(measured, rel=1e-6)
+        assert step.skipped_input_grads == 0
+    else:
+        assert 0 < step.skipped_input_grads < 0.05 * step.counted
 
 
 @pytest.mark.parametrize(
@@ -275,8 +282,8 @@ def test_sliding_windows_are_applied_and_capped(name, windows) -> None:
         getattr(eager.config, "head_dim", None) or eager.config.hidden_size // 4
     )
     expected = sum(12.0 * width * (SEQ if w is None else w) for w in windows)
-    assert estimate_flops(eager, SEQ, False).attention == pytest.approx(expected)
-    assert estimate_flops(unwindowed, SEQ, False).attention == pytest.approx(
+    assert estimate_flops(eager, SEQ, Recomputed()).attention == pytest.approx(expected)
+    assert estimate_flops(unwindowed, SEQ, Recomputed()).attention == pytest.approx(
         12.0 * width * SEQ * len(windows)
     )
 
@@ -294,21 +301,21 @@ def test_unpacked_attention_is_per_real_token() -> None:
     short, long = torch.randint(3, VOCAB, (1, 10)), torch.randint(3, VOCAB, (1, 50))
     counted = _counted(model, short) * 10 + _counted(model, long) * 50
     fed = SequenceLengths.of([10, 50])
-    estimate = estimate_flops(model, fed, False)
+    estimate = estimate_flops(model, fed, Recomputed())
     assert estimate.model_flops_per_token == pytest.approx(counted / 60, rel=1e-6)
     # the mean padded width (50) overstates attention; the mean length (30) understates it
-    assert estimate_flops(model, 50, False).attention > estimate.attention
-    assert estimate_flops(model, 30, False).attention < estimate.attention
+    assert estimate_flops(model, 50, Recomputed()).attention > estimate.attention
+    assert estimate_flops(model, 30, Recomputed()).attention < estimate.attention
 
 
 def test_sliding_window_on_unpacked_lengths() -> None:
     model = _model("gemma3", "full", attn="banded")
     fed = SequenceLengths.of([8, 40], windows=(WINDOW,))
     counted = sum(_counted(model, torch.randint(3, VOCAB, (1, n))) * n for n in (8, 40))
-    estimate = estimate_flops(model, fed, False)
+    estimate = estimate_flops(model, fed, Recomputed())
     assert estimate.model_flops_per_token == pytest.approx(counted / 48, rel=1e-6)
     with pytest.raises(FlopsUnavailable, match="not recorded for sliding window 16"):
-        estimate_flops(model, SequenceLengths.of([8, 40]), False)
+        estimate_flops(model, SequenceLengths.of([8, 40]), Recomputed())
 
 
 # ---------------------------------------------------------------------------
@@ -344,7 +351,7 @@ def test_mixture_of_experts_counts_active_experts_and_router(peft) -> None:
             quantized=False,
             task=CausalLMTask(),
         )
-    estimate = estimate_flops(model, SEQ, False)
+    estimate = estimate_flops(model, SEQ, Recomputed())
     # Checked analytically: transformers runs the experts as grouped matmuls
     # (grouped_mm, its default where it can dispatch), which FlopCounterMode has
     # no formula for and counts as 0, so the counter is no reference for MoE.
@@ -370,7 +377,7 @@ def test_the_flop_counter_misses_grouped_experts_but_sees_the_eager_loop() -> No
     ids = torch.randint(3, VOCAB, (BATCH, SEQ))
     with torch.no_grad():  # the same computation either way
         assert _loss(grouped, ids).item() == pytest.approx(_loss(eager, ids).item(), rel=1e-4)
-    estimate = estimate_flops(eager, SEQ, False).model_flops_per_token
+    estimate = estimate_flops(eager, SEQ, Recomputed()).model_flops_per_token
     # the eager loop is one plain matmul per expert, which the counter sees: exact
     assert estimate == pytest.approx(_counted(eager, ids), rel=1e-6)
     # grouped matmuls are invisible to it: most of the step goes uncounted
@@ -399,21 +406,120 @@ def gloo_group(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["config:llama-3.1-8b", "moe"])
-def test_recompute_is_found_in_fully_sharded_blocks(name, gloo_group) -> None:
+def test_the_recompute_of_fully_sharded_blocks_is_seen_as_it_runs(name, gloo_group) -> None:
     from torch.distributed.fsdp import fully_shard
 
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ))
+    plain = _model(name, "full") if name != "moe" else _mixtral()
+    _checkpoint(plain, reentrant=False)
+    counted, watched = _watched_step(plain, ids)
+    before = estimate_flops(plain, SEQ, watched)
     model = _mixtral() if name == "moe" else _model(name, "full")
-    before = estimate_flops(model, SEQ, True)
-    inside = len(_decoder_layer_linears(model))
+    _checkpoint(model, reentrant=False)
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
     # fully_shard swaps each block's class for a subclass named FSDP<Name>
     assert type(model.model.layers[0]).__name__.startswith("FSDP")
-    after = estimate_flops(model, SEQ, True)
-    assert len(_decoder_layer_linears(model)) == inside > 0
-    assert after.recompute == before.recompute
-    assert after.recompute > after.attention / 3  # the blocks' projections, not attention alone
+    _, sharded = _watched_step(model, ids)
+    after = estimate_flops(model, SEQ, sharded)
+    assert after.recompute == before.recompute > after.attention / 3
+    assert after.hardware_flops_per_token == pytest.approx(counted, rel=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# What activation checkpointing recomputes, as the run's first step shows it
+# ---------------------------------------------------------------------------
+
+
+def _checkpoint(model, *, reentrant: bool) -> None:
+    """Checkpointing as the trainers set it up: every block, inputs requiring grad."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.activation_checkpointing_enable(
+        activation_checkpointing_kwargs={"use_reentrant": reentrant}
+    )
+    base.enable_input_require_grads()
+
+
+def _watched_step(model, ids) -> tuple[float, Recomputed]:
+    """(FLOPs the counter saw per token, what the watch saw run again) of one step."""
+    step = counted_step(model, ids, _loss)
+    return step.counted, step.recomputed
+
+
+#: the dense families the GPU acceptance trains, and a mixture of experts
+RECOMPUTE_ARCHS = ["config:llama-3.2-1b", "config:qwen2.5-7b", "config:mistral-7b", "gpt_bigcode"]
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("mode", ["full", "lora"])
+@pytest.mark.parametrize("name", [*RECOMPUTE_ARCHS, "moe"])
+def test_hardware_flops_are_what_the_counter_sees_under_checkpointing(
+    name, mode, reentrant
+) -> None:
+    if name == "moe":
+        # the eager expert loop: one plain matmul per expert, which the counter sees
+        model = _mixtral("eager")
+        if mode == "lora":
+            model = apply_peft(
+                model,
+                PeftConfig(method="lora", r=8, target_modules=["q_proj", "v_proj"]),
+                quantized=False,
+                task=CausalLMTask(),
+            )
+    else:
+        windowed = any(w is not None and w < SEQ for w in attention_windows(_model(name, "full")))
+        model = _model(name, mode, attn="banded" if windowed else "eager")
+    _checkpoint(model, reentrant=reentrant)
+    assert checkpointing_mode(model) == ("reentrant" if reentrant else "non-reentrant")
+    step = counted_step(model, torch.randint(3, VOCAB, (BATCH, SEQ)), _loss)
+    estimate = estimate_flops(model, SEQ, step.recomputed)
+    # the count ≤ the figure ≤ the count + what autograd skipped, which is nothing
+    # here: checkpointing makes the blocks' inputs require grad (enable_input_require_grads)
+    assert step.skipped_input_grads == 0
+    assert estimate.hardware_flops_per_token == pytest.approx(step.counted, rel=1e-6)
+    assert estimate.recompute > 0
+
+
+def test_non_reentrant_checkpointing_skips_a_blocks_last_product_and_reentrant_does_not() -> None:
+    """What the GPU showed (the H100's +5.4%): non-reentrant checkpointing stops once the
+    last tensor saved for the backward is rebuilt, so Llama's down_proj is never rerun."""
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ))
+    seen = {}
+    for reentrant in (False, True):
+        model = _model("config:llama-3.2-1b", "full")
+        _checkpoint(model, reentrant=reentrant)
+        _, watched = _watched_step(model, ids)
+        seen[reentrant] = {
+            name.split(".", 3)[-1]: watched.share(module)
+            for name, module in model.named_modules()
+            if name.startswith("model.layers.0.") and isinstance(module, torch.nn.Linear)
+        }
+        assert watched.attention == (1.0, 1.0)
+    assert seen[True] == dict.fromkeys(seen[True], 1.0)
+    assert seen[False] == {**seen[True], "mlp.down_proj": 0.0}
+    # the gap is down_proj's forward in every layer: 2 · hidden · intermediate per token
+    a, b = _model("config:llama-3.2-1b", "full"), _model("config:llama-3.2-1b", "full")
+    _checkpoint(a, reentrant=False)
+    _checkpoint(b, reentrant=True)
+    gap = estimate_flops(b, SEQ, _watched_step(b, ids)[1]).hardware_flops_per_token - (
+        estimate_flops(a, SEQ, _watched_step(a, ids)[1]).hardware_flops_per_token
+    )
+    assert gap == pytest.approx(2 * 2 * TINY["hidden_size"] * TINY["intermediate_size"])
+
+
+def test_no_checkpointing_reruns_nothing_and_an_unseen_recompute_gives_no_figure() -> None:
+    model = _model("config:llama-3.2-1b", "lora")
+    _, watched = _watched_step(model, torch.randint(3, VOCAB, (BATCH, SEQ)))
+    assert checkpointing_mode(model) is None
+    assert watched.attention == (0.0, 0.0) and not any(watched.shares.values())
+    estimate = estimate_flops(model, SEQ, watched)
+    assert estimate.recompute == 0 and estimate.hardware_flops_per_token == (
+        estimate.model_flops_per_token
+    )
+    unseen = estimate_flops(model, SEQ, None)
+    assert unseen.hardware_flops_per_token is None and "not seen" in unseen.hardware_note
+    assert unseen.model_flops_per_token == estimate.model_flops_per_token
 
 
 def test_the_shipped_architectures_are_all_checked() -> None:

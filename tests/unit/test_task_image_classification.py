@@ -33,6 +33,7 @@ from trainer_entry.data.images import (
     to_pixels,
 )
 from trainer_entry.measure.flops import estimate_flops
+from trainer_entry.measure.recompute import Recomputed
 from trainer_entry.measure.steps import SequenceLengths
 from trainer_entry.models import tiny_vit
 from trainer_entry.models.kinds import model_kind
@@ -487,7 +488,7 @@ def _check_flops(model, positions: int) -> tuple[float, float]:
     measured = counter.get_total_flops() / (2 * positions)
     task = get_task(TASK)
     estimate = estimate_flops(
-        model, SequenceLengths.of([positions] * 2), False, task.per_sample_modules(model)
+        model, SequenceLengths.of([positions] * 2), Recomputed(), task.per_sample_modules(model)
     ).model_flops_per_token
     return estimate, measured
 
@@ -550,7 +551,9 @@ def test_vit_base_builds_and_takes_a_training_step_on_the_cpu(tmp_path) -> None:
     loss.backward()
     optimizer.step()
     assert torch.isfinite(loss) and not torch.equal(model.classifier.weight, before)
-    flops = estimate_flops(model, SequenceLengths.of([197]), False, task.per_sample_modules(model))
+    flops = estimate_flops(
+        model, SequenceLengths.of([197]), Recomputed(), task.per_sample_modules(model)
+    )
     h, layers, positions = 768, 12, 197
     matrices = layers * (4 * h * h + 2 * h * 4 * h)  # the layers
     patches = h * 3 * 16 * 16  # the patch embedding: pixels need no input gradient

@@ -21,6 +21,7 @@ from orchestrator.contract.result import DataRecord
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.data.collate import PADDED_TOKENS, REAL_LENGTHS, REAL_TOKENS, pop_counts
 from trainer_entry.measure.flops import estimate_flops
+from trainer_entry.measure.recompute import Recomputed
 from trainer_entry.measure.steps import SequenceLengths
 from trainer_entry.models import tiny_bert
 from trainer_entry.models.kinds import TINY_MODELS, model_kind
@@ -388,7 +389,7 @@ def test_formula_matches_the_flop_counter(name, mode, bert_path) -> None:
     # one batch of equal lengths: no padding for the counter to see
     ids = torch.randint(5, VOCAB, (3, 40))
     labels = torch.tensor([0, 2, 1])
-    estimate = estimate_flops(model, SequenceLengths.of([40, 40, 40]), False, per_sample)
+    estimate = estimate_flops(model, SequenceLengths.of([40, 40, 40]), Recomputed(), per_sample)
     counted = _counted(model, ids, labels) / ids.numel()
     assert estimate.model_flops_per_token == pytest.approx(counted, rel=tolerance)
     if mode == "lora":
@@ -401,13 +402,13 @@ def test_formula_matches_the_flop_counter(name, mode, bert_path) -> None:
         _counted(model, torch.randint(5, VOCAB, (1, n)), torch.tensor([i % 3]))
         for i, n in enumerate(lengths)
     )
-    estimate = estimate_flops(model, SequenceLengths.of(lengths), False, per_sample)
+    estimate = estimate_flops(model, SequenceLengths.of(lengths), Recomputed(), per_sample)
     assert estimate.model_flops_per_token == pytest.approx(total / sum(lengths), rel=tolerance)
     if per_sample:
         # counted per token, the pooled head would be overstated
-        assert estimate_flops(model, SequenceLengths.of(lengths), False).model_flops_per_token > (
-            estimate.model_flops_per_token
-        )
+        assert estimate_flops(
+            model, SequenceLengths.of(lengths), Recomputed()
+        ).model_flops_per_token > (estimate.model_flops_per_token)
 
 
 def test_every_shipped_encoder_is_checked() -> None:
@@ -441,6 +442,6 @@ def test_shipped_encoders_load_at_full_size_for_the_task(name) -> None:
     ids = torch.randint(5, 1000, (2, 16))
     counted = _counted(model, ids, torch.tensor([0, 2])) / ids.numel()
     estimate = estimate_flops(
-        model, SequenceLengths.of([16, 16]), False, task.per_sample_modules(model)
+        model, SequenceLengths.of([16, 16]), Recomputed(), task.per_sample_modules(model)
     )
     assert estimate.model_flops_per_token == pytest.approx(counted, rel=0.10)

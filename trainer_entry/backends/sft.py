@@ -27,6 +27,7 @@ of ``SFTTrainer`` pays for (TRL offers no setting to turn them off);
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -382,6 +383,22 @@ class SFTTrainerBackend(TrainerBackend):
         return (
             [masked_head_note(model, flops_per_token)] if parsed.data.completion_only_loss else []
         )
+
+    def reruns(self, model: Any) -> dict[int, float]:
+        """TRL's fused LM head (``add_fused_lm_head``, which ``SFTTrainer`` puts on the
+        model) runs the head's product in tiles without calling the head, and runs it
+        again in its backward to rebuild each tile's logits: once more per forward."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        # TRL wraps the model's own forward (functools.wraps: its name is the model's);
+        # its code is TRL's
+        code = getattr(getattr(getattr(base, "forward", None), "__func__", None), "__code__", None)
+        fused = (
+            code is not None
+            and code.co_name == "_fused_forward"
+            and f"{os.sep}trl{os.sep}" in code.co_filename
+        )
+        head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+        return {id(head): 1.0} if fused and head is not None else {}
 
     def own_fields(self) -> frozenset[str]:
         return own_fields()

@@ -124,6 +124,12 @@ class TrainerBackend(Protocol):
         """What the run's FLOPs figure overstates under this backend (default: nothing)."""
         return []
 
+    def reruns(self, model: Any) -> dict[int, float]:
+        """Modules (by ``id``) whose weight product this backend's own code runs again
+        in the backward without calling the module, where module hooks cannot see it
+        (``trainer_entry.measure.recompute``): id -> reruns per forward (default: none)."""
+        return {}
+
     def own_fields(self) -> frozenset[str]:
         """The installed configuration's fields that ``TrainingArguments`` lacks (saved
         by ``python -m trainer_entry.backends``; default: none)."""

@@ -45,9 +45,12 @@ Definitions (all per real token, i.e. padding excluded, of one optimizer step):
   left out (memory-bound, small next to the matrix products).
 
 This is the model FLOPs figure MFU is based on. With activation
-checkpointing the hardware also recomputes each decoder layer's forward;
-that is reported separately (``hardware_flops_per_token``) and not counted
-as useful work.
+checkpointing the hardware also reruns part of each checkpointed block's
+forward inside the backward; that is reported separately
+(``hardware_flops_per_token``) and not counted as useful work. What was rerun
+is not assumed: the run watched its first step (``trainer_entry.measure.recompute``),
+and the recompute is the forward FLOPs above of each weight matrix, and each
+layer's attention core, in the share of their forwards that ran again.
 
 MFU is achieved model FLOP/s per device over the device's dense peak for the
 precision the matrix products run in: FP8 when FP8 training is on
@@ -68,6 +71,7 @@ import torch
 
 # one table of devices, their peaks and memory (orchestrator/contract/devices.py)
 from orchestrator.contract.devices import PEAK_TFLOPS, ComputeMode, DevicePeaks
+from trainer_entry.measure.recompute import Recomputed
 from trainer_entry.measure.steps import SequenceLengths
 
 __all__ = ["PEAK_TFLOPS", "ComputeMode", "DevicePeaks"]
@@ -81,13 +85,16 @@ class FlopsUnavailable(ValueError):
 class FlopsEstimate:
     #: useful model FLOPs per token of a training step (forward + backward)
     model_flops_per_token: float
-    #: including the forward recomputed by activation checkpointing
-    hardware_flops_per_token: float
+    #: including the forward rerun by activation checkpointing; None: what was rerun
+    #: was not seen
+    hardware_flops_per_token: float | None
     linear_forward: float
     linear_input_grad: float
     linear_weight_grad: float
     attention: float
-    recompute: float
+    recompute: float | None
+    #: why there is no hardware figure
+    hardware_note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,25 +108,11 @@ class _Matmul:
     per_sample: bool = False
     #: its input needs a gradient (not so for a convolution over pixels)
     input_grad: bool = True
-    #: rerun by activation checkpointing when it sits in a checkpointed block
+    #: can be rerun by activation checkpointing (a convolution over pixels is
+    #: outside the blocks)
     recomputed: bool = True
-
-
-def _decoder_layer_linears(model: Any) -> set[int]:
-    """ids of the modules inside decoder blocks (what checkpointing recomputes).
-
-    Blocks are the classes a model names in ``_no_split_modules``, matched
-    anywhere in a module's MRO: FSDP2's ``fully_shard`` swaps a block's class
-    for a subclass named ``FSDP<Name>``, which an exact name match would miss.
-    """
-    classes: set[str] = set()
-    for module in model.modules():
-        classes.update(getattr(module, "_no_split_modules", None) or [])
-    inside: set[int] = set()
-    for module in model.modules():
-        if any(c.__name__ in classes for c in type(module).__mro__):
-            inside.update(id(m) for m in module.modules())
-    return inside
+    #: one product per call (a linear layer), not several (a module of experts)
+    single: bool = True
 
 
 def _config_field(config: Any, name: str) -> Any:
@@ -234,7 +227,7 @@ def _matmuls(model: Any, per_sample: set[int] | frozenset[int] = frozenset()) ->
             for p in stacked.values():
                 # one expert's matrix, for each of the top-k experts a token visits
                 f = 2.0 * p.numel() / n_experts * top_k
-                out.append(_Matmul(module, f, p.requires_grad))
+                out.append(_Matmul(module, f, p.requires_grad, single=False))
             continue
         weight = params.get("weight")
         if (
@@ -247,6 +240,12 @@ def _matmuls(model: Any, per_sample: set[int] | frozenset[int] = frozenset()) ->
             # a router that is not an nn.Linear: hidden -> expert logits, every token
             out.append(_Matmul(module, 2.0 * weight.numel(), weight.requires_grad))
     return out
+
+
+def matmul_modules(model: Any) -> list[torch.nn.Module]:
+    """The modules whose weight products the FLOPs count (what ``RecomputeWatch`` watches);
+    raises ``FlopsUnavailable`` as ``estimate_flops`` would."""
+    return list({id(mm.module): mm.module for mm in _matmuls(model)}.values())
 
 
 def attention_windows(model: Any) -> list[int | None]:
@@ -288,21 +287,22 @@ def _attention_width(config: Any) -> int:
 def estimate_flops(
     model: Any,
     sequences: SequenceLengths | float,
-    activation_checkpointing: bool,
+    recomputed: Recomputed | None,
     per_sample: set[int] | frozenset[int] = frozenset(),
 ) -> FlopsEstimate:
     """FLOPs per real token of one training step of ``model`` on ``sequences``.
 
     ``sequences`` is the length statistics of what was fed, or one number for
-    sequences all that long. ``per_sample``: ids of the modules that run once
-    per sample (``Task.per_sample_modules``). Raises ``FlopsUnavailable`` for a
+    sequences all that long. ``recomputed``: what activation checkpointing ran
+    again (``RecomputeWatch``; ``Recomputed()`` for nothing), None where that was
+    not seen (no hardware figure then). ``per_sample``: ids of the modules that run
+    once per sample (``Task.per_sample_modules``). Raises ``FlopsUnavailable`` for a
     model part the formula does not cover.
     """
     if not isinstance(sequences, SequenceLengths):
         sequences = SequenceLengths.uniform(round(sequences))
-    in_layers = _decoder_layer_linears(model) if activation_checkpointing else set()
     samples_per_token = sequences.rows / sequences.tokens if sequences.tokens else 0.0
-    fwd = input_grad = weight_grad = recompute = 0.0
+    fwd = input_grad = weight_grad = rerun = 0.0
     for mm in _matmuls(model, per_sample):
         f = mm.forward * samples_per_token if mm.per_sample else mm.forward
         fwd += f
@@ -310,28 +310,44 @@ def estimate_flops(
             input_grad += f
         if mm.trained:
             weight_grad += f
-        if mm.recomputed and id(mm.module) in in_layers:
-            recompute += f
+        if mm.recomputed and recomputed is not None:
+            rerun += f * recomputed.share(mm.module, single=mm.single)
     d_attn = _attention_width(model.config)
     try:
-        attn_fwd = sum(
-            4.0 * d_attn * sequences.attention_length(w) for w in attention_windows(model)
-        )
+        per_layer = [4.0 * d_attn * sequences.attention_length(w) for w in attention_windows(model)]
     except KeyError as exc:
         raise FlopsUnavailable(str(exc.args[0])) from None
+    attn_fwd = sum(per_layer)
     attention = 3.0 * attn_fwd  # forward + backward (twice the forward)
-    if activation_checkpointing:
-        recompute += attn_fwd
     model_flops = fwd + input_grad + weight_grad + attention
+    recompute, why = None, None
+    if recomputed is None:
+        why = "what activation checkpointing ran again was not seen"
+    elif rerun and attn_fwd and not recomputed.attention:
+        why = (
+            "activation checkpointing ran weight matrices again, but the model has no "
+            "module named …Attention to tell whether its attention ran again"
+        )
+    else:
+        recompute = rerun + _attention_rerun(per_layer, recomputed.attention)
     return FlopsEstimate(
         model_flops_per_token=model_flops,
-        hardware_flops_per_token=model_flops + recompute,
+        hardware_flops_per_token=None if recompute is None else model_flops + recompute,
         linear_forward=fwd,
         linear_input_grad=input_grad,
         linear_weight_grad=weight_grad,
         attention=attention,
         recompute=recompute,
+        hardware_note=why,
     )
+
+
+def _attention_rerun(per_layer: list[float], shares: tuple[float, ...]) -> float:
+    """The attention cores' forward FLOPs run again: layer by layer where the model's
+    attention modules are its layers; else their mean share of the whole."""
+    if len(shares) == len(per_layer):
+        return sum(f * s for f, s in zip(per_layer, shares, strict=True))
+    return sum(per_layer) * sum(shares) / len(shares) if shares else 0.0
 
 
 def _fp32_matmuls_in_tf32() -> bool:

@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trainer_entry.data.collate import BatchCounts
-from trainer_entry.measure.flops import FlopsUnavailable, sliding_windows
+from trainer_entry.measure.flops import FlopsUnavailable, matmul_modules, sliding_windows
 from trainer_entry.measure.memory import MemoryCounters
 from trainer_entry.measure.progressfile import ProgressFile
+from trainer_entry.measure.recompute import RecomputeWatch
 from trainer_entry.measure.steps import StepRecorder
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class StepHooks:
         progress: ProgressFile | None = None,
         profiler: StepProfiler | None = None,
         steady: SteadyStop | None = None,
+        recompute: RecomputeWatch | None = None,
     ) -> None:
         self.recorder = recorder
         self.memory = memory
@@ -43,6 +45,8 @@ class StepHooks:
         self.profiler = profiler
         #: stops training at steady state (``measure: {until: steady}``); None: max_steps
         self.steady = steady
+        #: watches the first optimizer step for what activation checkpointing reruns
+        self.recompute = recompute
 
     def train_begin(self, max_steps: int) -> None:
         """Training is about to take its first step."""
@@ -66,12 +70,20 @@ class StepHooks:
                 self.recorder.windows = sliding_windows(model)
             except FlopsUnavailable:
                 self.recorder.windows = ()
+            if self.recompute is not None:
+                # the first step (a warm-up step) only: detached at its end
+                try:
+                    self.recompute.attach(model, matmul_modules(model))
+                except FlopsUnavailable:
+                    self.recompute = None
         self.recorder.add_batch(counts.real, counts.padded, counts.lengths)
 
     def step_end(self, global_step: int) -> bool:
         """An optimizer step ended; True: training should stop now (steady state reached,
         the same answer on every rank)."""
         index = len(self.recorder.stats.step_times_s)
+        if self.recompute is not None and self.recompute.attached:
+            self.recompute.detach()
         if self.profiler is not None:
             # the profiler's stop and export before the clock: inside the profiled step
             self.profiler.step_ending()

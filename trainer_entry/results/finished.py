@@ -35,6 +35,7 @@ from trainer_entry.measure.flops import (
 )
 from trainer_entry.measure.memory import stage_memory_figures
 from trainer_entry.measure.profile import ProfileOutcome
+from trainer_entry.measure.recompute import Recomputed, checkpointing_mode
 from trainer_entry.measure.steadystop import SteadyStop, measure_figures
 from trainer_entry.measure.steps import (
     RankStats,
@@ -85,6 +86,8 @@ def flops_figures(
     device_name: str | None,
     per_sample: set[int] | frozenset[int] = frozenset(),
     backend: TrainerBackend | None = None,
+    recomputed: Recomputed | None = None,
+    unseen: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(metrics, the result's ``flops`` record, notes) of FLOPs per token and MFU.
 
@@ -92,7 +95,15 @@ def flops_figures(
     (the rows each rank actually fed, a short last micro-batch included); a
     figure that cannot be trusted is None, with a note saying why. ``backend``: the
     run's (default: the one ``parsed`` names), for what its FLOPs figure overstates.
+    ``recomputed``: what activation checkpointing ran again in the watched step
+    (None: not watched, for the reason ``unseen``; then a run without checkpointing
+    reruns nothing, and one with it gets no hardware figure).
     """
+    backend = backend or get_backend(parsed.backend)
+    if recomputed is None and not settings.activation_checkpointing:
+        recomputed = Recomputed()
+    if recomputed is not None:
+        recomputed = recomputed.with_reruns(backend.reruns(model))
     steps = metrics.get("steps", 0)
     # the measured window's first step: after the warm-up and any profiled steps
     start = first_measured_step(metrics)
@@ -106,9 +117,12 @@ def flops_figures(
     flops = None
     if fed is not None:
         try:
-            flops = estimate_flops(model, fed, settings.activation_checkpointing, per_sample)
+            flops = estimate_flops(model, fed, recomputed, per_sample)
         except FlopsUnavailable as exc:
             notes.append(f"no FLOPs figure: {exc}")
+    if flops is not None and flops.hardware_note:
+        why = f" ({unseen})" if recomputed is None and unseen else ""
+        notes.append(f"no hardware_flops_per_token: {flops.hardware_note}{why}")
     mode = compute_mode(dtype=dtype, mixed_precision=settings.mixed_precision, tf32=settings.tf32)
     peak = parsed.measure.peak_tflops_per_device or peak_tflops(device_name, mode)
     missing_peak = peak_note(device_name, mode, peak)
@@ -142,7 +156,6 @@ def flops_figures(
             recompute=flops.recompute,
         )
     if flops is not None:
-        backend = backend or get_backend(parsed.backend)
         notes += backend.flops_notes(model, flops.model_flops_per_token, parsed)
     return figures, record, notes + mfu_notes
 
@@ -188,13 +201,16 @@ def build_result(
     profile: ProfileOutcome | None = None,
     steady: SteadyStop | None = None,
     backend: TrainerBackend | None = None,
+    recompute: tuple[Recomputed | None, str | None] = (None, None),
 ) -> ChildResult:
     """The result of a finished run, from every rank's records (``ranks``, ``stage_memory``).
 
     ``engine``: what trained (``trainer_entry.measure.engine``); its devices per process
     make the device count (``DataParallel``: one process, several GPUs), which the
     batch and the per-device figures count, not the processes. ``backend``: the
-    run's (default: the one ``parsed`` names).
+    run's (default: the one ``parsed`` names). ``recompute``: what activation
+    checkpointing ran again in the watched step (``trainer_entry.measure.recompute``),
+    or None and why it was not seen.
     """
     world = len(ranks)
     devices = world * (engine.devices_per_process if engine else 1)
@@ -222,6 +238,8 @@ def build_result(
         device_name=device_name,
         per_sample=task.per_sample_modules(model),
         backend=backend,
+        recomputed=recompute[0],
+        unseen=recompute[1],
     )
     shape_problem = (
         partitioned_flops_problem(model) if engine and engine.params_partitioned else None
@@ -282,6 +300,7 @@ def build_result(
         peft_method=parsed.peft.method,
         torch_dtype=dtype,
         activation_checkpointing=settings.activation_checkpointing,
+        activation_checkpointing_mode=checkpointing_mode(model),
         gpu_device_name=device_name,
         started_at=started_at,
         finished_at=timestamp(),

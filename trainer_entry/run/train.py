@@ -45,6 +45,7 @@ from trainer_entry.measure.profile import (
     step_profiler,
 )
 from trainer_entry.measure.progressfile import ProgressFile
+from trainer_entry.measure.recompute import RecomputeWatch
 from trainer_entry.measure.steadystop import SteadyStop, steady_stop, with_step_cap
 from trainer_entry.measure.steps import RankStats, StepRecorder
 from trainer_entry.models.load import LoadedModel, config_placement, fsdp_loading, load_model
@@ -170,6 +171,7 @@ def run(
         profile=profile,
         steady=measuring.steady,
         backend=job.backend,
+        recompute=measuring.recompute,
     )
     write_result(Path(spec.result_path), result)
     return result
@@ -282,6 +284,21 @@ class Measuring:
     steady: SteadyStop | None
     hooks: StepHooks | None
 
+    @property
+    def recompute(self) -> tuple[Any, str | None]:
+        """(what activation checkpointing ran again in the watched step, or None; why
+        it was not seen)."""
+        watch = self.hooks.recompute if self.hooks else None
+        if watch is not None and watch.result is not None:
+            return watch.result, None
+        if self.hooks is None:
+            return None, "instrumentation is off"
+        return None, self.unwatched or "the first step ended before the watch did"
+
+    #: why the first step was not watched (``torch_compile``: compiled graphs run no
+    #: module hooks)
+    unwatched: str | None = None
+
 
 def instrument(job: Job) -> Measuring:
     """The step clock, the opt-in profiler and steady-state stop, and the hooks the
@@ -299,6 +316,8 @@ def instrument(job: Job) -> Measuring:
         if job.rank == 0 and spec.progress_path
         else None
     )
+    # a compiled model's forward and recompute run in compiled graphs, past module hooks
+    compiled = bool(getattr(job.settings.native, "torch_compile", False))
     hooks = (
         StepHooks(
             recorder,
@@ -308,11 +327,18 @@ def instrument(job: Job) -> Measuring:
             progress=progress,
             profiler=profiler,
             steady=steady,
+            recompute=None if compiled else RecomputeWatch(),
         )
         if parsed.measure.instrumentation
         else None
     )
-    return Measuring(recorder, profiler, steady, hooks)
+    return Measuring(
+        recorder,
+        profiler,
+        steady,
+        hooks,
+        unwatched="torch_compile is on: compiled graphs run no module hooks" if compiled else None,
+    )
 
 
 def build_trainer(
