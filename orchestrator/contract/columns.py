@@ -227,6 +227,21 @@ JOB_S = "job_s"
 WALL_S = "wall_s"
 #: a launch's cost before training, paid once however many rows shared it
 LAUNCH_OVERHEAD = "launch_overhead_s"
+#: the phases of a run's wall time, in order (orchestrator/job/phases.py), and their columns
+PHASE_COLUMNS: Mapping[str, str] = MappingProxyType(
+    {
+        phase: f"phase_{phase}_s"
+        for phase in (
+            "launch",
+            "imports",
+            "model",
+            "data",
+            "first_step",
+            "training",
+            "after_training",
+        )
+    }
+)
 #: the tokens of the prepared dataset: one epoch
 DATA_TOKENS = "data_tokens"
 #: how busy the GPUs were
@@ -665,6 +680,11 @@ _DECLARED: tuple[Column, ...] = (
     _outcome("launch_position", "count"),
     _outcome("launch_size", "count"),
     _outcome(LAUNCH_OVERHEAD, "s", aggregate="median", better="lower"),
+    # where the wall time went: phases that add up to wall_s (orchestrator/job/phases.py)
+    *(
+        _outcome(column, "s", aggregate="median", path=("phases", f"{phase}_s"))
+        for phase, column in PHASE_COLUMNS.items()
+    ),
     # an environment's versions as the plan found them (python and the training stack),
     # and, where the child's result reports other versions (the interpreter changed
     # between plan and run), which: the plan's against the child's, set where the row is

@@ -117,7 +117,8 @@ class Outcome(BaseModel):
     #: the log that explains the run, relative to the results folder
     log: str | None = None
     returncode: int | None = None
-    #: from the experiment's start to the end of its cleanup (spec, sidecar, job, stop)
+    #: from the experiment's start to the end of its cleanup (sidecar, job, stop); in a
+    #: shared launch, from the end of the run before it (or the launch) to its own end
     wall_s: float | None = None
     #: from launching the job to its exit: the child's own lifetime
     job_s: float | None = None
@@ -150,6 +151,10 @@ class Outcome(BaseModel):
     #: load and first step (the launcher, the interpreter, the imports, the data, the
     #: trainer's construction)
     launch_overhead_s: float | None = None
+    #: where the wall time went, phases that add up to ``wall_s`` (``orchestrator.job.phases``:
+    #: ``launch_s``, ``imports_s``, ``model_s``, ``data_s``, ``first_step_s``, ``training_s``,
+    #: ``after_training_s``); a phase the run did not reach is None
+    phases: dict[str, float | None] = Field(default_factory=dict)
 
     def as_dict(self, *, recorded_only: bool = False) -> dict[str, Any]:
         """Every field, as JSON values (what ``outcome.json`` holds).

@@ -57,6 +57,15 @@ class RunTimings(_Record):
     time_to_first_step_s: float | None = None
     #: when the first optimizer step ended (Unix time): the parent times its launch to it
     first_step_unix: float | None = None
+    # the instants that end the phases of a run's wall time (orchestrator/job/phases.py),
+    # Unix time: the run's start (the process's, for a launch's first run), the imports
+    # done, the model loaded, the data prepared, (the first step: first_step_unix), the
+    # last optimizer step
+    run_start_unix: float | None = None
+    imports_end_unix: float | None = None
+    model_end_unix: float | None = None
+    data_end_unix: float | None = None
+    train_end_unix: float | None = None
 
 
 class ChildMetrics(_Record):

@@ -41,6 +41,7 @@ from orchestrator.contract.spec import MemoryStages, RunSpec, write_spec
 from orchestrator.job import nodes, oomkill, utilisation
 from orchestrator.job.classify import Verdict, classify, root_cause, sigkilled_pids
 from orchestrator.job.command import LaunchSite, accelerate_command, job_env, launch_argv
+from orchestrator.job.phases import phase_seconds
 from orchestrator.job.sidecar import parse_ready, read_samples, summarize
 from orchestrator.matrix.experiment import Experiment
 
@@ -372,6 +373,8 @@ class Ran:
     """What launching and waiting found out."""
 
     started_at: str
+    #: when the wall time started (Unix time): its phases count from here
+    wall_start_unix: float | None = None
     #: when the job was started (Unix time): its launch overhead counts from here
     launched_unix: float | None = None
     returncode: int | None = None
@@ -426,7 +429,7 @@ def launch_and_wait(
     exception here), the ``finally`` stops the job's whole group (TERM, a grace
     period, KILL) and the sidecar.
     """
-    ran = Ran(started_at=now("milliseconds"))
+    ran = Ran(started_at=now("milliseconds"), wall_start_unix=time.time())
     start = time.monotonic()
     files = launch.files
     with (
@@ -529,8 +532,14 @@ def build_outcome(
     if placement.packed_with:
         outcome.run_mode, outcome.packed_with = "packed", sorted(placement.packed_with)
     outcome.launch_id, outcome.launch_position, outcome.launch_size = launch.launch_id, 1, 1
-    if launch.primary and ran.launched_unix is not None:
-        outcome.launch_overhead_s = launch_overhead(read_result(run.result), ran.launched_unix)
+    if launch.primary:
+        result = read_result(run.result)
+        if ran.launched_unix is not None:
+            outcome.launch_overhead_s = launch_overhead(result, ran.launched_unix)
+        if ran.wall_start_unix is not None:
+            outcome.phases = phase_seconds(
+                ran.wall_start_unix, ran.wall_start_unix + ran.wall_s, (result or {}).get("timings")
+            )
     return outcome
 
 

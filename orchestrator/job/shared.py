@@ -52,6 +52,7 @@ from orchestrator.job.execute import (
     write_command_script,
     write_experiment_spec,
 )
+from orchestrator.job.phases import phase_seconds
 from orchestrator.job.sidecar import read_samples, summarize
 from orchestrator.matrix.experiment import Experiment
 
@@ -299,8 +300,9 @@ class _Watcher:
     ) -> Outcome:
         member, window = self.members[index], self.windows[index]
         end = window.end_unix if window.end_unix is not None else time.time()
+        result = read_result(member.run.result)
         if index == 0 and self.ran.launched_unix is not None:
-            self.overhead = launch_overhead(read_result(member.run.result), self.ran.launched_unix)
+            self.overhead = launch_overhead(result, self.ran.launched_unix)
         # stopped, not ended: the run's lifetime is not known
         stopped = self.ran.interrupted and window.end_unix is None
         return Outcome(
@@ -321,6 +323,7 @@ class _Watcher:
             launch_position=index + 1,
             launch_size=len(self.members),
             launch_overhead_s=self.overhead,
+            phases=phase_seconds(window.start_unix, end, (result or {}).get("timings")),
         )
 
     def _slices(self, index: int, start_unix: float, end_unix: float, outcome: Outcome) -> None:

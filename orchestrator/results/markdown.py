@@ -59,6 +59,7 @@ from orchestrator.results.drift import drift_markdown
 from orchestrator.results.envtables import side_by_side_markdown
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.numbers import whole
+from orchestrator.results.phasesreport import phases_markdown
 from orchestrator.results.steadyreport import steady_markdown
 from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, ran_on_cpu, status_labels
 
@@ -465,6 +466,8 @@ def summary_markdown(
     # each variant's loss against its scenario's baseline (results/equivalence.py)
     lines += equivalence.markdown(cells, loss_tolerance)
     lines += cost_markdown(cells, cost)
+    # each cell's wall time in phases, and the matrix's share of training (results/phasesreport.py)
+    lines += phases_markdown(rows)
     # profiled cells only (profile: true): communication time per step, from the traces
     lines += communication_markdown(cells)
     # only when throughput trended with run order (orchestrator/results/drift.py)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import memcgroup
 import pytest
-from test_run import REPO, env, processes_mentioning, rows, tunematrix
+from test_run import REPO, assert_phases_add_up, env, processes_mentioning, rows, tunematrix
 
 pytestmark = pytest.mark.e2e
 
@@ -107,6 +107,13 @@ def test_a_shared_launch_measures_what_launches_of_their_own_do(tmp_path) -> Non
     assert len(overheads) == 1 and float(overheads.pop()) > 0
     first, *later = by_shared.values()
     assert all(float(r["wall_s"]) < float(first["wall_s"]) for r in later)
+    # each run's wall in phases: a later run of the launch imports nothing, and its
+    # launch phase is the hand-over from the run before, not a launcher's start
+    phases = [assert_phases_add_up(r) for r in by_shared.values()]
+    alone_phases = [assert_phases_add_up(r) for r in by_alone.values()]
+    for mine in phases[1:]:
+        assert mine["imports"] < 0.5 * phases[0]["imports"]
+        assert mine["launch"] < 0.5 * alone_phases[0]["launch"]
     (launch,) = (tmp_path / "shared" / "launches").iterdir()
     assert launch.name == first["launch_id"]
     assert launch.joinpath("stderr.log").read_text().count("==> tunematrix shared launch") == 3

@@ -86,6 +86,28 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
     return found
 
 
+PHASES = (
+    "launch",
+    "imports",
+    "model",
+    "data",
+    "first_step",
+    "training",
+    "after_training",
+)
+
+
+def assert_phases_add_up(row: dict[str, str]) -> dict[str, float]:
+    """A row's wall time in phases (orchestrator/job/phases.py): every one recorded, and
+    together the wall time within 5%; the phases, by name."""
+    phases = {p: row[f"phase_{p}_s"] for p in PHASES}
+    assert all(phases.values()), phases
+    seconds = {p: float(v) for p, v in phases.items()}
+    assert all(s >= 0 for s in seconds.values()) and seconds["training"] > 0, seconds
+    assert sum(seconds.values()) == pytest.approx(float(row["wall_s"]), rel=0.05), seconds
+    return seconds
+
+
 def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
     # packing fills every row, so the tokens are known exactly (the same blocks under sft,
     # tests/e2e/test_sft.py)
@@ -143,6 +165,7 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
         assert r["util_window"] in ("measured", "training", "job")
         assert r["gpu_util_mean_pct"] == r["gpu_util_p10_pct"] == ""
         assert r["gpu_mem_bw_util_mean_pct"] == ""
+        assert_phases_add_up(r)
     lora = [r for r in table if r["scenario"] == "lora"]
     assert all(r["peft_method"] == "lora" and r["r"] == "4" for r in lora)
 
@@ -151,6 +174,7 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
     assert len(bench) == 4 and {b["status"] for b in bench} == {"ok"}
     summary = (results / "summary.md").read_text()
     assert "4 experiment(s) in 4 cell(s); ok 4" in summary and "## Scaling" in summary
+    assert "## Where the wall time went" in summary
     assert all(float(b["cpu_util_mean_pct"]) > 0 for b in bench) and "CPU util %" in summary
     # a CPU run speaks of processes: in its tables, notes and guide, never of GPUs
     assert "GPU" not in summary, [line for line in summary.splitlines() if "GPU" in line]

@@ -135,6 +135,8 @@ class StepRecorder:
         self._windowed: dict[int, int] = {}
         self._last: float | None = None
         self._begin: float | None = None
+        #: when the last optimizer step ended (Unix time); None before the first
+        self.last_step_end_unix: float | None = None
         #: the model's sliding windows; None until the trainer has told (before the first batch)
         self.windows: tuple[int, ...] | None = None
 
@@ -168,6 +170,8 @@ class StepRecorder:
             self.stats.first_step_s = now - self._begin
             self.stats.first_step_end_unix = time.time()
         self._last = now
+        # where the run's training phase ends (orchestrator/job/phases.py); not a rank record
+        self.last_step_end_unix = time.time()
         self.stats.step_tokens.append(self._real)
         self.stats.step_padded_tokens.append(self._padded)
         self.stats.step_rows.append(self._rows)

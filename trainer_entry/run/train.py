@@ -126,6 +126,9 @@ def run(
     trainer, engine_note = build_trainer(job, loaded, data, measuring, timings)
 
     output = trainer.train()
+    # the end of training: its last step's (the trainer's own wrap-up after it is not
+    # training); where no step was timed (instrumentation off), now
+    timings["train_end_unix"] = measuring.recorder.last_step_end_unix or time.time()
     engine = engine_record(
         loaded.model,
         devices_per_process=job.per_process,
@@ -257,6 +260,7 @@ def load(job: Job, timings: dict[str, float]) -> tuple[LoadedModel, bool]:
         placement=placement,
     )
     timings["model_load_s"] = time.perf_counter() - t
+    timings["model_end_unix"] = time.time()
     return loaded, built_by_zero_init(loaded.model)
 
 
@@ -272,6 +276,7 @@ def prepare_data(job: Job, loaded: LoadedModel, timings: dict[str, float]) -> Ta
         model_config=loaded.model.config,
     )
     timings["data_prep_s"] = time.perf_counter() - t
+    timings["data_end_unix"] = time.time()
     return data
 
 
