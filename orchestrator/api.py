@@ -321,7 +321,7 @@ def run(
     root = Path(results)
     preflight(chosen, the_plan, ResultsLayout(root), options)
     settle_earlier_jobs(ResultsLayout(root))
-    checked = check_stack(the_plan, skip=not check)
+    checked = check_stack(the_plan, skip=not check, keep=True)
     the_plan = checked.plan
     for line in checked.lines():
         print(line, file=sys.stderr)
@@ -383,7 +383,7 @@ def fit(
     config, the_plan = _load_and_plan(scenarios, plan_options)
     chosen = registry.get(executor).default()
     require(the_plan.experiments, chosen.name)
-    checked = check_stack(the_plan)
+    checked = check_stack(the_plan, keep=True)
     for line in checked.lines():
         print(line, file=sys.stderr)
     the_plan = checked.plan

@@ -160,7 +160,7 @@ def check(request: Mapping[str, Any]) -> dict[str, Any]:
                 problems.append(_problem(str(cell.get("id")), exc))
         models = resolve_models(specs)
         failed_models = {name for name, found in models.items() if "error" in found}
-        unbuilt = 0
+        unbuilt: list[str] = []
         gpu_here: bool | None = None
         for cell, spec in specs:
             try:
@@ -172,14 +172,15 @@ def check(request: Mapping[str, Any]) -> dict[str, Any]:
                 if name in failed_models:
                     continue  # said once, with the model
                 if not check_cell(spec, gpu_here=bool(gpu_here)):
-                    unbuilt += 1
+                    unbuilt.append(cell)
             except Exception as exc:
                 problems.append(_problem(cell, exc))
     return {
         "versions": versions(),
         "models": models,
         "problems": problems,
-        "unbuilt": unbuilt,
+        "unbuilt": len(unbuilt),
+        "unbuilt_cells": unbuilt,
         "seconds": round(time.monotonic() - started, 2),
     }
 

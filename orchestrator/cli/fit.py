@@ -69,7 +69,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     planned = plan_from_args(args, gpu_counter=lambda config: executor_for(config).gpu_counter())
     executor = executor_for(planned.config)
     require(planned.plan.experiments, executor.name)
-    checked = check_stack(planned.plan)
+    checked = check_stack(planned.plan, keep=True, recheck=args.recheck)
     for line in checked.lines():
         print(line, file=sys.stderr)
     run_options = RunOptions(
@@ -173,6 +173,13 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="keep the folder and reuse its probes that ended ok or oom; without it an "
         "earlier fit is moved to RESULTS.<timestamp>",
+    )
+    g.add_argument(
+        "--recheck",
+        action="store_true",
+        help="check every cell again, even one whose verdict was kept from an earlier check "
+        "of the same stack, code, settings and files (by default only the cells not seen "
+        "before are checked; kept in ~/.cache/tunematrix/checks, or $TUNEMATRIX_CACHE)",
     )
     g.add_argument(
         "--no-data-processing",

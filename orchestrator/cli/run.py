@@ -104,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     preflight(executor, plan, planned.layout, options)
     settle_earlier_jobs(planned.layout)
     # every cell's settings against the installed stack, each model found, once
-    checked = check_stack(plan, skip=args.no_check)
+    checked = check_stack(plan, skip=args.no_check, keep=True, recheck=args.recheck)
     plan = checked.plan
     print(
         format_header(
@@ -216,6 +216,13 @@ def add_parser(sub: Any) -> None:
         help="launch without checking every cell against the installed libraries first "
         "(each cell then finds a refused setting or a missing model on its own, after its "
         "imports; CHECK=false)",
+    )
+    g.add_argument(
+        "--recheck",
+        action="store_true",
+        help="check every cell again, even one whose verdict was kept from an earlier check "
+        "of the same stack, code, settings and files (by default only the cells not seen "
+        "before are checked; kept in ~/.cache/tunematrix/checks, or $TUNEMATRIX_CACHE)",
     )
     g.add_argument(
         "--no-stop-early",

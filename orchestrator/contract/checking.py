@@ -6,7 +6,7 @@ without its paths>}, …]}``. The answer, on the stdout line that starts with
 ``ANSWER``: ``{"versions": {package: version}, "models": {name: {"cell", "where",
 "offline"} or {"cell", "error"}}, "problems": [{"cell", "key", "library", "version",
 "message"}], "unbuilt": <GPU cells whose trainer configuration was not built>,
-"seconds": …}``. A problem's ``key`` is None where no one setting is to blame.
+"unbuilt_cells": [<their cell ids>], "seconds": …}``. A problem's ``key`` is None where no one setting is to blame.
 """
 
 from __future__ import annotations

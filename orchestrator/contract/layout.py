@@ -28,6 +28,17 @@ def project_pythonpath() -> str:
     return str(PROJECT_ROOT) + (os.pathsep + current if current else "")
 
 
+def cache_root() -> Path:
+    """The user's tunematrix cache, shared by every results folder: ``$TUNEMATRIX_CACHE``,
+    else ``$XDG_CACHE_HOME/tunematrix``, else ``~/.cache/tunematrix`` (the tiny models the
+    child builds, the check's kept verdicts)."""
+    explicit = os.environ.get("TUNEMATRIX_CACHE")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tunematrix"
+
+
 def shipped(name: str) -> Path:
     """A config file shipped with tunematrix (``scenarios.yaml``, ``defaults.yaml``, ...)."""
     return PROJECT_ROOT / name

@@ -13,6 +13,10 @@ started.
 Each distinct model is resolved once as well; one found only in the hub cache
 while the hub does not answer runs offline (``Experiment.hub_offline``), so
 its jobs do not each wait out the hub's retries.
+
+A cell's verdict is kept (``orchestrator.running.checkverdicts``): a rerun, a
+resume or another matrix on the same stack, code, settings and files asks the
+child only about the cells it has not seen.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import file_mode, project_pythonpath
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.plan import Plan
+from orchestrator.running.checkverdicts import open_verdicts
 
 #: how long the check may take in one interpreter (the imports alone take 5 s on a
 #: laptop and 15 s on some GPU machines; a hub that does not answer adds 5 s)
@@ -55,6 +60,8 @@ class Checked:
     #: GPU cells whose trainer configuration was not built here (no GPU on this machine)
     unbuilt: int
     seconds: float
+    #: the cells whose verdict was kept from an earlier check (not asked again)
+    kept: int = 0
 
     def line(self) -> str:
         """``checked 6 cells against torch 2.13.0, transformers 5.17.0, … (5.1 s)``."""
@@ -65,8 +72,15 @@ class Checked:
             if self.unbuilt
             else ""
         )
+        kept = (
+            f"; {'all' if self.kept == self.cells else self.kept} kept from an earlier check "
+            "of this stack, code and settings"
+            if self.kept
+            else ""
+        )
         return (
-            f"checked {self.cells} cell(s){where} against {shown} ({self.seconds:.1f} s){unbuilt}"
+            f"checked {self.cells} cell(s){where} against {shown} "
+            f"({self.seconds:.1f} s{kept}){unbuilt}"
         )
 
     def model_lines(self) -> list[str]:
@@ -205,11 +219,15 @@ def check_stack(
     *,
     skip: bool = False,
     run: Callable[[str, Sequence[Experiment]], dict[str, Any]] = run_check,
+    keep: bool = False,
+    recheck: bool = False,
 ) -> StackCheck:
     """Check the plan's cells in each interpreter they run under; return the plan with
     each model's resolution applied. The first problem raises ``ConfigError`` (one line
     at the place that set it); ``run`` asks one interpreter (a test may answer instead).
-    ``skip`` (``--no-check``): check nothing, and say so."""
+    ``skip`` (``--no-check``): check nothing, and say so. ``keep``: use and keep the
+    verdicts of earlier checks (``checkverdicts``); ``recheck`` (``--recheck``): ask
+    about every cell again, and keep what it finds."""
     if skip:
         return StackCheck(plan, skipped=True)
     groups: dict[tuple[str | None, tuple[tuple[str, str], ...]], list[Experiment]] = {}
@@ -218,33 +236,45 @@ def check_stack(
     done = StackCheck(plan)
     offline: set[tuple[object, str]] = set()
     for group, cells in groups.items():
-        python = group[0]
+        python = group[0] or sys.executable
         environment = cells[0].environment.name if cells[0].environment is not None else None
         started = time.monotonic()
-        answer = run(python or sys.executable, cells)
-        by_cell = {e.cell_id: e for e in cells}
-        models: Mapping[str, Mapping[str, Any]] = answer.get("models") or {}
+        kept = open_verdicts(python, _environment(dict(group[1]))) if keep else None
+        earlier = {} if kept is None or recheck else kept.found(cells)
+        asked = [e for e in cells if e.cell_id not in earlier]
+        answer = run(python, asked) if asked else {}
+        by_cell = {e.cell_id: e for e in asked}
+        models: dict[str, Mapping[str, Any]] = dict(answer.get("models") or {})
         # a model that leads nowhere: one problem for each cell that names it
         failed = [
             {"cell": e.cell_id, "key": "model_name_or_path", "message": models[name]["error"]}
             for name in models
             if "error" in models[name]
-            for e in cells
+            for e in asked
             if e.model_name_or_path == name
         ]
         problems = [*failed, *(p for p in answer.get("problems") or [] if p["cell"] in by_cell)]
+        if kept is not None and asked:
+            # what passed is kept before a problem stops the run: fixed, only it is asked again
+            kept.keep(asked, answer, failed={p["cell"] for p in problems})
         if problems:
             raise _problem_line(problems, by_cell, environment)
         offline.update((group, name) for name, found in models.items() if found.get("offline"))
+        for verdict in earlier.values():
+            models.setdefault(verdict["model"], verdict["found"])
+        unbuilt = int(answer.get("unbuilt") or 0) + sum(
+            1 for verdict in earlier.values() if not verdict.get("built", True)
+        )
         done.checked.append(
             Checked(
-                python=python or sys.executable,
+                python=python,
                 environment=environment,
-                versions=answer.get("versions") or {},
+                versions=answer.get("versions") or (kept.versions if kept else {}),
                 models=models,
                 cells=len(cells),
-                unbuilt=int(answer.get("unbuilt") or 0),
+                unbuilt=unbuilt,
                 seconds=time.monotonic() - started,
+                kept=len(earlier),
             )
         )
     if offline:

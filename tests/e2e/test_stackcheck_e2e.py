@@ -175,3 +175,32 @@ def test_a_repeated_failure_spares_the_rest_of_its_model(tmp_path: Path) -> None
     assert "failed 2, spared 1" in done.stdout
     summary = (tmp_path / "results" / "summary.md").read_text()
     assert "**Spared**: 1 experiment(s) were not launched" in summary
+
+
+def test_a_second_check_of_the_same_cells_on_the_same_stack_asks_the_child_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real child answers once; its verdicts are kept, and the second check of the same
+    cells reads them (the interpreter's packages looked at, nothing imported)."""
+    from orchestrator.config.scenarios import load_config
+    from orchestrator.matrix.expand import Selection, build_plan
+    from orchestrator.running.stackcheck import check_stack, run_check
+
+    monkeypatch.setenv("TUNEMATRIX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "scenarios.yaml").write_text(_scenario("tiny-llama"))
+    config = load_config(tmp_path / "scenarios.yaml", defaults_file=None)
+    plan = build_plan(config, Selection(device="cpu"), 0)
+    asked: list[int] = []
+
+    def child(python, cells):
+        asked.append(len(cells))
+        return run_check(python, cells)
+
+    first = check_stack(plan, run=child, keep=True)
+    second = check_stack(plan, run=child, keep=True)
+    assert asked == [2]
+    assert first.checked[0].versions == second.checked[0].versions
+    assert first.checked[0].versions["transformers"]
+    assert second.checked[0].models == {"tiny-llama": {**first.checked[0].models["tiny-llama"]}}
+    assert "all kept from an earlier check" in second.lines()[0]

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.layout import cache_root
 from trainer_entry.buildonce import build_once
 from trainer_entry.data.formats import INSTRUCT_PROMPT, INSTRUCT_PROMPT_NO_INPUT
 from trainer_entry.data.sources import SHIPPED_DATASET
@@ -54,15 +54,6 @@ CHAT_TEMPLATE = (
     "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-
-
-def cache_root() -> Path:
-    """``$TUNEMATRIX_CACHE``, else ``$XDG_CACHE_HOME/tunematrix``, else ``~/.cache/tunematrix``."""
-    explicit = os.environ.get("TUNEMATRIX_CACHE")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "tunematrix"
 
 
 def _key() -> str:

@@ -26,9 +26,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.layout import cache_root
 from trainer_entry import ASSETS
 from trainer_entry.data.sources import SHIPPED_DATASET
-from trainer_entry.models.tiny import cache_root, ensure_built, marked_complete
+from trainer_entry.models.tiny import ensure_built, marked_complete
 
 TINY_BERT_NAME = "tiny-bert"
 #: the labelled review set the seq-classification task trains on by default

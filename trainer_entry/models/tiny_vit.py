@@ -20,8 +20,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.layout import cache_root
 from trainer_entry.data.images import SYNTHETIC_CLASSES, SYNTHETIC_VERSION
-from trainer_entry.models.tiny import cache_root, ensure_built, marked_complete
+from trainer_entry.models.tiny import ensure_built, marked_complete
 
 TINY_VIT_NAME = "tiny-vit"
 
