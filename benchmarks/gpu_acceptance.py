@@ -1,44 +1,56 @@
 """The GPU acceptance run: every figure tunematrix publishes, checked against an independent one.
 
-On one GPU with no network, it writes its own dataset, runs ``tunematrix run``
-on a matrix of ``config:`` models (each trainer full and LoRA under DDP, FSDP,
-a steady-state cell, a cell sized to run out of memory and a larger one behind
-it, the default cell again under ``MEMORY_LOGGING=hf-tracker``) and,
-independently, a plain PyTorch loop of the same model, batch, precision and
-activation checkpointing, and torch's ``FlopCounterMode`` on the same model
-(eager attention: it cannot count SDPA with grouped KV heads). It prints one
-table, each check pass or fail:
+On one GPU with no network, in a window of minutes, in four parts, most needed first;
+the table is written as each part ends, so a run cut off keeps every check that finished:
 
-- tokens/s of every trainer >= 0.95 x the plain loop's;
-- flops_per_token within 2% of FlopCounterMode's count, and
-  hardware_flops_per_token (recompute included) within 2% of its count with
-  activation checkpointing;
-- the NVML peak within 5% of torch's reserved peak plus the CUDA context;
-- the oversized cell ``oom`` and the next one ``pruned``;
-- the steady cell's tokens/s within 2% of the fixed-step cell's;
-- what ``MEMORY_LOGGING=hf-tracker`` costs in tokens/s against the default;
-- FSDP's time to first step at most 2x DDP's;
-- the same matrix again with one launch per family (``--launch family``): the wall
-  of running its cells against a launch per cell (reported), and per cell the
-  tokens/s, torch's reserved peak and the NVML peak within 2% of its own launch's,
-  and equal loss curves.
+1. **Independent figures**, in a process of their own: a plain PyTorch loop of the same
+   model, batch, precision and activation checkpointing (fused AdamW, clipping), the same
+   loop over a plain PEFT LoRA model, and torch's ``FlopCounterMode`` on the model with
+   and without non-reentrant checkpointing (eager attention: the counter cannot count
+   SDPA with grouped KV heads), and the CUDA context's size.
+2. **The matrix**, in one ``tunematrix run --launch family``: each trainer full and LoRA
+   under DDP, FSDP, a steady-state cell, a cell sized to run out of memory and a larger
+   one behind it.
+3. **Fresh launches** of the cells that a shared launch ran after another
+   (``--launch cell``), to hold each to its own launch.
+4. **MEMORY_LOGGING=hf-tracker** on the full fine-tuning cell: what it costs.
 
-The table goes to ``benchmarks/results/gpu_acceptance-<date>.md`` (and a
-``.json`` beside it) with the device, the driver and the versions. On a machine
-without a GPU it says so in one line and exits 0 before importing torch.
+Every check fails on a missing row, a status other than ``ok`` or a missing figure;
+only the rows marked ``reported`` may read n/a. With ``--cpu-smoke`` (a few steps of the
+tiny model on a shared CPU) the speed comparisons are shown as reported, not judged, and
+the GPU-only checks are left out; everything else is judged. The checks (``checks``):
 
-Usage: python benchmarks/gpu_acceptance.py [--model config:llama-3.2-1b]
-           [--batch 8] [--seq 2048] [--steps 20] [--keep DIR]
+- tokens/s: full fine-tuning against the plain loop, LoRA against the plain PEFT loop
+  (each >= 0.95x); sft and hf with the same tokens and FLOPs per token;
+- flops_per_token and hardware_flops_per_token (recompute included, in the mode the
+  counter ran) within 2% of FlopCounterMode; MFU within 5% of the counted FLOPs x the
+  plain loop's tokens/s / the device's peak;
+- memory: NVML's peak within 5% of torch's reserved peak plus the CUDA context (DDP and
+  FSDP), torch's reserved peak within 5% of the plain loop's;
+- GPU utilisation of the DDP cell >= 80%;
+- the oversized cell ``oom`` and the larger ``pruned`` (as the tables show statuses);
+- the steady cell within 2% of the fixed-step one; FSDP's time to first step <= 2x DDP's;
+- a shared launch against each cell's own: tokens/s, torch's reserved peak and NVML's
+  peak within 2%, equal loss curves;
+- where the wall time went: each row's phases add up to its wall (5%); a fresh cell's
+  wall <= 2x its training; the family matrix's <= 1.3x its training; the whole run in
+  ``--limit-s`` (360 s).
+
+The table (``gpu_acceptance-<date>.md`` and ``.json``) goes to ``--out`` (default
+``benchmarks/results``), with the device, driver, versions and the parts done. On a
+machine without a GPU it says so in one line and exits 0 before importing torch.
+
+Usage: python benchmarks/gpu_acceptance.py [--model config:llama-3.2-1b] [--batch 8]
+           [--seq 2048] [--steps 20] [--keep DIR] [--out DIR] [--limit-s 360]
        python benchmarks/gpu_acceptance.py --cpu-smoke   (the plumbing on the CPU with the
-           tiny model; GPU-only checks read n/a; nothing is written to benchmarks/results)
+           tiny model; the GPU-only checks are left out; the table goes to the work folder)
 
-Exit code 0 when every check passed (or no GPU), 1 when one failed.
+Exit code 0 when every check passed (or no GPU), 1 when one failed or could not be made.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
@@ -47,23 +59,31 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 SHIPPED_RECORDS = REPO / "trainer_entry" / "assets" / "instructions.jsonl"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+#: LoRA as the matrix's LoRA cells and the plain PEFT loop train it
+LORA = {"r": 16, "lora_alpha": 32}
+#: the parts, in the order they run
+PARTS = ("independent figures", "the matrix (family launches)", "fresh launches", "hf-tracker")
 
 
 # ---------------------------------------------------------------------------
-# Is there a GPU? (no torch: NVML, else nvidia-smi)
+# Is there a GPU? (no torch: NVML, else the driver)
 # ---------------------------------------------------------------------------
 
 
 def gpus() -> tuple[list[str], str | None]:
     """(the GPUs' names, the driver's version): the project's own readers, which import
     no torch (a count from NVML or the driver's /proc entries, names from NVML)."""
-    sys.path.insert(0, str(REPO))
     from orchestrator.job.hardware import gpu_count
     from orchestrator.running.envinfo import nvml_gpus
 
@@ -123,18 +143,22 @@ def scenario(
     return "\n".join(lines) + "\n" + extra
 
 
-def main_matrix(args: argparse.Namespace, dataset: Path, device: str) -> str:
-    """Each trainer full and LoRA under DDP, FSDP, and a steady-state cell."""
+def matrix_yaml(args: argparse.Namespace, dataset: Path, device: str) -> str:
+    """Each trainer full and LoRA under DDP, FSDP, a steady-state cell and, on a GPU, a
+    cell sized to run out of memory (no checkpointing, its own batch and length) with a
+    larger one behind it: one file, one check, family launches."""
     base = {
         "model_name_or_path": args.model,
         "dataset": str(dataset),
         "max_steps": args.steps,
         "activation_checkpointing": True,
         "per_device_train_batch_size": args.batch,
+        "effective_batch_size": args.batch,
+        "max_seq_len": args.seq,
     }
     if device == "cpu":
         base["torch_dtype"] = "float32"
-    lora = {"peft_method": "lora", "r": 16, "lora_alpha": 32}
+    lora = {"peft_method": "lora", **LORA}
     cells = [
         scenario("hf-full", device, "ddp", {**base, "trainer": "hf"}),
         scenario("sft-full", device, "ddp", {**base, "trainer": "sft"}),
@@ -146,36 +170,24 @@ def main_matrix(args: argparse.Namespace, dataset: Path, device: str) -> str:
     ]
     if device == "gpu":
         cells.append(scenario("fsdp-full", device, "fsdp", {**base, "trainer": "hf"}))
-    return (
-        frameworks_yaml()
-        + "matrix:\n"
-        + f"  effective_batch_size: [{args.batch}]\n"
-        + f"  max_seq_len: [{args.seq}]\n"
-        + "  packing: [true]\n"
-        + "scenarios:\n"
-        + "".join(cells)
-    )
-
-
-def oom_matrix(args: argparse.Namespace, dataset: Path) -> str:
-    """A cell sized to run out of memory (no checkpointing), and a larger one behind it."""
-    arguments = {
-        "model_name_or_path": args.model,
-        "dataset": str(dataset),
-        "max_steps": 3,
-        "activation_checkpointing": False,
-        "trainer": "hf",
-    }
-    big, bigger = args.oom_batch, 2 * args.oom_batch
-    return (
-        frameworks_yaml()
-        + "matrix:\n"
-        + f"  effective_batch_size: [{big}, {bigger}]\n"
-        + f"  max_seq_len: [{args.oom_seq}]\n"
-        + "  packing: [true]\n"
-        + "scenarios:\n"
-        + scenario("oversized", "gpu", "ddp", arguments)
-    )
+        oversized = {
+            "model_name_or_path": args.model,
+            "dataset": str(dataset),
+            "max_steps": 3,
+            "activation_checkpointing": False,
+            "trainer": "hf",
+            "max_seq_len": args.oom_seq,
+        }
+        cells.append(
+            scenario(
+                "oversized",
+                device,
+                "ddp",
+                oversized,
+                f"    sweep:\n      effective_batch_size: [{args.oom_batch}, {2 * args.oom_batch}]\n",
+            )
+        )
+    return frameworks_yaml() + "matrix:\n  packing: [true]\nscenarios:\n" + "".join(cells)
 
 
 def child_env() -> dict[str, str]:
@@ -185,27 +197,15 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def tunematrix(work: Path, scenarios: Path, results: Path, *extra: str) -> list[dict[str, str]]:
-    """One ``tunematrix run``; its rows (raw_summary.csv)."""
+def tunematrix(work: Path, scenarios: Path, results: Path, *extra: str) -> int:
+    """One ``tunematrix run`` (its tables left out: the checks read its run folders)."""
     argv = [
         sys.executable,
-        "-m",
-        "orchestrator",
-        "run",
-        "--scenarios",
-        str(scenarios),
-        "--results",
-        str(results),
-        "--no-report",
-        *extra,
+        *("-m", "orchestrator", "run", "--scenarios", str(scenarios)),
+        *("--results", str(results), "--no-report", *extra),
     ]
     print("$", " ".join(argv[1:]), flush=True)
-    subprocess.run(argv, cwd=work, env=child_env(), check=False)
-    table = results / "raw_summary.csv"
-    if not table.exists():
-        return []
-    with table.open() as f:
-        return list(csv.DictReader(f))
+    return subprocess.run(argv, cwd=work, env=child_env(), check=False).returncode
 
 
 # ---------------------------------------------------------------------------
@@ -214,32 +214,24 @@ def tunematrix(work: Path, scenarios: Path, results: Path, *extra: str) -> list[
 
 
 def independent(args: argparse.Namespace, device: str, out: Path) -> dict[str, Any]:
+    """The independent figures, measured in a process of their own; what it wrote before
+    it ended (each figure is written as it is measured), with ``error`` where it failed."""
     argv = [
         sys.executable,
         __file__,
-        "--independent",
-        str(out),
-        "--model",
-        args.model,
-        "--batch",
-        str(args.batch),
-        "--seq",
-        str(args.seq),
-        "--steps",
-        str(args.steps),
-        "--device",
-        device,
+        *("--independent", str(out), "--model", args.model, "--batch", str(args.batch)),
+        *("--seq", str(args.seq), "--steps", str(args.steps), "--device", device),
     ]
-    print("$ plain PyTorch loop and FlopCounterMode", flush=True)
+    print("$ plain PyTorch loops and FlopCounterMode", flush=True)
     proc = subprocess.run(argv, env=child_env(), check=False)
-    if proc.returncode != 0 or not out.exists():
-        return {"error": f"the independent measurement failed (exit {proc.returncode})"}
-    figures: dict[str, Any] = json.loads(out.read_text())
+    figures: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    if proc.returncode != 0:
+        figures["error"] = f"the independent measurement failed (exit {proc.returncode})"
     return figures
 
 
 def measure_independently(args: argparse.Namespace) -> None:
-    """The plain loop and FlopCounterMode (run by ``independent`` in its own process)."""
+    """The plain loops and FlopCounterMode (run by ``independent`` in its own process)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -254,10 +246,18 @@ def measure_independently(args: argparse.Namespace) -> None:
         config = AutoConfig.from_pretrained(tiny_model_path(TINY_NAME))
     else:
         config = AutoConfig.for_model(**architecture_config(args.model))
-    figures: dict[str, Any] = {}
+    figures: dict[str, Any] = {"versions": {"torch": torch.__version__}}
+    out = Path(args.independent)
+
+    def save(**more: Any) -> None:
+        figures.update(more)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(figures))
+        os.replace(tmp, out)
 
     def checkpointing(model: Any) -> None:
-        # the installed name: activation_checkpointing_enable after transformers 5.22
+        # the installed name: activation_checkpointing_enable after transformers 5.22;
+        # non-reentrant, as both trainers set it
         enable = getattr(model, "activation_checkpointing_enable", None)
         if enable is not None:
             enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -265,6 +265,7 @@ def measure_independently(args: argparse.Namespace) -> None:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+        model.enable_input_require_grads()
 
     def nvml_used() -> int | None:
         try:
@@ -276,13 +277,58 @@ def measure_independently(args: argparse.Namespace) -> None:
         except Exception:
             return None
 
-    before = nvml_used() if on_gpu else None
     if on_gpu:
+        before = nvml_used()
         torch.zeros(1, device=device)
         torch.cuda.synchronize()
         after = nvml_used()
         if before is not None and after is not None:
-            figures["cuda_context_bytes"] = after - before - torch.cuda.memory_reserved()
+            save(cuda_context_bytes=after - before - torch.cuda.memory_reserved())
+
+    def plain_loop(lora: bool) -> tuple[float, int | None]:
+        """(tokens/s over the steps after the two warm-up ones, torch's reserved peak)."""
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(
+            device, dtype
+        )
+        model.config.use_cache = False
+        if lora:
+            from peft import LoraConfig, get_peft_model
+
+            # target_modules None: peft's own choice for the architecture, as the cells'
+            model = get_peft_model(model, LoraConfig(**LORA, task_type="CAUSAL_LM"))
+        checkpointing(model.get_base_model() if lora else model)
+        model.train()
+        trained = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trained, lr=2e-5, fused=on_gpu)
+        batch = torch.randint(0, config.vocab_size, (args.batch, args.seq), device=device)
+        if on_gpu:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(args.steps):
+            if on_gpu:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            loss = model(input_ids=batch, labels=batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if on_gpu:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        measured = sorted(times[2:])  # the same two warm-up steps the trainers leave out
+        reserved = int(torch.cuda.max_memory_reserved()) if on_gpu else None
+        del model, optimizer, loss
+        if on_gpu:
+            torch.cuda.empty_cache()
+        return args.batch * args.seq / measured[len(measured) // 2], reserved
+
+    tps, reserved = plain_loop(lora=False)
+    save(plain_tokens_per_second=tps, plain_reserved_peak_bytes=reserved)
+    tps, _ = plain_loop(lora=True)
+    save(plain_lora_tokens_per_second=tps)
 
     # FLOPs per token, counted on one sequence with eager attention
     def count(recompute: bool) -> float:
@@ -299,40 +345,57 @@ def measure_independently(args: argparse.Namespace) -> None:
         del model
         return counter.get_total_flops() / args.seq
 
-    figures["flop_counter_per_token"] = count(recompute=False)
-    figures["flop_counter_per_token_recompute"] = count(recompute=True)
-    if on_gpu:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    save(flop_counter_per_token=count(recompute=False))
+    save(flop_counter_per_token_recompute=count(recompute=True), counter_mode="non-reentrant")
 
-    # the plain loop: same model, batch, precision and checkpointing; fused AdamW, clipping
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device, dtype)
-    model.config.use_cache = False
-    checkpointing(model)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, fused=on_gpu)
-    batch = torch.randint(0, config.vocab_size, (args.batch, args.seq), device=device)
-    times = []
-    for _ in range(args.steps):
-        if on_gpu:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if on_gpu:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    measured = sorted(times[2:])  # the same two warm-up steps the trainers leave out
-    median = measured[len(measured) // 2]
-    figures["plain_tokens_per_second"] = args.batch * args.seq / median
-    if on_gpu:
-        figures["plain_reserved_peak_bytes"] = int(torch.cuda.max_memory_reserved())
-    figures["versions"] = {"torch": torch.__version__}
-    Path(args.independent).write_text(json.dumps(figures))
+
+# ---------------------------------------------------------------------------
+# What the parts left, read through the project's own readers
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Runs:
+    """A ``tunematrix run``'s rows (from its run folders) and each run's loss curve."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    losses: dict[str, Any] = field(default_factory=dict)
+    returncode: int | None = None
+
+    @classmethod
+    def read(cls, results: Path, returncode: int) -> Runs:
+        from orchestrator.contract.result import read_result
+        from orchestrator.results.collect import rows_from_folder
+
+        rows = rows_from_folder(results) if (results / "runs").is_dir() else []
+        losses = {}
+        for row in rows:
+            result = read_result(results / "runs" / str(row["experiment_id"]) / "result.json")
+            losses[str(row["experiment_id"])] = (result or {}).get("loss_history")
+        return cls(rows, losses, returncode)
+
+    def of(self, scenario: str) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("scenario") == scenario]
+
+    def one(self, scenario: str) -> dict[str, Any] | None:
+        found = self.of(scenario)
+        return found[0] if len(found) == 1 else None
+
+
+def status_of(row: Mapping[str, Any] | None) -> str:
+    """A row's status as the tables show it (``pruned``, ``spared``), or ``missing``."""
+    from orchestrator.contract.outcome import shown
+
+    return "missing" if row is None else shown(row.get("status"), row.get("error"))
+
+
+def num(row: Mapping[str, Any] | None, key: str) -> float | None:
+    if row is None or row.get(key) in (None, ""):
+        return None
+    try:
+        return float(row[key])
+    except (TypeError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------------
@@ -340,235 +403,497 @@ def measure_independently(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------
 
 
-def num(row: dict[str, str] | None, key: str) -> float | None:
-    if row is None or not row.get(key):
-        return None
-    try:
-        return float(row[key])
-    except ValueError:
-        return None
+@dataclass
+class Check:
+    name: str
+    measured: str
+    expected: str
+    #: ``pass``, ``FAIL``, or ``reported`` (shown, not judged)
+    result: str
 
 
-def within(value: float | None, reference: float | None, tolerance: float) -> bool | None:
-    if value is None or reference is None or reference == 0:
-        return None
-    return abs(value / reference - 1) <= tolerance
+def judged(name: str, measured: str, expected: str, ok: bool | None, why: str = "") -> Check:
+    """A judged check: ``ok`` None (an input missing) is a FAIL, saying what was missing."""
+    if ok is None:
+        return Check(name, why or measured or "missing", expected, "FAIL")
+    return Check(name, measured, expected, "pass" if ok else "FAIL")
+
+
+def _needs(rows: Mapping[str, Mapping[str, Any] | None], *keys: str) -> str:
+    """What is missing of ``rows`` (by name) and their ``keys``: a row, an ok status or a
+    figure; empty when nothing is."""
+    for name, row in rows.items():
+        status = status_of(row)
+        if status != "ok":
+            error = f": {str(row.get('error'))[:120]}" if row and row.get("error") else ""
+            return f"{name}: {status}{error}"
+        missing = [k for k in keys if num(row, k) is None]
+        if missing:
+            return f"{name}: no {', '.join(missing)}"
+    return ""
+
+
+def within(value: float, reference: float, tolerance: float) -> bool:
+    return reference != 0 and abs(value / reference - 1) <= tolerance
+
+
+def ratio_check(
+    name: str,
+    row_name: str,
+    row: Mapping[str, Any] | None,
+    key: str,
+    reference: float | None,
+    reference_name: str,
+    tolerance: float,
+    *,
+    at_least: bool = False,
+    unit: Callable[[float], str] = lambda v: f"{v:,.0f}",
+    judge: bool = True,
+) -> Check:
+    """``row``'s ``key`` against ``reference``: within ``tolerance`` (``at_least``: no more
+    than ``tolerance`` below it). ``judge`` False: shown as ``reported`` where both are
+    there (a missing one still fails)."""
+    expected = (
+        f">= {1 - tolerance:.2f} x {reference_name}" if at_least else f"within {tolerance:.0%}"
+    )
+    missing = _needs({row_name: row}, key)
+    if missing or reference is None:
+        return judged(name, "", expected, None, missing or f"{reference_name}: missing")
+    value = num(row, key)
+    assert value is not None
+    ok = value >= (1 - tolerance) * reference if at_least else within(value, reference, tolerance)
+    measured = f"{unit(value)} vs {unit(reference)} ({value / reference:.3f}x)"
+    if not judge:
+        return Check(name, measured, f"reported ({expected} on a GPU)", "reported")
+    return judged(name, measured, expected, ok)
+
+
+def gib(value: float) -> str:
+    return f"{value / 2**30:.2f} GiB"
 
 
 def checks(
-    rows: dict[str, dict[str, str]],
-    oom_rows: list[dict[str, str]],
-    tracker: dict[str, str] | None,
-    plain: dict[str, Any],
+    independent: Mapping[str, Any] | None,
+    matrix: Runs | None,
+    fresh: Runs | None,
+    tracker: Runs | None,
+    *,
     on_gpu: bool,
-) -> list[tuple[str, str, str, bool | None]]:
-    """(check, measured, expected, passed: None when it could not be checked)."""
-    out: list[tuple[str, str, str, bool | None]] = []
-    loop = plain.get("plain_tokens_per_second")
-    for name in ("hf-full", "sft-full", "hf-lora", "sft-lora"):
-        row = rows.get(name)
-        tps = num(row, "tokens_per_second_per_device")
-        status = row.get("status") if row else "missing"
-        ok = None if tps is None or loop is None else tps >= 0.95 * loop
-        if name.endswith("lora") and ok is not None:
-            # LoRA trains fewer weights than the full plain loop: shown, not checked
-            ok = None
-        shown = f"{tps:,.0f} tok/s ({status})" if tps else f"({status})"
-        ref = f">= 0.95 x plain loop {loop:,.0f}" if loop else "plain loop missing"
-        if name.endswith("lora"):
-            ref = f"shown beside the full plain loop {loop:,.0f}" if loop else ref
-        out.append((f"{name}: tokens/s", shown, ref, ok))
-    hf, sft = rows.get("hf-full"), rows.get("sft-full")
-    same = None
-    if hf and sft:
-        same = all(hf.get(k) == sft.get(k) for k in ("tokens_measured", "flops_per_token"))
-    out.append(
-        (
-            "sft and hf: same tokens and FLOPs/token",
-            f"{hf.get('tokens_measured') if hf else '-'} / {sft.get('tokens_measured') if sft else '-'}",
-            "equal",
-            same,
+    wall_s: float | None = None,
+    limit_s: float = 360.0,
+) -> list[Check]:
+    """Every check the parts done so far allow (None: a part not run yet)."""
+    out: list[Check] = []
+    if independent is not None:
+        out += _independent_checks(independent, matrix, on_gpu)
+    if matrix is not None:
+        out += _matrix_checks(matrix, on_gpu, (independent or {}).get("cuda_context_bytes"))
+    if fresh is not None and matrix is not None:
+        out += _shared_checks(matrix, fresh, on_gpu)
+    if tracker is not None and matrix is not None:
+        fixed = matrix.one("hf-full")
+        tracked = tracker.one("hf-full")
+        key = "tokens_per_second_per_device"
+        a, b = num(tracked, key), num(fixed, key)
+        out.append(
+            Check(
+                "MEMORY_LOGGING=hf-tracker: tokens/s cost",
+                f"{1 - a / b:.1%} fewer tokens/s with it ({a:,.0f} vs {b:,.0f})"
+                if a and b
+                else f"n/a ({_needs({'tracked': tracked, 'hf-full': fixed}, key)})",
+                "reported",
+                "reported",
+            )
         )
-    )
-    fpt, counted = num(hf, "flops_per_token"), plain.get("flop_counter_per_token")
-    out.append(
-        (
-            "flops_per_token vs FlopCounterMode",
-            f"{fpt:.4e} vs {counted:.4e}" if fpt and counted else "-",
-            "within 2%",
-            within(fpt, counted, 0.02),
+    if wall_s is not None and on_gpu:
+        out.append(
+            judged(
+                "the whole acceptance run: wall time",
+                f"{wall_s:.0f} s",
+                f"<= {limit_s:.0f} s",
+                wall_s <= limit_s,
+            )
         )
+    return out
+
+
+def _independent_checks(plain: Mapping[str, Any], matrix: Runs | None, on_gpu: bool) -> list[Check]:
+    """The rows against the independent figures (the rows may not be there yet: then the
+    independent figures are shown, as they survive a cut-off)."""
+    loop, lora_loop = (
+        plain.get("plain_tokens_per_second"),
+        plain.get("plain_lora_tokens_per_second"),
     )
-    hw, counted_hw = (
-        num(hf, "hardware_flops_per_token"),
+    counted, counted_hw = (
+        plain.get("flop_counter_per_token"),
         plain.get("flop_counter_per_token_recompute"),
     )
-    out.append(
-        (
-            "hardware_flops_per_token vs FlopCounterMode (recompute)",
-            f"{hw:.4e} vs {counted_hw:.4e}" if hw and counted_hw else "-",
-            "within 2%",
-            within(hw, counted_hw, 0.02),
-        )
-    )
-    if on_gpu:
-        nvml, reserved = (
-            num(hf, "mem_nvidia_peak_bytes_max"),
-            num(hf, "torch_max_memory_reserved_bytes"),
-        )
-        context = plain.get("cuda_context_bytes")
-        ref = reserved + context if reserved is not None and context is not None else None
-        out.append(
-            (
-                "NVML peak vs torch reserved peak + CUDA context",
-                f"{nvml / 2**30:.2f} vs {ref / 2**30:.2f} GiB" if nvml and ref else "-",
-                "within 5%",
-                within(nvml, ref, 0.05),
-            )
-        )
-        statuses = [
-            r.get("status") for r in sorted(oom_rows, key=lambda r: int(r["effective_batch_size"]))
-        ]
-        out.append(
-            (
-                "oversized cell, then the larger",
-                " then ".join(map(str, statuses)) or "-",
-                "oom then pruned",
-                statuses == ["oom", "pruned"],
-            )
-        )
-        fsdp = num(rows.get("fsdp-full"), "time_to_first_step_s")
-        ddp = num(hf, "time_to_first_step_s")
-        out.append(
-            (
-                "FSDP time to first step vs DDP's",
-                f"{fsdp:.1f} vs {ddp:.1f} s" if fsdp and ddp else "-",
-                "at most 2x",
-                None if fsdp is None or ddp is None else fsdp <= 2 * ddp,
-            )
-        )
-    steady, fixed = (
-        num(rows.get("steady"), "tokens_per_second_per_device"),
-        num(hf, "tokens_per_second_per_device"),
-    )
-    steps = rows.get("steady", {}).get("steps_measured", "-")
-    out.append(
-        (
-            "steady cell vs fixed steps: tokens/s",
-            f"{steady:,.0f} vs {fixed:,.0f} ({steps} steps measured)" if steady and fixed else "-",
-            "within 2%",
-            within(steady, fixed, 0.02),
-        )
-    )
-    from orchestrator.contract.wording import fewer
-
-    tracked = num(tracker, "tokens_per_second_per_device")
-    out.append(
-        (
-            "MEMORY_LOGGING=hf-tracker: tokens/s cost",
-            f"{fewer(fixed, tracked)} with it ({tracked:,.0f} vs {fixed:,.0f})"
-            if tracked and fixed
-            else "-",
-            "reported",
-            None,
-        )
-    )
-    return out
-
-
-def shared_checks(
-    cell: dict[str, dict[str, Any]],
-    family: dict[str, dict[str, Any]],
-    cell_wall: float | None,
-    family_wall: float | None,
-) -> list[tuple[str, str, str, bool | None]]:
-    """One launch per family against a launch per cell, the same matrix: per experiment
-    (``bench_launch.read_runs`` records, with ``nvml_peak``) its figures within 2%."""
-    out: list[tuple[str, str, str, bool | None]] = [
-        (
-            "the matrix: running its cells, one launch per family vs one per cell",
-            f"{family_wall:.0f} vs {cell_wall:.0f} s ({family_wall / cell_wall:.2f}x)"
-            if family_wall and cell_wall
-            else "-",
-            "reported",
-            None,
+    error = f" ({plain['error']})" if plain.get("error") else ""
+    out = [
+        judged(
+            "independent: plain loop, plain PEFT loop, FlopCounterMode",
+            f"{loop:,.0f} / {lora_loop:,.0f} tok/s; {counted:.4e} / {counted_hw:.4e} FLOPs/token"
+            if loop and lora_loop and counted and counted_hw
+            else "",
+            "all four measured",
+            None if not (loop and lora_loop and counted and counted_hw) else True,
+            f"missing{error}: "
+            + ", ".join(
+                k
+                for k in (
+                    "plain_tokens_per_second",
+                    "plain_lora_tokens_per_second",
+                    "flop_counter_per_token",
+                    "flop_counter_per_token_recompute",
+                )
+                if not plain.get(k)
+            ),
         )
     ]
-    for eid, fresh in sorted(cell.items()):
-        shared = family.get(eid)
-        name = fresh.get("scenario") or eid
-        if shared is None:
-            out.append((f"{name}: shared launch", "missing", "a row", False))
-            continue
-        for key, label in (
-            ("tokens_per_second", "tokens/s"),
-            ("peak", f"peak ({fresh.get('peak_name')})"),
-            ("nvml_peak", "NVML peak"),
-        ):
-            a, b = shared.get(key), fresh.get(key)
-            out.append(
-                (
-                    f"{name}: {label}, shared vs own launch",
-                    f"{a / b:.3f}x ({a:,.0f} vs {b:,.0f})" if a and b else "-",
-                    "within 2%",
-                    within(a, b, 0.02),
-                )
-            )
-        equal = fresh.get("loss_history") == shared.get("loss_history")
+    if matrix is None:
+        return out
+    for name in ("hf-full", "sft-full"):
         out.append(
-            (
-                f"{name}: loss curve, shared vs own launch",
-                f"{'equal' if equal else 'differ'} "
-                f"(status {shared.get('status')} / {fresh.get('status')})",
-                "equal",
-                equal and bool(fresh.get("loss_history")),
+            ratio_check(
+                f"{name}: tokens/s",
+                name,
+                matrix.one(name),
+                "tokens_per_second_per_device",
+                loop,
+                "the plain loop",
+                0.05,
+                at_least=True,
+                judge=on_gpu,
             )
         )
+    for name in ("hf-lora", "sft-lora"):
+        out.append(
+            ratio_check(
+                f"{name}: tokens/s",
+                name,
+                matrix.one(name),
+                "tokens_per_second_per_device",
+                lora_loop,
+                "the plain PEFT loop",
+                0.05,
+                at_least=True,
+                judge=on_gpu,
+            )
+        )
+    hf = matrix.one("hf-full")
+    out.append(
+        ratio_check(
+            "flops_per_token vs FlopCounterMode",
+            "hf-full",
+            hf,
+            "flops_per_token",
+            counted,
+            "FlopCounterMode",
+            0.02,
+            unit=lambda v: f"{v:.4e}",
+        )
+    )
+    hardware = ratio_check(
+        "hardware_flops_per_token vs FlopCounterMode (recompute)",
+        "hf-full",
+        hf,
+        "hardware_flops_per_token",
+        counted_hw,
+        "FlopCounterMode",
+        0.02,
+        unit=lambda v: f"{v:.4e}",
+    )
+    mode = str((hf or {}).get("activation_checkpointing_mode") or "")
+    if hardware.result == "pass" and mode != plain.get("counter_mode"):
+        hardware = Check(
+            hardware.name,
+            f"{hardware.measured}, but the cell checkpointed {mode or 'in no recorded mode'} "
+            f"and the counter {plain.get('counter_mode')}",
+            hardware.expected,
+            "FAIL",
+        )
+    out.append(hardware)
+    if on_gpu:
+        out += _gpu_independent_checks(plain, hf, loop, counted)
     return out
 
 
-def launch_records(results: Path) -> dict[str, dict[str, Any]]:
-    """Per experiment of a run: ``bench_launch.read_runs``'s record, its scenario and
-    NVML peak; empty when the run left no table."""
-    if not (results / "raw_summary.csv").exists():
-        return {}
-    records: dict[str, dict[str, Any]] = _bench_launch().read_runs(results)
-    with (results / "raw_summary.csv").open() as f:
-        for row in csv.DictReader(f):
-            record = records.get(row["experiment_id"])
-            if record is not None:
-                record["scenario"] = row.get("scenario")
-                record["nvml_peak"] = num(row, "mem_nvidia_peak_bytes_max")
-    return records
+def _gpu_independent_checks(
+    plain: Mapping[str, Any],
+    hf: Mapping[str, Any] | None,
+    loop: float | None,
+    counted: float | None,
+) -> list[Check]:
+    from orchestrator.contract.devices import PEAK_TFLOPS
+
+    out = []
+    device = str((hf or {}).get("gpu_device_name") or "")
+    peaks = PEAK_TFLOPS.get(device)
+    precision = str((hf or {}).get("mfu_precision") or "bf16")
+    peak = peaks.for_mode(precision) if peaks is not None else None  # type: ignore[arg-type]
+    expected_mfu = counted * loop / 1e12 / peak if counted and loop and peak else None
+    out.append(
+        ratio_check(
+            "MFU vs counted FLOPs x plain loop tokens/s / peak",
+            "hf-full",
+            hf,
+            "mfu",
+            expected_mfu,
+            f"the independent MFU (peak {peak} TFLOP/s, {precision})",
+            0.05,
+            unit=lambda v: f"{v:.1%}",
+        )
+    )
+    out.append(
+        ratio_check(
+            "torch reserved peak vs the plain loop's",
+            "hf-full",
+            hf,
+            "torch_max_memory_reserved_bytes",
+            plain.get("plain_reserved_peak_bytes"),
+            "the plain loop's",
+            0.05,
+            unit=gib,
+        )
+    )
+    return out
 
 
-def cells_wall(results: Path) -> float | None:
-    """``bench_launch.cells_wall``, None when nothing ran."""
-    try:
-        wall: float = _bench_launch().cells_wall(results)
-    except ValueError:  # no outcomes
-        return None
-    return wall
+def _matrix_checks(matrix: Runs, on_gpu: bool, context: float | None) -> list[Check]:
+    """The matrix's rows on their own, and against each other (``context``: the CUDA
+    context's bytes, from the independent part)."""
+    out: list[Check] = []
+    hf, sft = matrix.one("hf-full"), matrix.one("sft-full")
+    keys = ("tokens_measured", "flops_per_token")
+    missing = _needs({"hf-full": hf, "sft-full": sft}, *keys)
+    out.append(
+        judged(
+            "sft and hf: same tokens and FLOPs/token",
+            "" if missing else " / ".join(f"{num(hf, k):.6g} vs {num(sft, k):.6g}" for k in keys),
+            "equal",
+            None if missing else all(num(hf, k) == num(sft, k) for k in keys),
+            missing,
+        )
+    )
+    out.append(
+        ratio_check(
+            "steady cell vs fixed steps: tokens/s",
+            "steady",
+            matrix.one("steady"),
+            "tokens_per_second_per_device",
+            num(hf, "tokens_per_second_per_device"),
+            "hf-full",
+            0.02,
+            judge=on_gpu,
+        )
+    )
+    for row in matrix.rows:
+        if status_of(row) != "ok":
+            continue
+        phases = [num(row, f"phase_{p}_s") for p in _phase_names()]
+        wall = num(row, "wall_s")
+        out.append(
+            judged(
+                f"{row['scenario']}: phases add up to the wall",
+                f"{sum(p for p in phases if p is not None):.1f} vs {wall:.1f} s"
+                if wall and None not in phases
+                else "",
+                "within 5%",
+                None if wall is None or None in phases else within(sum(phases), wall, 0.05),  # type: ignore[arg-type]
+                "a phase or the wall missing",
+            )
+        )
+    if not on_gpu:
+        return out
+    for name in ("hf-full", "fsdp-full"):
+        row = matrix.one(name)
+        missing = _needs(
+            {name: row}, "mem_nvidia_peak_bytes_max", "torch_max_memory_reserved_bytes"
+        )
+        nvml, reserved = (
+            num(row, "mem_nvidia_peak_bytes_max"),
+            num(row, "torch_max_memory_reserved_bytes"),
+        )
+        out.append(
+            judged(
+                f"{name}: NVML peak vs torch reserved peak + CUDA context",
+                f"{gib(nvml)} vs {gib(reserved + context)}"
+                if nvml and reserved and context is not None
+                else "",
+                "within 5%",
+                None
+                if missing or nvml is None or reserved is None or context is None
+                else within(nvml, reserved + context, 0.05),
+                missing or "the CUDA context: missing",
+            )
+        )
+    out.append(
+        ratio_check(
+            "hf-full: GPU utilisation",
+            "hf-full",
+            hf,
+            "gpu_util_mean_pct",
+            80.0,
+            "80%",
+            0.0,
+            at_least=True,
+            unit=lambda v: f"{v:.0f}%",
+        )
+    )
+    statuses = [
+        status_of(r)
+        for r in sorted(matrix.of("oversized"), key=lambda r: num(r, "effective_batch_size") or 0)
+    ]
+    out.append(
+        judged(
+            "oversized cell, then the larger",
+            " then ".join(statuses) or "missing",
+            "oom then pruned",
+            statuses == ["oom", "pruned"],
+        )
+    )
+    fsdp_row = matrix.one("fsdp-full")
+    missing = _needs({"fsdp-full": fsdp_row, "hf-full": hf}, "time_to_first_step_s")
+    fsdp, ddp = num(fsdp_row, "time_to_first_step_s"), num(hf, "time_to_first_step_s")
+    out.append(
+        judged(
+            "FSDP time to first step vs DDP's",
+            f"{fsdp:.1f} vs {ddp:.1f} s" if fsdp is not None and ddp is not None else "",
+            "at most 2 x DDP's",
+            None if missing or fsdp is None or ddp is None else fsdp <= 2 * ddp,
+            missing,
+        )
+    )
+    trained = [r for r in matrix.rows if r.get("scenario") != "oversized"]
+    out.append(_wall_target("the family matrix: its wall vs its training", trained, 1.3))
+    return out
 
 
-def _bench_launch() -> Any:
-    """``benchmarks/bench_launch.py``, whose readers of a run's folder these share."""
-    import importlib
+def _phase_names() -> tuple[str, ...]:
+    from orchestrator.contract.columns import PHASE_COLUMNS
 
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    return importlib.import_module("bench_launch")
+    return tuple(PHASE_COLUMNS)
 
 
-def render(table: list[tuple[str, str, str, bool | None]], header: dict[str, Any]) -> str:
+def _wall_target(name: str, rows: Iterable[Mapping[str, Any]], most: float) -> Check:
+    """Σ wall over Σ training of ``rows``: at most ``most``; every row must be ok."""
+    rows = list(rows)
+    missing = _needs({str(r.get("scenario")): r for r in rows}, "wall_s", "phase_training_s")
+    if missing or not rows:
+        return judged(name, "", f"at most {most:g}x", None, missing or "no rows")
+    wall = sum(num(r, "wall_s") or 0 for r in rows)
+    training = sum(num(r, "phase_training_s") or 0 for r in rows)
+    return judged(
+        name,
+        f"{wall:.0f} s for {training:.0f} s of training ({wall / training:.2f}x)",
+        f"at most {most:g}x",
+        wall <= most * training,
+    )
+
+
+def _shared_checks(matrix: Runs, fresh: Runs, on_gpu: bool) -> list[Check]:
+    """Each fresh launch against the same cell in its family's launch: within 2%. On the
+    CPU (a few steps of the tiny model on a shared machine) tokens/s are shown, not judged;
+    the process's peak RSS is judged."""
+    out = []
+    by_id = {str(r["experiment_id"]): r for r in matrix.rows}
+    if on_gpu:
+        judged_keys = [
+            "tokens_per_second_global",
+            "torch_max_memory_reserved_bytes",
+            "mem_nvidia_peak_bytes_max",
+        ]
+    else:
+        judged_keys = ["mem_peak_rss_bytes"]
+    if not fresh.rows:
+        out.append(judged("fresh launches", "", "a row per fresh cell", None, "no rows"))
+    for own in fresh.rows:
+        eid = str(own["experiment_id"])
+        name = str(own.get("scenario") or eid)
+        shared = by_id.get(eid)
+        for key in judged_keys:
+            missing = _needs({f"{name} (own)": own}, key)
+            out.append(
+                ratio_check(
+                    f"{name}: {key}, shared vs own launch",
+                    f"{name} (shared)",
+                    shared,
+                    key,
+                    None if missing else num(own, key),
+                    f"its own launch{f' ({missing})' if missing else ''}",
+                    0.02,
+                    unit=gib if "bytes" in key else (lambda v: f"{v:,.0f}"),
+                )
+            )
+        equal = fresh.losses.get(eid) == matrix.losses.get(eid)
+        missing = _needs({f"{name} (own)": own, f"{name} (shared)": shared})
+        out.append(
+            judged(
+                f"{name}: loss curve, shared vs own launch",
+                "equal" if equal else "differ",
+                "equal",
+                None if missing or not fresh.losses.get(eid) else equal,
+                missing or "no loss curve",
+            )
+        )
+        shown = ["host_page_faults_per_step"] + ([] if on_gpu else ["tokens_per_second_global"])
+        for key in shown:
+            a, b = num(shared, key), num(own, key)
+            out.append(
+                Check(
+                    f"{name}: {key}, shared vs own launch",
+                    f"{a:,.0f} vs {b:,.0f}" if a is not None and b is not None else "n/a",
+                    "reported",
+                    "reported",
+                )
+            )
+        if on_gpu:
+            out.append(_wall_target(f"{name}: a fresh cell's wall vs its training", [own], 2.0))
+    return out
+
+
+def render(table: list[Check], header: Mapping[str, Any]) -> str:
     lines = [f"# GPU acceptance run, {header['date']}", ""]
     lines += [f"- {k}: {v}" for k, v in header.items() if k != "date"]
     lines += ["", "| check | measured | expected | result |", "|---|---|---|---|"]
-    for check, measured, expected, ok in table:
-        result = "n/a" if ok is None else ("pass" if ok else "FAIL")
-        lines.append(f"| {check} | {measured} | {expected} | {result} |")
+    for c in table:
+        lines.append(f"| {c.name} | {c.measured} | {c.expected} | {c.result} |")
+    failed = sum(c.result == "FAIL" for c in table)
+    lines += [
+        "",
+        f"{len(table)} checks: {failed} failed"
+        if failed
+        else f"{len(table)} checks: all passed or reported",
+    ]
     return "\n".join(lines) + "\n"
+
+
+def write_table(
+    out: Path, stem: str, table: list[Check], header: Mapping[str, Any], extra: Any
+) -> Path:
+    """The table as markdown and JSON, each replaced whole (a cut-off leaves the last)."""
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / f"{stem}.md"
+    for path, text in (
+        (md, render(table, header)),
+        (
+            out / f"{stem}.json",
+            json.dumps(
+                {"header": dict(header), "checks": [asdict(c) for c in table], **extra},
+                indent=2,
+                default=str,
+            ),
+        ),
+    ):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return md
+
+
+# ---------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace) -> int:
@@ -580,7 +905,10 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     if args.cpu_smoke:
-        args.model, args.batch, args.seq, args.steps = "tiny-llama", 2, 256, 6
+        smoke = {"model": "tiny-llama", "batch": 2, "seq": 256, "steps": 6}
+        for key, value in smoke.items():
+            if getattr(args, key) == DEFAULTS[key]:
+                setattr(args, key, value)
     device = "gpu" if on_gpu else "cpu"
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gpu-acceptance-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -589,90 +917,139 @@ def run(args: argparse.Namespace) -> int:
         from orchestrator.contract.layout import file_mode
 
         work.chmod(file_mode(executable=True))
+    out = Path(args.out) if args.out else (RESULTS if on_gpu else work)
+    started = time.monotonic()
+    date = datetime.date.today().isoformat()
+    stem = f"gpu_acceptance-{date}"
+    header: dict[str, Any] = {
+        "date": date,
+        "device": ", ".join(devices),
+        "driver": driver,
+        "model": args.model,
+        "batch": f"{args.batch} x {args.seq} tokens, packed, activation checkpointing, "
+        f"{args.steps} steps",
+        "work folder": str(work),
+    }
+    parts: dict[str, Any] = {}
+
+    def done(part: str) -> None:
+        index = PARTS.index(part) + 1
+        header["parts done"] = f"{index} of {len(PARTS)} ({', '.join(PARTS[:index])})"
+        header["wall"] = f"{time.monotonic() - started:.0f} s"
+        versions = _versions(work / "matrix")
+        if versions:
+            header["versions"] = versions
+        table = checks(
+            parts.get("independent"),
+            parts.get("matrix"),
+            parts.get("fresh"),
+            parts.get("tracker"),
+            on_gpu=on_gpu,
+            wall_s=time.monotonic() - started if index == len(PARTS) else None,
+            limit_s=args.limit_s,
+        )
+        written = write_table(out, stem, table, header, {"independent": parts.get("independent")})
+        print(f"[{index}/{len(PARTS)}] {part}: {written}", flush=True)
+        parts["table"] = table
+
     dataset = work / "records.jsonl"
     write_dataset(dataset, 400 if args.cpu_smoke else 4000)
-    started = time.perf_counter()
+    (work / "matrix.yaml").write_text(matrix_yaml(args, dataset, device))
 
-    (work / "main.yaml").write_text(main_matrix(args, dataset, device))
-    main_rows = tunematrix(work, work / "main.yaml", work / "main", "--device", device)
-    rows = {r["scenario"]: r for r in main_rows}
-    tracker_rows = tunematrix(
+    parts["independent"] = independent(args, device, work / "independent.json")
+    done(PARTS[0])
+
+    code = tunematrix(
+        work, work / "matrix.yaml", work / "matrix", "--device", device, "--launch", "family"
+    )
+    parts["matrix"] = Runs.read(work / "matrix", code)
+    done(PARTS[1])
+
+    # the cells a shared launch ran after another: each in a launch of its own
+    later = [
+        str(r["scenario"])
+        for r in parts["matrix"].rows
+        if (num(r, "launch_position") or 1) > 1 and r.get("scenario") not in ("steady", "oversized")
+    ]
+    fresh = later or ["hf-lora", "sft-lora"]
+    code = tunematrix(
         work,
-        work / "main.yaml",
+        work / "matrix.yaml",
+        work / "fresh",
+        "--device",
+        device,
+        "--launch",
+        "cell",
+        "--filter",
+        ",".join(sorted(set(fresh))),
+    )
+    parts["fresh"] = Runs.read(work / "fresh", code)
+    done(PARTS[2])
+
+    code = tunematrix(
+        work,
+        work / "matrix.yaml",
         work / "tracker",
         "--device",
         device,
+        "--launch",
+        "cell",
         "--filter",
         "hf-full",
         "--memory-logging",
         "hf-tracker",
     )
-    oom_rows: list[dict[str, str]] = []
-    if on_gpu:
-        (work / "oom.yaml").write_text(oom_matrix(args, dataset))
-        oom_rows = tunematrix(work, work / "oom.yaml", work / "oom", "--device", device)
-    # the same matrix, one launch per family: what it saves, and that it measures the same
-    tunematrix(work, work / "main.yaml", work / "shared", "--device", device, "--launch", "family")
-    plain = independent(args, device, work / "independent.json")
+    parts["tracker"] = Runs.read(work / "tracker", code)
+    done(PARTS[3])
 
-    table = checks(rows, oom_rows, tracker_rows[0] if tracker_rows else None, plain, on_gpu)
-    table += shared_checks(
-        launch_records(work / "main"),
-        launch_records(work / "shared"),
-        cells_wall(work / "main"),
-        cells_wall(work / "shared"),
-    )
-    versions: dict[str, Any] = {}
-    for result in sorted((work / "main" / "runs").glob("*/result.json")):
-        versions = json.loads(result.read_text()).get("versions") or {}
-        break
-    header = {
-        "date": datetime.date.today().isoformat(),
-        "device": ", ".join(devices),
-        "driver": driver,
-        "model": args.model,
-        "batch": f"{args.batch} x {args.seq} tokens, packed, activation checkpointing, {args.steps} steps",
-        "versions": ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
-        or plain.get("versions"),
-        "wall": f"{time.perf_counter() - started:.0f} s",
-        "work folder": str(work),
-    }
-    if "error" in plain:
-        header["independent"] = plain["error"]
-    text = render(table, header)
-    print(text)
-    if on_gpu:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        stem = RESULTS / f"gpu_acceptance-{header['date']}"
-        stem.with_suffix(".md").write_text(text)
-        stem.with_suffix(".json").write_text(
-            json.dumps(
-                {"header": header, "checks": table, "independent": plain}, indent=2, default=str
-            )
-        )
-        print(f"written: {stem}.md")
-    return 1 if any(ok is False for *_, ok in table) else 0
+    print(render(parts["table"], header))
+    return 1 if any(c.result == "FAIL" for c in parts["table"]) else 0
+
+
+def _versions(results: Path) -> str:
+    from orchestrator.contract.result import read_result
+
+    for path in sorted((results / "runs").glob("*/result.json")):
+        versions = (read_result(path) or {}).get("versions") or {}
+        if versions:
+            return ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
+    return ""
+
+
+DEFAULTS = {"model": "config:llama-3.2-1b", "batch": 8, "seq": 2048, "steps": 20}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example: python benchmarks/gpu_acceptance.py --keep /tmp/acceptance",
+        epilog="example: python benchmarks/gpu_acceptance.py --keep /tmp/acceptance --out $OUT",
     )
-    parser.add_argument("--model", default="config:llama-3.2-1b")
-    parser.add_argument("--batch", type=int, default=8, help="per-device batch (sequences)")
-    parser.add_argument("--seq", type=int, default=2048, help="tokens per packed sequence")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--model", default=DEFAULTS["model"])
+    parser.add_argument(
+        "--batch", type=int, default=DEFAULTS["batch"], help="per-device batch (sequences)"
+    )
+    parser.add_argument(
+        "--seq", type=int, default=DEFAULTS["seq"], help="tokens per packed sequence"
+    )
+    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"])
     parser.add_argument("--oom-batch", type=int, default=64, help="the oversized cell's batch")
     parser.add_argument("--oom-seq", type=int, default=4096, help="the oversized cell's length")
     parser.add_argument("--keep", metavar="DIR", help="work folder (default: a new temporary one)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where the table goes (default: benchmarks/results; "
+        "with --cpu-smoke, the work folder)",
+    )
+    parser.add_argument(
+        "--limit-s", type=float, default=360.0, help="the whole run's time budget (default 360)"
+    )
     parser.add_argument("--cpu-smoke", action="store_true", help="the plumbing on the CPU")
     parser.add_argument("--independent", metavar="OUT", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="gpu", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.independent:
-        sys.path.insert(0, str(REPO))
         measure_independently(args)
         return 0
     return run(args)

@@ -1,22 +1,39 @@
-"""benchmarks/gpu_acceptance.py: without a GPU, one line and exit 0 before torch; its checks."""
+"""benchmarks/gpu_acceptance.py: without a GPU, one line and exit 0 before torch; its checks,
+on the run folders a real ``--cpu-smoke`` run left (tests/fixtures/acceptance-cpu: their
+spec, outcome and result files, read through the project's own readers), changed the way
+real runs fail: a row missing, a status not ok, a figure missing, an out-of-memory cell
+and the one pruned behind it written by the project's own outcome writer."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.contract.layout import RunPaths
+from orchestrator.contract.outcome import Outcome, pruned_error, read_outcome, write_outcome
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_acceptance.py"
+FIXTURE = REPO / "tests" / "fixtures" / "acceptance-cpu"
 
 
-def load() -> object:
+def load() -> Any:
     spec = importlib.util.spec_from_file_location("gpu_acceptance", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+acceptance = load()
 
 
 def test_without_a_gpu_it_says_so_in_one_line_before_importing_torch() -> None:
@@ -36,8 +53,7 @@ def test_without_a_gpu_it_says_so_in_one_line_before_importing_torch() -> None:
         env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""},
     )
     lines = proc.stdout.splitlines()
-    acceptance = load()
-    if acceptance.gpus()[0]:  # type: ignore[attr-defined]
+    if acceptance.gpus()[0]:
         return  # a GPU machine: the run itself is the check
     assert lines == [
         "gpu_acceptance: no GPU on this machine (NVML and the driver found none); nothing run",
@@ -45,81 +61,198 @@ def test_without_a_gpu_it_says_so_in_one_line_before_importing_torch() -> None:
     ], proc.stdout + proc.stderr
 
 
-def test_the_checks_pass_and_fail_on_the_figures() -> None:
-    acceptance = load()
-    row = {
-        "status": "ok",
-        "tokens_per_second_per_device": "1000",
-        "tokens_measured": "4096",
-        "flops_per_token": "100",
-        "hardware_flops_per_token": "130",
-        "mem_nvidia_peak_bytes_max": str(10 * 2**30),
-        "torch_max_memory_reserved_bytes": str(9 * 2**30),
-        "time_to_first_step_s": "10",
-        "steps_measured": "18",
-    }
-    rows = {
-        "hf-full": row,
-        "sft-full": {**row, "tokens_per_second_per_device": "900"},
-        "steady": {**row, "tokens_per_second_per_device": "1010"},
-        "fsdp-full": {**row, "time_to_first_step_s": "25"},
-    }
-    oom = [
-        {"effective_batch_size": "128", "status": "pruned"},
-        {"effective_batch_size": "64", "status": "oom"},
-    ]
-    plain = {
-        "plain_tokens_per_second": 1000.0,
-        "flop_counter_per_token": 101.0,
-        "flop_counter_per_token_recompute": 140.0,
-        "cuda_context_bytes": 2**30 // 2,
-    }
+@pytest.fixture
+def folders(tmp_path: Path) -> Path:
+    """A copy of the real --cpu-smoke run's folders, to change."""
+    shutil.copytree(FIXTURE, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def _checks(root: Path, *, on_gpu: bool = False, parts: int = 4) -> dict[str, Any]:
+    independent = json.loads((root / "independent.json").read_text())
+    runs = [acceptance.Runs.read(root / name, 0) for name in ("matrix", "fresh", "tracker")]
     table = acceptance.checks(
-        rows, oom, {**row, "tokens_per_second_per_device": "950"}, plain, True
-    )  # type: ignore[attr-defined]
-    result = {check: ok for check, _, _, ok in table}
-    assert result["hf-full: tokens/s"] is True
-    assert result["sft-full: tokens/s"] is False  # 900 < 0.95 x 1000
-    assert result["hf-lora: tokens/s"] is None  # no row
-    assert result["sft and hf: same tokens and FLOPs/token"] is True
-    assert result["flops_per_token vs FlopCounterMode"] is True  # 1% off
-    assert result["hardware_flops_per_token vs FlopCounterMode (recompute)"] is False  # 7% off
-    assert result["NVML peak vs torch reserved peak + CUDA context"] is False  # 10 vs 9.5 GiB
-    assert result["oversized cell, then the larger"] is True
-    assert result["FSDP time to first step vs DDP's"] is False  # 25 > 2 x 10
-    assert result["steady cell vs fixed steps: tokens/s"] is True
-    assert result["MEMORY_LOGGING=hf-tracker: tokens/s cost"] is None  # reported, not judged
-    text = acceptance.render(table, {"date": "2026-11-25", "device": "NVIDIA H200"})  # type: ignore[attr-defined]
-    assert "| sft-full: tokens/s | 900 tok/s (ok) | >= 0.95 x plain loop 1,000 | FAIL |" in text
-
-
-def test_the_shared_launch_checks_compare_each_cell_with_its_own_launch() -> None:
-    acceptance = load()
-    fresh = {
-        "status": "ok",
-        "scenario": "hf-full",
-        "tokens_per_second": 1000.0,
-        "peak": 10.0 * 2**30,
-        "peak_name": "torch_max_memory_reserved_bytes",
-        "nvml_peak": 11.0 * 2**30,
-        "loss_history": [2.0, 1.5],
-    }
-    shared = {**fresh, "tokens_per_second": 985.0, "nvml_peak": 11.5 * 2**30}
-    lora = {**fresh, "scenario": "hf-lora", "nvml_peak": None}
-    table = acceptance.shared_checks(  # type: ignore[attr-defined]
-        {"a": fresh, "b": lora, "c": {**fresh, "scenario": "sft-full"}},
-        {"a": shared, "b": {**lora, "loss_history": [2.0, 1.4]}},
-        100.0,
-        60.0,
+        independent,
+        *(runs[i] if i < parts - 1 else None for i in range(3)),
+        on_gpu=on_gpu,
     )
-    result = {check: (measured, ok) for check, measured, _, ok in table}
-    wall = "the matrix: running its cells, one launch per family vs one per cell"
-    assert result[wall] == ("60 vs 100 s (0.60x)", None)  # reported, not judged
-    assert result["hf-full: tokens/s, shared vs own launch"][1] is True  # 1.5% off
-    peak = "hf-full: peak (torch_max_memory_reserved_bytes), shared vs own launch"
-    assert result[peak][1] is True
-    assert result["hf-full: NVML peak, shared vs own launch"][1] is False  # 4.5% off
-    assert result["hf-full: loss curve, shared vs own launch"][1] is True
-    assert result["hf-lora: NVML peak, shared vs own launch"][1] is None  # not measured
-    assert result["hf-lora: loss curve, shared vs own launch"][1] is False
-    assert result["sft-full: shared launch"] == ("missing", False)
+    return {c.name: c for c in table}
+
+
+def _run(root: Path, part: str, scenario: str) -> Path:
+    (found,) = [p for p in (root / part / "runs").iterdir() if p.name.startswith(f"{scenario}.")]
+    return found
+
+
+def test_the_real_cpu_run_passes_its_judged_checks(folders: Path) -> None:
+    checks = _checks(folders)
+    judged = {name: c.result for name, c in checks.items() if c.result != "reported"}
+    assert judged and set(judged.values()) == {"pass"}, judged
+    # what the CPU run judges: FLOPs against the counter, its rows' phases, each fresh
+    # launch against its shared one (peak RSS, loss curve), sft against hf
+    for name in (
+        "flops_per_token vs FlopCounterMode",
+        "hardware_flops_per_token vs FlopCounterMode (recompute)",
+        "sft and hf: same tokens and FLOPs/token",
+        "hf-full: phases add up to the wall",
+        "hf-lora: mem_peak_rss_bytes, shared vs own launch",
+        "sft-lora: loss curve, shared vs own launch",
+        "independent: plain loop, plain PEFT loop, FlopCounterMode",
+    ):
+        assert checks[name].result == "pass", name
+    # its speed comparisons are shown, not judged (6 steps of the tiny model on a CPU)
+    assert checks["hf-full: tokens/s"].result == "reported"
+    assert checks["MEMORY_LOGGING=hf-tracker: tokens/s cost"].result == "reported"
+    # and no GPU-only check is in its table
+    assert not any("NVML" in name or "MFU" in name or "oversized" in name for name in checks)
+
+
+def test_a_missing_row_a_failed_status_or_a_missing_figure_fails(folders: Path) -> None:
+    shutil.rmtree(_run(folders, "matrix", "sft-full"))
+    failed = _run(folders, "matrix", "hf-lora")
+    outcome = read_outcome(RunPaths(failed))
+    assert outcome is not None
+    outcome.status, outcome.error = "failed", "RuntimeError: boom"
+    write_outcome(RunPaths(failed), outcome)
+    result_path = _run(folders, "matrix", "hf-full") / "result.json"
+    result = json.loads(result_path.read_text())
+    result["metrics"]["hardware_flops_per_token"] = None
+    result_path.write_text(json.dumps(result))
+    checks = _checks(folders)
+    assert checks["sft-full: tokens/s"].result == "FAIL"  # a shown figure, but no row
+    assert checks["sft-full: tokens/s"].measured == "sft-full: missing"
+    assert checks["sft and hf: same tokens and FLOPs/token"].result == "FAIL"
+    assert checks["hf-lora: tokens/s"].result == "FAIL"
+    assert checks["hf-lora: tokens/s"].measured.startswith("hf-lora: failed: RuntimeError")
+    hardware = checks["hardware_flops_per_token vs FlopCounterMode (recompute)"]
+    assert (hardware.result, hardware.measured) == ("FAIL", "hf-full: no hardware_flops_per_token")
+    # a shared run that failed: its comparison with its own launch fails too
+    assert checks["hf-lora: loss curve, shared vs own launch"].result == "FAIL"
+
+
+def test_a_figure_off_by_more_than_its_tolerance_fails(folders: Path) -> None:
+    independent = json.loads((folders / "independent.json").read_text())
+    independent["flop_counter_per_token_recompute"] *= 1.054  # the H100's gap
+    (folders / "independent.json").write_text(json.dumps(independent))
+    result_path = _run(folders, "matrix", "hf-full") / "result.json"
+    result = json.loads(result_path.read_text())
+    result["activation_checkpointing_mode"] = "reentrant"
+    result_path.write_text(json.dumps(result))
+    checks = _checks(folders)
+    hardware = checks["hardware_flops_per_token vs FlopCounterMode (recompute)"]
+    assert hardware.result == "FAIL" and "(0.949x)" in hardware.measured
+    # within tolerance but in another mode than the counter's: no comparison
+    independent["flop_counter_per_token_recompute"] /= 1.054
+    (folders / "independent.json").write_text(json.dumps(independent))
+    hardware = _checks(folders)["hardware_flops_per_token vs FlopCounterMode (recompute)"]
+    assert hardware.result == "FAIL" and "checkpointed reentrant" in hardware.measured
+
+
+def test_independent_figures_missing_fail_and_survive_a_cut_off(folders: Path) -> None:
+    independent = json.loads((folders / "independent.json").read_text())
+    del independent["plain_lora_tokens_per_second"]
+    (folders / "independent.json").write_text(json.dumps(independent))
+    # cut off after the first part: only the independent figures are in the table
+    checks = _checks(folders, parts=1)
+    assert list(checks) == ["independent: plain loop, plain PEFT loop, FlopCounterMode"]
+    (check,) = checks.values()
+    assert check.result == "FAIL" and "plain_lora_tokens_per_second" in check.measured
+    # the LoRA rows, once there, have nothing to be held to
+    assert _checks(folders)["hf-lora: tokens/s"].result == "FAIL"
+
+
+def _as_gpu(root: Path) -> None:
+    """The real CPU rows, given the figures a GPU run adds (a device, its memory and
+    utilisation), so that the GPU-only checks are made of them."""
+    hf = json.loads((_run(root, "matrix", "hf-full") / "result.json").read_text())
+    independent = json.loads((root / "independent.json").read_text())
+    independent.update(
+        cuda_context_bytes=2**29,
+        plain_reserved_peak_bytes=40 * 2**30,
+        # on the H100 the trainers ran within 1.2% of the plain loop (GPU.md)
+        plain_tokens_per_second=hf["metrics"]["tokens_per_second_per_device"] * 1.01,
+    )
+    (root / "independent.json").write_text(json.dumps(independent))
+    for part in ("matrix", "fresh", "tracker"):
+        for run in (root / part / "runs").iterdir():
+            result = json.loads((run / "result.json").read_text())
+            result["gpu_device_name"] = "NVIDIA H100 80GB HBM3"
+            metrics = result["metrics"]
+            metrics["torch_max_memory_reserved_bytes"] = 40 * 2**30
+            # what the project's MFU would be at the H100's peak (989.4 TFLOP/s, bf16)
+            metrics["mfu"] = (
+                metrics["flops_per_token"] * metrics["tokens_per_second_per_device"] / 989.4e12
+            )
+            metrics["mfu_precision"] = "bf16"
+            (run / "result.json").write_text(json.dumps(result))
+            outcome = read_outcome(RunPaths(run))
+            assert outcome is not None
+            outcome.memory = {
+                **outcome.memory,
+                "mem_nvidia_peak_bytes_max": 40.5 * 2**30,
+                "gpu_util_mean_pct": 97.0,
+            }
+            write_outcome(RunPaths(run), outcome)
+
+
+def _oversized(root: Path, statuses: list[Outcome]) -> None:
+    """The oversized cells as a run leaves them: copies of a real run folder, with the
+    outcomes the runner writes (an OOM, and the larger cell pruned behind it)."""
+    source = _run(root, "matrix", "hf-full")
+    for batch, outcome in zip((64, 128), statuses, strict=True):
+        run = root / "matrix" / "runs" / f"oversized.tiny-llama.ddp.g1.eb{batch}-0000000{batch}"
+        shutil.copytree(source, run)
+        spec = json.loads((run / "spec.json").read_text())
+        spec.update(
+            experiment_id=run.name,
+            cell_id=run.name,
+            scenario="oversized",
+            effective_batch_size=batch,
+        )
+        (run / "spec.json").write_text(json.dumps(spec))
+        (run / "result.json").unlink()
+        write_outcome(RunPaths(run), outcome)
+
+
+def test_the_gpu_checks_read_statuses_as_the_tables_show_them(folders: Path) -> None:
+    _as_gpu(folders)
+    oom = Outcome(status="oom", error="CUDA out of memory. Tried to allocate 4.00 GiB")
+    pruned = Outcome(status="skipped", error=pruned_error("oversized…eb64"))
+    _oversized(folders, [oom, pruned])
+    checks = _checks(folders, on_gpu=True)
+    assert checks["oversized cell, then the larger"].result == "pass"
+    assert checks["oversized cell, then the larger"].measured == "oom then pruned"
+    assert checks["MFU vs counted FLOPs x plain loop tokens/s / peak"].result == "pass"
+    assert checks["torch reserved peak vs the plain loop's"].result == "pass"
+    assert checks["hf-full: NVML peak vs torch reserved peak + CUDA context"].result == "pass"
+    assert checks["hf-full: GPU utilisation"].result == "pass"
+    # no FSDP row in a CPU run's folders: its checks fail, they do not read n/a
+    assert checks["fsdp-full: NVML peak vs torch reserved peak + CUDA context"].result == "FAIL"
+    assert checks["FSDP time to first step vs DDP's"].result == "FAIL"
+    # a second cell that ran out of memory, rather than being pruned: a failure
+    shutil.rmtree(folders / "matrix" / "runs" / "oversized.tiny-llama.ddp.g1.eb64-000000064")
+    shutil.rmtree(folders / "matrix" / "runs" / "oversized.tiny-llama.ddp.g1.eb128-0000000128")
+    _oversized(folders, [oom, oom])
+    check = _checks(folders, on_gpu=True)["oversized cell, then the larger"]
+    assert (check.result, check.measured) == ("FAIL", "oom then oom")
+
+
+def test_the_whole_runs_wall_is_held_to_its_window() -> None:
+    table = acceptance.checks(None, None, None, None, on_gpu=True, wall_s=400.0, limit_s=360.0)
+    (check,) = table
+    assert (check.name, check.result) == ("the whole acceptance run: wall time", "FAIL")
+
+
+def test_every_cell_failing_is_every_check_failing(folders: Path) -> None:
+    for part in ("matrix", "fresh", "tracker"):
+        for run in (folders / part / "runs").iterdir():
+            write_outcome(RunPaths(run), Outcome(status="failed", error="SpecError: no model"))
+            (run / "result.json").unlink()
+    (folders / "independent.json").write_text(json.dumps({"error": "failed (exit 1)"}))
+    checks = _checks(folders)
+    judged = [c for c in checks.values() if c.result != "reported"]
+    assert judged and all(c.result == "FAIL" for c in judged)
+    # the shown speed comparisons have nothing to show: they fail too
+    assert checks["hf-full: tokens/s"].result == "FAIL"
+    text = acceptance.render(list(checks.values()), {"date": "2026-11-27", "device": "cpu"})
+    assert f"{len(checks)} checks: {len(judged)} failed" in text

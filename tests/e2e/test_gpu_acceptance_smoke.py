@@ -1,0 +1,76 @@
+"""benchmarks/gpu_acceptance.py --cpu-smoke, for real: cut off midway it leaves the table of
+the parts that finished, and a run in which every cell fails exits 1.
+
+(A whole --cpu-smoke run takes about 2 minutes here; the folders one left are
+tests/fixtures/acceptance-cpu, which tests/unit/test_gpu_acceptance.py checks.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_run import REPO, env, processes_mentioning
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = REPO / "benchmarks" / "gpu_acceptance.py"
+
+
+def test_cut_off_after_its_first_part_it_leaves_that_parts_table(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--cpu-smoke", "--keep", str(work)],
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    table = work / f"gpu_acceptance-{time.strftime('%Y-%m-%d')}.md"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if table.exists() and "parts done: 1 of 4" in table.read_text():
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "it ended before it could be cut off"
+        # cut off as a time limit does: the whole group gets SIGTERM in the second part
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = table.read_text()
+    assert "- parts done: 1 of 4 (independent figures)" in text
+    lines = [line for line in text.splitlines() if line.startswith("| independent")]
+    assert len(lines) == 1 and lines[0].endswith("| all four measured | pass |"), text
+    assert (work / f"gpu_acceptance-{time.strftime('%Y-%m-%d')}.json").exists()
+    # the matrix it was running when cut off stopped with it: no job is left training
+    time.sleep(2)
+    assert not processes_mentioning(str(work / "matrix")), "a job outlived the cut-off"
+
+
+def test_a_smoke_run_whose_every_cell_fails_exits_1(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu-smoke", "--keep", str(work), "--model", "nowhere"],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    text = next(work.glob("gpu_acceptance-*.md")).read_text()
+    assert "- parts done: 4 of 4" in text
+    results = [
+        line.rsplit("|", 2)[1].strip() for line in text.splitlines() if line.startswith("| ")
+    ]
+    results = [r for r in results if r not in ("result", "---")]
+    assert results and "pass" not in results
+    assert results.count("FAIL") >= 5, text
