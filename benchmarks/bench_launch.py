@@ -17,7 +17,10 @@ command. Then reports:
   runs, and the same for its training peak memory (torch's reserved peak where there
   is a GPU, else the training process's peak RSS), with their ranges over the pairs;
 - whether every run's loss curve is equal (the same seed: they must be) and every
-  status the same.
+  status the same;
+- where the experiments' wall time went in each mode (their phases, summed), and their
+  wall over their training: the CPU counterpart of the GPU targets (a fresh cell at most
+  2x its training, a family matrix at most 1.3x).
 
 Until the tokens/s and peaks are within 2% the default stays ``cell``. Exit code 1 when
 the statuses or losses differ, or the wall ratio is above the target.
@@ -40,6 +43,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 WALL_TARGET = 0.5
+#: where a run's wall time goes (orchestrator/job/phases.py), in order
+PHASES = ("launch", "imports", "model", "data", "first_step", "training", "after_training")
 #: within this the shared launch measures what a launch of its own does
 SAME_WITHIN = 0.02
 
@@ -92,6 +97,8 @@ def read_runs(results: Path) -> dict[str, dict[str, Any]]:
             "peak_name": peak_name,
             "loss_history": result.get("loss_history"),
             "launch_overhead_s": _number(row.get("launch_overhead_s")),
+            "wall_s": _number(row.get("wall_s")),
+            "phases": {p: _number(row.get(f"phase_{p}_s")) for p in PHASES},
         }
     return out
 
@@ -191,6 +198,7 @@ def report(pairs: list[dict[str, Any]]) -> tuple[str, bool]:
         lines.append(
             f"a launch's start-up (launch_overhead_s): median {statistics.median(overheads):.1f} s"
         )
+    lines += ["", *phase_table(pairs)]
     ok = same_status and same_losses and cells_ratio <= WALL_TARGET
     return "\n".join(lines), ok
 
@@ -227,6 +235,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(text + "\n")
     return 0 if ok else 1
+
+
+def phase_table(pairs: list[dict[str, Any]]) -> list[str]:
+    """Where the experiments' wall time went, per mode: each phase summed over the
+    experiments (median over the pairs), and the wall over the training (the H100's
+    targets: a fresh cell at most 2x its training, a family matrix at most 1.3x)."""
+    lines = [
+        "| where the wall went, s (Σ over the experiments) | "
+        + " | ".join(PHASES)
+        + " | wall | wall ÷ training |",
+        "|---|" + "---|" * (len(PHASES) + 2),
+    ]
+    for mode in ("cell", "family"):
+        sums: dict[str, list[float]] = {p: [] for p in (*PHASES, "wall")}
+        for pair in pairs:
+            runs = list(pair[mode].values())
+            if any(r["wall_s"] is None or None in r["phases"].values() for r in runs):
+                continue  # a run that did not record its phases (one that failed)
+            for p in PHASES:
+                sums[p].append(sum(r["phases"][p] for r in runs))
+            sums["wall"].append(sum(r["wall_s"] for r in runs))
+        if not sums["wall"]:
+            lines.append(f"| {mode} | " + " | ".join("–" for _ in (*PHASES, 1, 2)) + " |")
+            continue
+        medians = {k: statistics.median(v) for k, v in sums.items()}
+        ratio = medians["wall"] / medians["training"] if medians["training"] else None
+        lines.append(
+            f"| {mode} | "
+            + " | ".join(f"{medians[p]:.1f}" for p in (*PHASES, "wall"))
+            + f" | {_fmt(ratio)} |"
+        )
+    return lines
 
 
 def _fmt(value: float | None) -> str:
