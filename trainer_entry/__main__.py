@@ -218,12 +218,13 @@ def _one_run(
         from trainer_entry.run import train
 
         backend = train.load_backend(spec)  # its training stack, timed with the rest
+        notes: list[str] = []
         if first:
             timings["import_s"] = time.perf_counter() - t
         else:
-            train.between_runs()
+            notes = train.between_runs()  # and what stays of the earlier runs, noted
         timings["imports_end_unix"] = time.time()
-        train.run(spec, timings, process_start, backend)
+        train.run(spec, timings, process_start, backend, notes=notes)
         return 0
     except KeyboardInterrupt as exc:
         write_failure(spec, "interrupted", exc, timings)

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from orchestrator.config.allocator import resolve_allocator
 from orchestrator.config.environments import EnvironmentEntry, load_environments
 from orchestrator.config.measure import measure_lines, resolve_measure
 from orchestrator.config.schema import (
@@ -44,6 +45,7 @@ from orchestrator.config.values import (
     type_name,
 )
 from orchestrator.config.yamlio import Loc, YamlDoc, load_yaml
+from orchestrator.contract.allocators import Allocator
 from orchestrator.contract.applicability import (
     BACKEND_KEY,
     BATCH_SHARING_SIZES,
@@ -120,6 +122,9 @@ class Scenario:
     search: Search | None = None
     #: steady-state measuring (``measure: {until: steady}``); None: the fixed max_steps
     measure: SteadyMeasure | None = None
+    #: the host memory allocator of its cells (its own ``allocator:``, else the file's);
+    #: None: as the environment has it
+    allocator: Allocator | None = None
     #: the line of each argument and sweep key (``arguments.<key>``, ``sweep.<key>``)
     lines: Mapping[str, int | None] = field(default_factory=dict)
 
@@ -139,6 +144,8 @@ class BenchConfig:
     timeout_s: float | None = None
     #: the file's ``launch:`` (None: not set; the command line's ``--launch`` wins)
     launch: str | None = None
+    #: the file's ``allocator:``, every scenario's that names none (None: not set)
+    allocator: Allocator | None = None
     usd_per_gpu_hour: float | None = None
     #: the executors' sections of the file that it has, by executor name (``<executor>:``)
     executors: Mapping[str, BaseModel] = field(default_factory=dict)
@@ -327,8 +334,13 @@ def _contents_frameworks(
 
 
 def _resolve_scenario(
-    doc: YamlDoc, index: int, sc: ScenarioModel, frameworks: Mapping[str, Framework]
+    doc: YamlDoc,
+    index: int,
+    sc: ScenarioModel,
+    frameworks: Mapping[str, Framework],
+    allocator: Allocator | None = None,
 ) -> Scenario:
+    """Scenario ``index`` checked and resolved; ``allocator``: the file's, where it names none."""
     loc: Loc = ("scenarios", index)
     problem = check_name(sc.name, "scenario name")
     if problem:
@@ -429,6 +441,11 @@ def _resolve_scenario(
         profile_steps=sc.profile_steps,
         search=resolve_search(doc, sc.search, (*loc, "search")),
         measure=resolve_measure(doc, sc.measure, (*loc, "measure")),
+        allocator=(
+            resolve_allocator(doc, sc.allocator, (*loc, "allocator"))
+            if sc.allocator is not None
+            else allocator
+        ),
         lines={
             **{f"arguments.{k}": doc.line_of((*args_loc, k)) for k in sc.arguments},
             **{f"sweep.{k}": doc.line_of((*loc, "sweep", k)) for k in sc.sweep},
@@ -515,10 +532,11 @@ def load_config(
     if isinstance(default_models, str):
         default_models = [default_models]
 
+    allocator = resolve_allocator(doc, model.allocator, ("allocator",))
     scenarios: list[Scenario] = []
     seen: dict[str, int] = {}
     for i, sc in enumerate(model.scenarios):
-        scenario = _resolve_scenario(doc, i, sc, frameworks)
+        scenario = _resolve_scenario(doc, i, sc, frameworks, allocator)
         if not scenario.models:
             if not default_models:
                 raise doc.error(
@@ -565,6 +583,7 @@ def load_config(
         scenarios=tuple(scenarios),
         timeout_s=model.timeout_s,
         launch=model.launch,
+        allocator=allocator,
         usd_per_gpu_hour=model.cost.usd_per_gpu_hour if model.cost else None,
         executors={
             name: getattr(model, name)

@@ -13,7 +13,15 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 
 from orchestrator.config.values import type_name
 from orchestrator.config.yamlio import Loc, YamlDoc, format_loc
@@ -107,6 +115,25 @@ class MeasureModel(_Strict):
     max_steps: PositiveInt | None = None
 
 
+class AllocatorModel(_Strict):
+    """``allocator:``: the host memory allocator of a cell's processes and its settings
+    (``orchestrator.contract.allocators``); ``allocator: jemalloc`` names it alone."""
+
+    #: glibc (the system's malloc), or jemalloc or tcmalloc preloaded
+    name: Literal["glibc", "jemalloc", "tcmalloc"] = "glibc"
+    #: the preloaded allocator's shared library, relative to the scenarios file's folder
+    #: (default: found on this machine at plan time)
+    library: str | None = None
+    #: the allocator's environment variables (``MALLOC_MMAP_THRESHOLD_: 4294967296``)
+    settings: dict[str, StrictInt | str] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        # ``allocator: jemalloc`` is ``allocator: {name: jemalloc}``
+        return {"name": data} if isinstance(data, str) else data
+
+
 class ScenarioModel(_Strict):
     """One scenario: constants, the models to try, frameworks and sweeps."""
 
@@ -134,6 +161,8 @@ class ScenarioModel(_Strict):
     search: SearchModel | None = None
     #: steady-state measuring (``orchestrator.contract.steady``); None: the fixed max_steps
     measure: MeasureModel | None = None
+    #: the host memory allocator of its cells (default: the file's ``allocator:``)
+    allocator: AllocatorModel | None = None
 
 
 class ScenariosFileModel(_Strict):
@@ -144,6 +173,9 @@ class ScenariosFileModel(_Strict):
     timeout_s: PositiveFloat | None = None
     #: ``family``: the experiments of one family share a launch (``--launch``)
     launch: Literal["cell", "family"] | None = None
+    #: the host memory allocator of the scenarios that name none (None: as the
+    #: environment has it)
+    allocator: AllocatorModel | None = None
     cost: CostModel | None = None
     frameworks: dict[str, FrameworkModel] = {}
     matrix: MatrixModel = MatrixModel()

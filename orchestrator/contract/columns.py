@@ -227,6 +227,9 @@ JOB_S = "job_s"
 WALL_S = "wall_s"
 #: a launch's cost before training, paid once however many rows shared it
 LAUNCH_OVERHEAD = "launch_overhead_s"
+#: the host memory allocator in force in a run, and its variables (empty: the defaults)
+ALLOCATOR = "allocator"
+ALLOCATOR_SETTINGS = "allocator_settings"
 #: the phases of a run's wall time, in order (orchestrator/job/phases.py), and their columns
 PHASE_COLUMNS: Mapping[str, str] = MappingProxyType(
     {
@@ -541,10 +544,22 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="first",
         path=("activation_checkpointing_mode",),
     ),
+    # the host memory allocator in force in the child and its variables (empty: none set,
+    # the defaults; trainer_entry/measure/hostallocator.py): they change CPU step times
+    _child(ALLOCATOR, "", aggregate="first", path=(ALLOCATOR,), roles={"annotated": 5}),
+    _child(
+        ALLOCATOR_SETTINGS,
+        "",
+        aggregate="first",
+        path=(ALLOCATOR_SETTINGS,),
+        roles={"annotated": 6},
+    ),
     # -- the child's other figures ---------------------------------------------------------
     _child("step_time_mean_s", "s"),
     _child("step_time_min_s", "s"),
     _child("step_time_max_s", "s"),
+    # a condition of the measurement: the host allocator's churn in the measured steps
+    _child("host_page_faults_per_step", "count", aggregate="median"),
     _child("steps", "count"),
     _child("steps_measured", "count"),
     _child("warmup_steps_excluded", "count"),

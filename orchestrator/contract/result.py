@@ -109,6 +109,9 @@ class ChildMetrics(_Record):
     step_time_ci_pct: float | None = None
     step_time_min_s: float | None = None
     step_time_max_s: float | None = None
+    #: minor page faults per measured step, the busiest rank's: how much the host
+    #: allocator hands memory back and faults it in again (its settings: ``allocator``)
+    host_page_faults_per_step: float | None = None
     #: the trainer's own figures
     train_runtime: Number | None
     train_samples_per_second: Number | None
@@ -253,6 +256,8 @@ class RankRecord(_Record):
     step_sq_tokens: list[int]
     #: sliding window -> Σ r·min(r, w) for each step
     step_windowed_sq_tokens: dict[int, list[int]]
+    #: the process's minor page faults in each step (absent in older records)
+    step_page_faults: list[int] = []
     first_step_s: float | None
     first_step_end_unix: float | None
     peak_rss_bytes: int | None
@@ -324,6 +329,12 @@ class ChildResult(_Record):
     #: ``reentrant``, ``mixed`` or ``other``; None: no block checkpointed
     activation_checkpointing_mode: str | None = None
     gpu_device_name: str | None = None
+    #: the host memory allocator in force in the child, as it found it in its own process:
+    #: ``glibc 2.36``, ``jemalloc /usr/lib/x86_64-linux-gnu/libjemalloc.so.2``, ...
+    allocator: str | None = None
+    #: the allocator variables in force (``MALLOC_*``, ``GLIBC_TUNABLES``, ``TCMALLOC_*``,
+    #: ...): ``NAME=value`` joined by ``; ``, sorted; None: none set, the defaults
+    allocator_settings: str | None = None
     started_at: str | None = None
     metrics: ChildMetrics | None = None
     model: ModelRecord | None = None

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from orchestrator.contract.allocators import Allocator
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import write_atomic
 from orchestrator.contract.steady import SteadyMeasure
@@ -99,6 +100,9 @@ class RunSpec(BaseModel):
     #: steady-state measuring: stop once the mean step time is known to a precision
     #: (``orchestrator.contract.steady``); None: train the fixed ``max_steps``
     measure: SteadyMeasure | None = None
+    #: the host memory allocator the scenario states (``orchestrator.contract.allocators``):
+    #: the job's environment sets it; the child records what is in force, whatever this says
+    allocator: Allocator | None = None
 
     @model_validator(mode="before")
     @classmethod

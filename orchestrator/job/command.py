@@ -7,12 +7,14 @@ Every experiment goes through ``accelerate launch``, one process or many, so a
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.contract.allocators import PRELOAD
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.frameworks import cpu_launch_flag
@@ -97,11 +99,19 @@ def launch_argv(
     return argv
 
 
-def job_env(experiment: Experiment, devices: Sequence[str]) -> dict[str, str]:
-    """Environment variables set for the job on top of the parent's.
+def job_env(
+    experiment: Experiment,
+    devices: Sequence[str],
+    inherited: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Environment variables set for the job on top of the parent's (``inherited``,
+    default ``os.environ``, which the job gets too).
 
     ``devices`` are the ``CUDA_VISIBLE_DEVICES`` entries the scheduler gave the
-    job; a CPU job sees no GPU at all.
+    job; a CPU job sees no GPU at all. A stated allocator sets its variables and
+    preloads its library ahead of what ``LD_PRELOAD`` already names (the framework's,
+    else the parent's); without one, the parent's allocator variables reach the job
+    unchanged.
     """
     env = {
         "CUDA_VISIBLE_DEVICES": ",".join(devices) if experiment.device == "gpu" else "",
@@ -109,6 +119,10 @@ def job_env(experiment: Experiment, devices: Sequence[str]) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
     }
     env.update(experiment.env)
+    if experiment.allocator is not None:
+        parent = os.environ if inherited is None else inherited
+        preloaded = env.get(PRELOAD, parent.get(PRELOAD))
+        env.update(experiment.allocator.environment(preloaded))
     return env
 
 

@@ -52,7 +52,7 @@ from orchestrator.contract.errors import ConfigError, Place, UserError
 from orchestrator.contract.modelnames import is_python_model
 from orchestrator.contract.packing import masked_note, masked_per_document, trl_strategy
 from orchestrator.matrix import frameworks
-from orchestrator.matrix.experiment import Experiment
+from orchestrator.matrix.experiment import Experiment, with_allocator
 from orchestrator.matrix.ids import experiment_id, spec_digest, spec_hash
 from orchestrator.matrix.measuring import measure_note, measure_of, measured
 from orchestrator.matrix.order import order_experiments
@@ -387,6 +387,7 @@ def build_plan(
             # steady state first: its step cap is the max_steps the profile is checked against
             cell = measured(config, scenario, cell, steady, profile)
             cell = profiled(config, scenario, cell, profile)
+            cell = with_allocator(cell, scenario.allocator)
             other = seen.get(cell.experiment_id)
             if other is not None:
                 # Every axis value, model, framework and sweep value is distinct by

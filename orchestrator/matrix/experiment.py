@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.environments import Environment
 from orchestrator.config.scenarios import AccelerateConfig
+from orchestrator.contract.allocators import Allocator
 from orchestrator.contract.applicability import (
     BACKEND_KEY,
     DEFAULT_TASK,
@@ -18,6 +20,7 @@ from orchestrator.contract.applicability import (
 from orchestrator.contract.errors import Place
 from orchestrator.contract.steady import SteadyMeasure
 from orchestrator.matrix import frameworks
+from orchestrator.matrix.ids import spec_hash
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,9 @@ class Experiment:
     #: steady-state measuring (``measure: {until: steady}``, ``--until steady``); None:
     #: the fixed max_steps. Part of the id only when set, so other ids stay as they were
     measure: SteadyMeasure | None = None
+    #: the host memory allocator its processes run under (``allocator:``); None: as the
+    #: environment has it. Part of the id only when set, so other ids stay as they were
+    allocator: Allocator | None = None
     #: where each of its settings was written (not part of the id): an argument's name
     #: (as tunematrix spells it) or a data_processing key -> its file, line and key
     #: path; ``""``: the scenario
@@ -156,4 +162,25 @@ class Experiment:
             **({"position": self.position} if self.position is not None else {}),
             # only in steady-state mode: other specs stay as they were
             **({"measure": self.measure.identity()} if self.measure is not None else {}),
+            # only where the scenario names an allocator: other specs stay as they were
+            **({"allocator": self.allocator.model_dump()} if self.allocator is not None else {}),
         }
+
+
+def allocator_id(experiment_id: str, allocator: Allocator) -> str:
+    """``experiment_id`` with the allocator hashed into its ``-<hash8>``: a cell run under a
+    stated allocator is another experiment than the same cell under the environment's."""
+    readable, _, digest = experiment_id.rpartition("-")
+    return f"{readable}-{spec_hash({'cell': digest, 'allocator': allocator.identity()})}"
+
+
+def with_allocator(cell: Experiment, allocator: Allocator | None) -> Experiment:
+    """``cell`` run under ``allocator``: its ids carry it (``cell`` itself where None)."""
+    if allocator is None:
+        return cell
+    return dataclasses.replace(
+        cell,
+        experiment_id=allocator_id(cell.experiment_id, allocator),
+        cell_id=allocator_id(cell.cell_id, allocator),
+        allocator=allocator,
+    )

@@ -159,6 +159,12 @@ def family_key(experiment: Experiment, key: str) -> str:
             "data_processing": experiment.data_processing,
             "environment": experiment.environment.digest if experiment.environment else None,
             "searched": key,
+            # only where the scenario names an allocator, so other probes' ids stay
+            **(
+                {"allocator": experiment.allocator.identity()}
+                if experiment.allocator is not None
+                else {}
+            ),
         }
     )
 

@@ -2,9 +2,10 @@
 
 A family is the experiments of one launch command: the same model, task,
 trainer, framework (accelerate config and environment overlay), device and
-GPU count, dtype and interpreter, and the same repeat, so that every repeat
-of a cell stays in a launch of its own. Its members keep the plan's order
-(smaller cells first), and families run in the order of their first member.
+GPU count, dtype, interpreter and host allocator (a preload is the process's),
+and the same repeat, so that every repeat of a cell stays in a launch of its
+own. Its members keep the plan's order (smaller cells first), and families run
+in the order of their first member.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def family_key(experiment: Experiment) -> tuple[Any, ...]:
         e.python or "",
         e.python_path,
         e.hub_offline,
+        # a preloaded allocator and its settings are the process's, set at its start
+        e.allocator,
         e.repeat,
     )
 

@@ -21,8 +21,9 @@ The metrics compare knows, and which way each is better, are the columns
 declared with a direction (``Column.better`` in ``orchestrator.contract.columns``).
 
 A matched cell whose sides ran under different conditions (GPU model, memory
-source, run mode: ``ANNOTATED``) is still compared, and marked: the table's
-``differs`` and ``mismatch`` columns, ``≠`` in its label.
+source, run mode, host allocator and its settings: ``ANNOTATED``) is still
+compared, and marked: the table's ``differs`` and ``mismatch`` columns, ``≠`` in
+its label.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ KEYS = registry.with_role("compare")
 #: conditions of a run that are not part of the experiment but change its figures:
 #: a matched cell whose sides differ in one of them is marked
 ANNOTATED = registry.with_role("annotated")
+#: a condition a run leaves empty where it had its default, and the condition whose value
+#: says the run recorded it: on such rows the empty value reads as ``DEFAULT``, so that a
+#: run with allocator settings is marked against one without any
+RECORDED_WITH = {registry.ALLOCATOR_SETTINGS: registry.ALLOCATOR}
+DEFAULT = "default"
 #: what compare checks when no metric is named
 DEFAULT_METRICS = registry.with_role("compared")
 MIN_REPEATS_FOR_TEST = 3
@@ -232,6 +238,25 @@ def _conditions(frame: pd.DataFrame, keys: list[str], column: str) -> pd.Series:
     return values.groupby(keys, sort=False)[column].agg(" / ".join)
 
 
+def _filled(frame: pd.DataFrame, key: str) -> pd.Series:
+    """Whether each row has a value in ``key`` (an empty label counts as none)."""
+    if key not in frame.columns:
+        return pd.Series(False, index=frame.index)
+    values = frame[key]
+    return values.notna() & (values.astype(str).str.strip() != "")
+
+
+def _defaults_read(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with the empty ``RECORDED_WITH`` conditions of the rows that recorded
+    them read as ``DEFAULT``."""
+    for column, witness in RECORDED_WITH.items():
+        default = _filled(frame, witness) & ~_filled(frame, column)
+        if default.any():
+            values = frame[column] if column in frame.columns else pd.Series(None, frame.index)
+            frame = frame.assign(**{column: values.astype(object).where(~default, DEFAULT)})
+    return frame
+
+
 def _mismatches(
     n: pd.DataFrame, r: pd.DataFrame, keys: list[str], cells: pd.Index
 ) -> tuple[pd.DataFrame, list[str]]:
@@ -242,6 +267,7 @@ def _mismatches(
     differs = pd.Series([""] * len(cells), index=cells, dtype=object)
     detail = pd.Series([""] * len(cells), index=cells, dtype=object)
     notes = []
+    n, r = _defaults_read(n), _defaults_read(r)
     for column in ANNOTATED:
         has_new, has_ref = _present(n, column), _present(r, column)
         if has_new != has_ref:

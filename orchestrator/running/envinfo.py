@@ -146,8 +146,22 @@ def _secret(name: str) -> bool:
     return any(word in bare for word in ("TOKEN", "KEY", "SECRET", "PASSWORD"))
 
 
-#: environment variables recorded in ``env.json`` (besides the executors' own prefixes)
-ENV_PREFIXES = ("CUDA_", "NCCL_", "HF_", "OMP_", "TORCH", "PYTORCH_", "TOKENIZERS_")
+#: environment variables recorded in ``env.json`` (besides the executors' own prefixes);
+#: the host allocator's change CPU step times (``orchestrator.contract.allocators``)
+ENV_PREFIXES = (
+    "CUDA_",
+    "NCCL_",
+    "HF_",
+    "OMP_",
+    "TORCH",
+    "PYTORCH_",
+    "TOKENIZERS_",
+    "MALLOC_",
+    "GLIBC_TUNABLES",
+    "LD_PRELOAD",
+    "TCMALLOC_",
+    "_RJEM_MALLOC_CONF",
+)
 
 
 def collect(argv: list[str]) -> dict[str, Any]:

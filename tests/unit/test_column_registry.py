@@ -382,7 +382,14 @@ ROLE_LISTS = {
         "step_time_median_s",
         "train_loss",
     ),
-    "annotated": ("gpu_device_name", "peak_memory_source", "memory_backend", "run_mode"),
+    "annotated": (
+        "gpu_device_name",
+        "peak_memory_source",
+        "memory_backend",
+        "run_mode",
+        "allocator",
+        "allocator_settings",
+    ),
     "cell_figure": (
         "train_tokens_per_second",
         "train_samples_per_second",

@@ -482,6 +482,28 @@ def test_different_gpus_memory_sources_and_run_modes_are_marked(tmp_path, capsys
     assert set(same.table["differs"]) == {""} and "≠" not in markdown(same, "a", "b", 0.1)
 
 
+def test_allocator_settings_against_the_defaults_are_marked(tmp_path) -> None:
+    ref = _results(tmp_path / "ref", repeats=3)
+    new = _results(tmp_path / "new", repeats=3)
+    old = _results(tmp_path / "old", repeats=3)  # before rows recorded the allocator
+    for run in (ref / "runs").iterdir():
+        _edit(run, "result.json", allocator="glibc 2.36")  # no variable set: the defaults
+    for run in (new / "runs").iterdir():
+        settings = "MALLOC_MMAP_THRESHOLD_=4294967296" if run.name.startswith("a.") else None
+        _edit(run, "result.json", allocator="glibc 2.36", allocator_settings=settings)
+    result = compare(_load(new), _load(ref), metrics=["tokens_per_second_global"])
+    table = result.table.set_index("num_gpus")
+    assert table.loc["1", "differs"] == "allocator_settings"
+    assert table.loc["1", "mismatch"] == (
+        "allocator_settings: default (ref) vs MALLOC_MMAP_THRESHOLD_=4294967296 (new)"
+    )
+    assert table.loc["2", "differs"] == ""
+    # a reference that recorded no allocator: not checked, and said so
+    result = compare(_load(new), _load(old), metrics=["tokens_per_second_global"])
+    assert set(result.table["differs"]) == {""}
+    assert "allocator is not recorded in the reference, so it is not checked" in result.notes
+
+
 def test_an_interrupted_cell_is_lost(tmp_path) -> None:
     ref = _results(tmp_path / "ref", repeats=1)
     new = tmp_path / "new"

@@ -116,7 +116,7 @@ def test_unknown_key_names_path_and_allowed_keys(load) -> None:
     assert re.search(
         r"scenarios\.yaml:3: scenarios\[0\]: unknown key 'argumnts'; allowed: name, "
         r"description, framework_config, slow, device, num_gpus, arguments, sweep, timeout_s, "
-        r"profile, profile_steps, search, measure$",
+        r"profile, profile_steps, search, measure, allocator$",
         message,
     ), message
 
@@ -124,7 +124,8 @@ def test_unknown_key_names_path_and_allowed_keys(load) -> None:
 def test_unknown_top_level_key(load) -> None:
     message = _error(load, "scenario:\n  - name: a\n")
     assert message.endswith(
-        "scenarios.yaml:1: unknown key 'scenario'; allowed: accelerate_config, timeout_s, launch, cost, slurm, ray, "
+        "scenarios.yaml:1: unknown key 'scenario'; allowed: accelerate_config, timeout_s, launch, allocator, cost, "
+        "slurm, ray, "
         "frameworks, "
         "matrix, environments, data_processing, scenarios (and 1 more problem)"
     )

@@ -45,6 +45,9 @@ class RankStats:
     step_sq_tokens: list[int] = field(default_factory=list)
     #: sliding window w -> Σ r·min(r, w) for each step
     step_windowed_sq_tokens: dict[int, list[int]] = field(default_factory=dict)
+    #: the process's minor page faults in each step (the host allocator's churn: memory
+    #: handed back to the kernel and faulted in again)
+    step_page_faults: list[int] = field(default_factory=list)
     #: from the start of training to the end of the first step
     first_step_s: float | None = None
     #: wall clock (Unix time) at the end of the first step
@@ -55,6 +58,16 @@ class RankStats:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _page_faults() -> int:
+    """This process's minor page faults so far (0 where the platform does not count them)."""
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+    except (ImportError, OSError):
+        return 0
 
 
 @dataclass(frozen=True)
@@ -137,6 +150,7 @@ class StepRecorder:
         self._begin: float | None = None
         #: when the last optimizer step ended (Unix time); None before the first
         self.last_step_end_unix: float | None = None
+        self._faults = 0
         #: the model's sliding windows; None until the trainer has told (before the first batch)
         self.windows: tuple[int, ...] | None = None
 
@@ -159,6 +173,7 @@ class StepRecorder:
         if self._sync is not None:
             self._sync()
         self._begin = self._last = self._clock()
+        self._faults = _page_faults()
 
     def step_end(self) -> None:
         if self._sync is not None:
@@ -170,6 +185,9 @@ class StepRecorder:
             self.stats.first_step_s = now - self._begin
             self.stats.first_step_end_unix = time.time()
         self._last = now
+        faults = _page_faults()
+        self.stats.step_page_faults.append(faults - self._faults)
+        self._faults = faults
         # where the run's training phase ends (orchestrator/job/phases.py); not a rank record
         self.last_step_end_unix = time.time()
         self.stats.step_tokens.append(self._real)
@@ -232,6 +250,13 @@ def summarize(
     # samples (the rows fed: sequences, packed rows, images); unknown without row records
     samples = sum(sum(r.step_rows[k:steps]) for r in ranks)
     global_sps = samples / window if samples and window > 0 else None
+    # the host allocator's churn, per measured step: the busiest rank's (None where no
+    # rank counted its steps' faults, as records before the count do)
+    faults = [
+        sum(r.step_page_faults[k:steps]) / (steps - k)
+        for r in ranks
+        if len(r.step_page_faults) >= steps
+    ]
     total_real = sum(sum(r.step_tokens[:steps]) for r in ranks)
     total_padded = sum(sum(r.step_padded_tokens[:steps]) for r in ranks)
     return {
@@ -256,6 +281,7 @@ def summarize(
         "step_time_ci_pct": precision_pct(per_step),
         "step_time_min_s": min(per_step),
         "step_time_max_s": max(per_step),
+        "host_page_faults_per_step": max(faults) if faults else None,
     }
 
 

@@ -18,6 +18,7 @@ from orchestrator.contract.result import (
     write_result,
 )
 from orchestrator.contract.spec import RunSpec
+from trainer_entry.measure.hostallocator import in_force
 from trainer_entry.spec_errors import SpecError
 
 
@@ -72,6 +73,10 @@ def write_failure(
     if existing is not None and existing.status != "ok" and existing.launch_id == this_launch:
         return message
     model = spec.arguments.get("model_name_or_path", spec.model_name_or_path)
+    try:  # the conditions it failed under, on every row; never at the cost of the record
+        allocator, allocator_settings = in_force()
+    except Exception:
+        allocator, allocator_settings = None, None
     result = ChildResult(
         experiment_id=spec.experiment_id,
         cell_id=spec.cell_id,
@@ -87,6 +92,8 @@ def write_failure(
         error_rank=int(os.environ.get("RANK", "0")),
         world_size=world,
         launch_id=this_launch,
+        allocator=allocator,
+        allocator_settings=allocator_settings,
         timings=RunTimings.model_validate(timings),
         finished_at=timestamp(),
     )

@@ -33,6 +33,7 @@ from trainer_entry.measure.flops import (
     sequences_or_uniform,
     utilization,
 )
+from trainer_entry.measure.hostallocator import in_force
 from trainer_entry.measure.memory import stage_memory_figures
 from trainer_entry.measure.profile import ProfileOutcome
 from trainer_entry.measure.recompute import Recomputed, checkpointing_mode
@@ -269,6 +270,8 @@ def build_result(
     ]
     pd = settings.per_device_train_batch_size
     ga = settings.gradient_accumulation_steps
+    # rank 0's process: every rank is started with the same environment
+    allocator, allocator_settings = in_force()
     return ChildResult(
         experiment_id=spec.experiment_id,
         cell_id=spec.cell_id,
@@ -302,6 +305,8 @@ def build_result(
         activation_checkpointing=settings.activation_checkpointing,
         activation_checkpointing_mode=checkpointing_mode(model),
         gpu_device_name=device_name,
+        allocator=allocator,
+        allocator_settings=allocator_settings,
         started_at=started_at,
         finished_at=timestamp(),
         metrics=ChildMetrics.model_validate(metrics),

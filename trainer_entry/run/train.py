@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from trainer_entry.measure.engine import (
     seed_before_load,
 )
 from trainer_entry.measure.hooks import StepHooks
+from trainer_entry.measure.hostallocator import in_force, shared_heap_note
 from trainer_entry.measure.memory import (
     MemoryCounters,
     memory_stages,
@@ -94,15 +96,21 @@ def load_backend(spec: RunSpec) -> TrainerBackend:
     return get_backend(backend_name(spec.arguments, task_name(spec.arguments)))
 
 
-def between_runs() -> None:
+def between_runs() -> list[str]:
     """Free what an earlier run of this launch left (its model, optimizer and data are
-    unreferenced once it returned) and reset the peaks, so a run's memory is its own."""
+    unreferenced once it returned) and reset the peaks, so a run's memory is its own.
+
+    Returns the notes of the run that follows on what stays of the earlier runs: a heap
+    they used, where glibc's dynamic mmap threshold may have moved."""
     gc.collect()
     reset_peak_rss()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
         # this rank's device only: touching the others would give each a context
         torch.cuda.reset_peak_memory_stats()
+    allocator, _ = in_force()
+    note = shared_heap_note(allocator, os.environ)
+    return [note] if note else []
 
 
 def run(
@@ -110,16 +118,19 @@ def run(
     timings: dict[str, float],
     process_start: float,
     backend: TrainerBackend | None = None,
+    notes: Sequence[str] = (),
 ) -> ChildResult | None:
     """Train as the spec says; on rank 0, return the result (also written to disk).
 
     ``backend`` is the one the spec names (``load_backend``), given by a caller
-    that imports it ahead to time the import.
+    that imports it ahead to time the import. ``notes``: the result's notes known
+    before it starts (a later run of a shared launch: ``between_runs``'s).
     """
     started_at = timestamp()
     # steady state: the trainer's max_steps is the cap, the hooks stop it earlier
     spec = with_step_cap(spec)
     job = configure(spec, backend or load_backend(spec))
+    job.parsed.notes.extend(notes)
     loaded, zero_init = load(job, timings)
     data = prepare_data(job, loaded, timings)
     measuring = instrument(job)
