@@ -81,7 +81,18 @@ def make_folder(root: Path, n: int, seed: int, scale: float = 1.0) -> None:
                     "error": None if status == "ok" else "CUDA out of memory",
                     "log": f"runs/{eid}/stderr.log",
                     "job_s": 120.0,
+                    "wall_s": 121.0,
                     "memory": {"mem_nvidia_peak_bytes_max": 40e9},
+                    # where its wall time went (orchestrator/job/phases.py)
+                    "phases": {
+                        "launch_s": 4.0,
+                        "imports_s": 15.0,
+                        "model_s": 4.0,
+                        "data_s": 5.0,
+                        "first_step_s": 3.0,
+                        "training_s": 80.0 if status == "ok" else None,
+                        "after_training_s": 10.0 if status == "ok" else None,
+                    },
                 }
             )
         )
