@@ -32,7 +32,8 @@ the GPU-only checks are left out; everything else is judged. The checks (``check
 - the steady cell within 2% of the fixed-step one; FSDP's time to first step <= 2x DDP's;
 - a shared launch against each cell's own: tokens/s, torch's reserved peak and NVML's
   peak within 2%, equal loss curves;
-- where the wall time went: each row's phases add up to its wall (5%); a fresh cell's
+- where the wall time went: each row's phases all recorded, its training phase (the
+  child's instants) equal to its step clock's steps (2% or 50 ms); a fresh cell's
   wall <= 2x its training; the family matrix's <= 1.3x its training; the whole run in
   ``--limit-s`` (360 s).
 
@@ -361,18 +362,25 @@ class Runs:
     rows: list[dict[str, Any]] = field(default_factory=list)
     losses: dict[str, Any] = field(default_factory=dict)
     returncode: int | None = None
+    #: experiment id -> rank 0's step times (the step clock, apart from the phases' instants)
+    step_times: dict[str, list[float]] = field(default_factory=dict)
+    #: the scenarios the run was asked for (a missing one is a failed check)
+    asked: tuple[str, ...] = ()
 
     @classmethod
-    def read(cls, results: Path, returncode: int) -> Runs:
+    def read(cls, results: Path, returncode: int, asked: Iterable[str] = ()) -> Runs:
         from orchestrator.contract.result import read_result
         from orchestrator.results.collect import rows_from_folder
 
         rows = rows_from_folder(results) if (results / "runs").is_dir() else []
-        losses = {}
+        losses, step_times = {}, {}
         for row in rows:
-            result = read_result(results / "runs" / str(row["experiment_id"]) / "result.json")
-            losses[str(row["experiment_id"])] = (result or {}).get("loss_history")
-        return cls(rows, losses, returncode)
+            eid = str(row["experiment_id"])
+            result = read_result(results / "runs" / eid / "result.json") or {}
+            losses[eid] = result.get("loss_history")
+            ranks = result.get("ranks") or [{}]
+            step_times[eid] = list(ranks[0].get("step_times_s") or [])
+        return cls(rows, losses, returncode, step_times, tuple(asked))
 
     def of(self, scenario: str) -> list[dict[str, Any]]:
         return [r for r in self.rows if r.get("scenario") == scenario]
@@ -688,21 +696,8 @@ def _matrix_checks(matrix: Runs, on_gpu: bool, context: float | None) -> list[Ch
         )
     )
     for row in matrix.rows:
-        if status_of(row) != "ok":
-            continue
-        phases = [num(row, f"phase_{p}_s") for p in _phase_names()]
-        wall = num(row, "wall_s")
-        out.append(
-            judged(
-                f"{row['scenario']}: phases add up to the wall",
-                f"{sum(p for p in phases if p is not None):.1f} vs {wall:.1f} s"
-                if wall and None not in phases
-                else "",
-                "within 5%",
-                None if wall is None or None in phases else within(sum(phases), wall, 0.05),  # type: ignore[arg-type]
-                "a phase or the wall missing",
-            )
-        )
+        if status_of(row) == "ok":
+            out.append(_training_phase(row, matrix.step_times.get(str(row["experiment_id"]))))
     if not on_gpu:
         return out
     for name in ("hf-full", "fsdp-full"):
@@ -769,6 +764,25 @@ def _matrix_checks(matrix: Runs, on_gpu: bool, context: float | None) -> list[Ch
     return out
 
 
+def _training_phase(row: Mapping[str, Any], step_times: list[float] | None) -> Check:
+    """Every phase of the row's wall recorded, and its training phase (the child's
+    instants at the first and last step's end, on the host's clock) equal to the step
+    clock's own steps after the first (rank 0's), within 2% or 50 ms."""
+    name = f"{row['scenario']}: training phase vs its step times"
+    missing = _needs(
+        {str(row["scenario"]): row}, "wall_s", *(f"phase_{p}_s" for p in _phase_names())
+    )
+    if missing or not step_times:
+        return judged(name, "", "within 2% or 50 ms", None, missing or "no step times")
+    phase, steps = num(row, "phase_training_s") or 0.0, sum(step_times[1:])
+    return judged(
+        name,
+        f"{phase:.3f} vs {steps:.3f} s",
+        "within 2% or 50 ms",
+        abs(phase - steps) <= max(0.05, 0.02 * steps),
+    )
+
+
 def _phase_names() -> tuple[str, ...]:
     from orchestrator.contract.columns import PHASE_COLUMNS
 
@@ -805,7 +819,10 @@ def _shared_checks(matrix: Runs, fresh: Runs, on_gpu: bool) -> list[Check]:
         ]
     else:
         judged_keys = ["mem_peak_rss_bytes"]
-    if not fresh.rows:
+    ran = {str(r.get("scenario")) for r in fresh.rows}
+    for name in sorted(set(fresh.asked) - ran):
+        out.append(judged(f"{name}: its own launch", "", "a row", None, f"{name}: missing"))
+    if not fresh.rows and not fresh.asked:
         out.append(judged("fresh launches", "", "a row per fresh cell", None, "no rows"))
     for own in fresh.rows:
         eid = str(own["experiment_id"])
@@ -983,7 +1000,7 @@ def run(args: argparse.Namespace) -> int:
         "--filter",
         ",".join(sorted(set(fresh))),
     )
-    parts["fresh"] = Runs.read(work / "fresh", code)
+    parts["fresh"] = Runs.read(work / "fresh", code, asked=sorted(set(fresh)))
     done(PARTS[2])
 
     code = tunematrix(

@@ -257,6 +257,7 @@ def run(
     prune: bool = True,
     stop_early: bool = True,
     check: bool = True,
+    recheck: bool = False,
     launch: str | None = None,
     **plan_options: Any,
 ) -> RunResult:
@@ -272,7 +273,9 @@ def run(
     experiment, even one certain to run out of memory (``--no-prune``). ``stop_early=False``:
     launch every experiment like two cells that already failed with the same error
     (``--no-stop-early``). ``check=False``: launch without checking every cell against the
-    installed libraries first (``--no-check``). ``launch="family"``: the experiments of
+    installed libraries first (``--no-check``); ``recheck=True``: check every cell again,
+    even one whose verdict was kept from an earlier check (``--recheck``).
+    ``launch="family"``: the experiments of
     one family share a launch (``--launch family``; default: the file's ``launch:``,
     else ``cell``).
     """
@@ -321,7 +324,7 @@ def run(
     root = Path(results)
     preflight(chosen, the_plan, ResultsLayout(root), options)
     settle_earlier_jobs(ResultsLayout(root))
-    checked = check_stack(the_plan, skip=not check, keep=True)
+    checked = check_stack(the_plan, skip=not check, keep=True, recheck=recheck)
     the_plan = checked.plan
     for line in checked.lines():
         print(line, file=sys.stderr)
@@ -364,6 +367,7 @@ def fit(
     resume: bool = False,
     timeout_s: float | None = None,
     executor: str = "local",
+    recheck: bool = False,
     **plan_options: Any,
 ) -> FitRecord:
     """The largest per-device batch (or ``max_seq_len``) that fits, per cell family.
@@ -372,7 +376,8 @@ def fit(
     ``probe_steps`` steps, fresh launches into ``results``, for the scenarios with
     ``search:`` (``search`` names what to search in every selected scenario
     instead). Returns each family's answer and probes; fit.json and fit.md are
-    written. The matrix itself is never changed.
+    written. The matrix itself is never changed. ``recheck=True``: check every cell
+    against the installed libraries again, kept verdicts or not (``--recheck``).
     """
     from orchestrator.executors import registry
     from orchestrator.job.execute import RunOptions
@@ -383,7 +388,7 @@ def fit(
     config, the_plan = _load_and_plan(scenarios, plan_options)
     chosen = registry.get(executor).default()
     require(the_plan.experiments, chosen.name)
-    checked = check_stack(the_plan, keep=True)
+    checked = check_stack(the_plan, keep=True, recheck=recheck)
     for line in checked.lines():
         print(line, file=sys.stderr)
     the_plan = checked.plan

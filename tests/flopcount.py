@@ -57,4 +57,5 @@ def counted_step(
         for handle in handles:
             handle.remove()
         recomputed = watch.detach()
+    assert recomputed is not None, watch.unwatched
     return CountedStep(counter.get_total_flops() / ids.numel(), recomputed, sum(skipped))

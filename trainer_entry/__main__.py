@@ -88,15 +88,14 @@ def _exit_without_teardown(code: int) -> None:
     2.1-2.4 s of a tiny CPU run's 13 s (more with a GPU's context), after the
     result was on disk: the wall time's ``after_training`` phase. What an exit owes
     others still runs, in Python's order: the threads that are not daemons are
-    joined, the ``atexit`` handlers run (a tracker's upload, a library's temporary
+    joined (after the exit hooks threads register, which wake a thread pool's idle
+    workers), the ``atexit`` handlers run (a tracker's upload, a library's temporary
     files) and the streams are flushed; only the teardown is skipped.
     """
     import atexit
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    threading._shutdown()  # type: ignore[attr-defined]  # what Python's exit does first
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

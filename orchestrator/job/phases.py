@@ -8,9 +8,10 @@ they are the wall time:
 - ``launch``: the wall's start to the run's start: the sidecar, ``accelerate
   launch``'s own interpreter and imports, torchrun's spawn, until the child's
   process starts. In a shared launch (``--launch family``) a later run's is the
-  hand-over from the run before it (its result written, its objects freed);
+  hand-over: from the run before's result written to this run's start;
 - ``imports``: the child's interpreter, its checks and the training stack's
-  imports (a later run of a shared launch imports nothing: only its checks);
+  imports (a later run of a shared launch imports nothing: it frees what the run
+  before left, and checks its spec);
 - ``model``: the run's settings built and the model loaded;
 - ``data``: the data prepared, or read from the prepared-data cache;
 - ``first_step``: the trainer built (and wrapped by FSDP or DeepSpeed) and its
@@ -19,7 +20,8 @@ they are the wall time:
 - ``after_training``: the last step to the wall's end: the trainer's wrap-up,
   the memory peaks, eval where asked, the ranks' records gathered and the
   result written, the processes' exit and the launcher's, and the stop of the
-  job's process group and sidecar.
+  job's process group and sidecar (in a shared launch, a run's ends with its
+  result written, but the last run's, which holds the launch's exit).
 
 A phase whose ends were not both recorded (a run that failed before its first
 step has no ``training``) is None.

@@ -32,7 +32,8 @@ def phases_markdown(rows: pd.DataFrame) -> list[str]:
     if values.empty:
         return []
     values["cell_id"] = ok.loc[values.index, "cell_id"].astype(str)
-    cells = values.groupby("cell_id", sort=False).median()
+    # means, which add up as the phases of each run do (medians need not)
+    cells = values.groupby("cell_id", sort=False).mean()
     training = PHASE_COLUMNS["training"]
     # formatted a column at a time (a row at a time took 0.7 s for 5,000 cells)
     shown = [cells[c].map("{:.1f}".format) for c in [WALL_S, *columns]]
@@ -45,10 +46,11 @@ def phases_markdown(rows: pd.DataFrame) -> list[str]:
         "",
         "## Where the wall time went",
         "",
-        "Each cell's wall time in seconds, split into phases that add up to it (medians over "
+        "Each cell's wall time in seconds, split into phases that add up to it (means over "
         "its ok runs; `phase_*_s` in raw_summary.csv): **launch**, from the start to the "
-        "training process's (the launcher and its imports; in a shared launch, the hand-over "
-        "from the run before); **imports**, the child's interpreter and the training stack; "
+        "training process's (the launcher and its imports; in a shared launch, from the run "
+        "before's result); **imports**, the child's interpreter and the training stack (in a "
+        "shared launch, freeing the run before's objects); "
         "**model**, its settings and load; **data**, prepared or read from the cache; "
         "**first step**, building the trainer and its first (warm-up) step; **training**, "
         "the first step's end to the last's; **after training**, the results, eval where "

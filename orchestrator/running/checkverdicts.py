@@ -12,7 +12,8 @@ cell depends on nothing but:
 - the files and folders those settings name (a dataset, a local model, a
   ``config.json``): whether each exists, its size and modification time;
 - the variables the check runs with that the libraries read (the hub's, CUDA's,
-  Python's path), the working folder, and how many GPUs this machine has.
+  Python's path), the working folder, and this machine's GPUs (how many, which,
+  their driver: a setting such as ``bf16`` is refused on a GPU without it).
 
 A verdict is kept in the user's cache (``checks/`` under ``cache_root``) under a
 key of all of these, and is used only where every part is the same again. Only
@@ -24,6 +25,7 @@ hub, or in the hub's cache, is asked after again. ``--recheck`` asks for all.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -36,6 +38,7 @@ from typing import Any
 from orchestrator.contract.layout import PROJECT_ROOT, cache_root, write_atomic
 from orchestrator.job.hardware import gpu_count
 from orchestrator.matrix.experiment import Experiment
+from orchestrator.running.envinfo import nvml_gpus
 
 #: where a model was found that no network or hub cache decided (``Resolved.where``)
 OFFLINE_WHERE = ("shipped", "architecture", "function", "local folder")
@@ -57,6 +60,8 @@ _PER_RUN = ("experiment_id", "repeat", "position")
 _CHECKED_CODE = ("trainer_entry", "orchestrator/contract")
 #: kept verdicts per stack, at most (the oldest go first)
 MAX_KEPT = 5000
+#: the files of a named folder stat'd, at most (a local model's are a few)
+_MAX_INNER = 200
 #: the interpreter's packages and path, without importing any of them
 _PROBE = """\
 import importlib.metadata as m, json, os, sys
@@ -91,7 +96,8 @@ def _strings(value: Any) -> Iterator[str]:
 
 def named_paths(spec: Mapping[str, Any]) -> dict[str, list[Any] | None]:
     """Every string of ``spec`` read as a path (``config:<path>`` too), with its stat; a
-    folder's ``config.json`` and ``adapter_config.json`` with it (a local model)."""
+    folder's files with it (a local model: its config, its code), and where a
+    ``python:`` model's package is found (what the check finds, without importing it)."""
     out: dict[str, list[Any] | None] = {}
     for text in _strings(spec):
         if not text or len(text) > 4096 or "\0" in text or "\n" in text:
@@ -99,10 +105,35 @@ def named_paths(spec: Mapping[str, Any]) -> dict[str, list[Any] | None]:
         path = Path(text.removeprefix("config:")).expanduser()
         found = _stat(path)
         out[text] = found
-        if found is not None and found[2]:
-            for inner in ("config.json", "adapter_config.json"):
-                out[f"{text}/{inner}"] = _stat(path / inner)
+        model_folder = (
+            found is not None
+            and found[2]
+            and any((path / name).is_file() for name in ("config.json", "adapter_config.json"))
+        )
+        if model_folder:
+            try:
+                with os.scandir(path) as entries:
+                    inner = sorted(e.name for e in itertools.islice(entries, _MAX_INNER))
+            except OSError:
+                inner = []
+            for name in inner:
+                out[f"{text}/{name}"] = _stat(path / name)
+    model = str(spec.get("model_name_or_path") or "")
+    if model.startswith("python:"):
+        out[model] = _package_stat(model, spec.get("python_path") or [])
     return out
+
+
+def _package_stat(model: str, python_path: Iterable[str]) -> list[Any] | None:
+    """Where ``python:<package>…`` would be found (the check's ``find_spec``, on
+    ``python_path`` then the working folder), with its stat; None where nowhere."""
+    top = model.removeprefix("python:").split(":", 1)[0].split(".", 1)[0]
+    for folder in [*python_path, os.getcwd()]:
+        for candidate in (Path(folder) / top / "__init__.py", Path(folder) / f"{top}.py"):
+            found = _stat(candidate)
+            if found is not None:
+                return [str(candidate), *found]
+    return None
 
 
 def code_fingerprint(root: Path = PROJECT_ROOT) -> str:
@@ -200,6 +231,7 @@ def open_verdicts(
     stack = stack_fingerprint(python, env)
     if stack is None:
         return None
+    nvml = nvml_gpus()
     context = _digest(
         {
             "stack": stack,
@@ -207,6 +239,8 @@ def open_verdicts(
             "env": environment_part(env),
             "cwd": os.getcwd(),
             "gpus": gpu_count(),
+            "gpu_names": [d.get("name") for d in nvml.get("devices", [])],
+            "driver": [nvml.get("driver"), nvml.get("cuda_driver")],
         }
     )
     path = (root or cache_root() / "checks") / f"{context[:32]}.json"

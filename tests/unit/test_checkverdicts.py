@@ -179,3 +179,22 @@ def test_an_unreadable_cache_is_checked_afresh_and_written_again(plan, cache, da
     check_stack(built, run=child, keep=True)
     check_stack(built, run=child, keep=True)
     assert [len(a) for a in child.asked] == [2, 2]
+
+
+def test_a_local_models_files_and_a_python_models_package_are_part_of_the_key(
+    tmp_path, monkeypatch
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "modeling_x.py").write_text("x = 1\n")
+    before = checkverdicts.named_paths({"model_name_or_path": str(model)})
+    os.utime(model / "modeling_x.py", ns=(1, 1))  # its remote code edited in place
+    assert checkverdicts.named_paths({"model_name_or_path": str(model)}) != before
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mymodels").mkdir()
+    spec = {"model_name_or_path": "python:mymodels.build:make", "python_path": []}
+    assert checkverdicts.named_paths(spec)["python:mymodels.build:make"] is None
+    (tmp_path / "mymodels" / "__init__.py").write_text("")
+    found = checkverdicts.named_paths(spec)["python:mymodels.build:make"]
+    assert found is not None and found[0].endswith("mymodels/__init__.py")

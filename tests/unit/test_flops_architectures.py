@@ -540,3 +540,46 @@ def test_the_shipped_architectures_are_all_checked() -> None:
             assert f"config:{name}" not in SHIPPED
             test_file = here / f"test_task_{task.replace('-', '_')}.py"
             assert test_file.is_file(), f"{name} ({task}) needs its checks in {test_file.name}"
+
+
+def test_attention_modules_that_are_not_the_layers_give_no_hardware_figure() -> None:
+    """A model whose attention modules do not map one to one onto its text layers (a
+    vision tower's, cross-attention) leaves the recompute of attention unknown: no
+    hardware figure, with a note, rather than a mean share that a frozen tower dilutes."""
+    model = _model("config:llama-3.2-1b", "full")
+    _checkpoint(model, reentrant=False)
+    _, watched = _watched_step(model, torch.randint(3, VOCAB, (BATCH, SEQ)))
+    extra = Recomputed(watched.shares, watched.started, (*watched.attention, 0.0))
+    estimate = estimate_flops(model, SEQ, extra)
+    assert estimate.hardware_flops_per_token is None
+    assert (
+        "3 attention module(s)" in estimate.hardware_note and "2 layers" in estimate.hardware_note
+    )
+    assert (
+        estimate.model_flops_per_token == estimate_flops(model, SEQ, watched).model_flops_per_token
+    )
+
+
+def test_a_trainers_own_rerun_without_checkpointing_keeps_the_hardware_figure() -> None:
+    """TRL's fused head reruns the head with no checkpointing and no attention modules
+    seen: the figure is the model's plus the head's forward, not withheld."""
+    model = _model("config:llama-3.2-1b", "full")
+    head = model.get_output_embeddings()
+    rerun = Recomputed().with_reruns({id(head): 1.0})
+    estimate = estimate_flops(model, SEQ, rerun)
+    assert estimate.hardware_note is None
+    assert estimate.recompute == pytest.approx(2.0 * head.weight.numel())
+
+
+def test_a_checkpoint_wrapper_says_its_mode() -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+
+    model = _model("config:llama-3.2-1b", "full")
+    assert checkpointing_mode(model) is None
+    model.model.layers[0] = checkpoint_wrapper(
+        model.model.layers[0], checkpoint_impl=CheckpointImpl.NO_REENTRANT
+    )
+    assert checkpointing_mode(model) == "non-reentrant"

@@ -94,7 +94,7 @@ def test_the_real_cpu_run_passes_its_judged_checks(folders: Path) -> None:
         "flops_per_token vs FlopCounterMode",
         "hardware_flops_per_token vs FlopCounterMode (recompute)",
         "sft and hf: same tokens and FLOPs/token",
-        "hf-full: phases add up to the wall",
+        "hf-full: training phase vs its step times",
         "hf-lora: mem_peak_rss_bytes, shared vs own launch",
         "sft-lora: loss curve, shared vs own launch",
         "independent: plain loop, plain PEFT loop, FlopCounterMode",
@@ -256,3 +256,22 @@ def test_every_cell_failing_is_every_check_failing(folders: Path) -> None:
     assert checks["hf-full: tokens/s"].result == "FAIL"
     text = acceptance.render(list(checks.values()), {"date": "2026-11-27", "device": "cpu"})
     assert f"{len(checks)} checks: {len(judged)} failed" in text
+
+
+def test_a_fresh_cell_asked_for_and_missing_fails_and_a_phase_must_match_its_steps(
+    folders: Path,
+) -> None:
+    shutil.rmtree(_run(folders, "fresh", "sft-lora"))
+    independent = json.loads((folders / "independent.json").read_text())
+    matrix, fresh = (acceptance.Runs.read(folders / n, 0) for n in ("matrix", "fresh"))
+    fresh.asked = ("hf-lora", "sft-lora")
+    checks = {c.name: c for c in acceptance.checks(independent, matrix, fresh, None, on_gpu=False)}
+    assert checks["sft-lora: its own launch"].result == "FAIL"
+    assert checks["hf-lora: loss curve, shared vs own launch"].result == "pass"
+    # a training phase its step clock does not bear out (instants from another clock)
+    outcome_path = _run(folders, "matrix", "hf-full") / "outcome.json"
+    outcome = json.loads(outcome_path.read_text())
+    outcome["phases"]["training_s"] += 1.0
+    outcome_path.write_text(json.dumps(outcome))
+    check = _checks(folders)["hf-full: training phase vs its step times"]
+    assert check.result == "FAIL", check

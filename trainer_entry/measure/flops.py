@@ -321,15 +321,19 @@ def estimate_flops(
     attention = 3.0 * attn_fwd  # forward + backward (twice the forward)
     model_flops = fwd + input_grad + weight_grad + attention
     recompute, why = None, None
+    attention_rerun = (
+        _attention_rerun(per_layer, recomputed.attention) if recomputed is not None else None
+    )
     if recomputed is None:
         why = "what activation checkpointing ran again was not seen"
-    elif rerun and attn_fwd and not recomputed.attention:
+    elif recomputed.checkpointed and attn_fwd and attention_rerun is None:
         why = (
-            "activation checkpointing ran weight matrices again, but the model has no "
-            "module named …Attention to tell whether its attention ran again"
+            f"activation checkpointing ran weight matrices again, but the model's "
+            f"{len(recomputed.attention)} attention module(s) (named …Attention) are not its "
+            f"{len(per_layer)} layers, to tell which layers' attention ran again"
         )
     else:
-        recompute = rerun + _attention_rerun(per_layer, recomputed.attention)
+        recompute = rerun + (attention_rerun or 0.0)
     return FlopsEstimate(
         model_flops_per_token=model_flops,
         hardware_flops_per_token=None if recompute is None else model_flops + recompute,
@@ -342,12 +346,13 @@ def estimate_flops(
     )
 
 
-def _attention_rerun(per_layer: list[float], shares: tuple[float, ...]) -> float:
-    """The attention cores' forward FLOPs run again: layer by layer where the model's
-    attention modules are its layers; else their mean share of the whole."""
-    if len(shares) == len(per_layer):
-        return sum(f * s for f, s in zip(per_layer, shares, strict=True))
-    return sum(per_layer) * sum(shares) / len(shares) if shares else 0.0
+def _attention_rerun(per_layer: list[float], shares: tuple[float, ...]) -> float | None:
+    """The attention cores' forward FLOPs run again, layer by layer; None where the
+    model's attention modules are not its layers one to one (a vision tower's, a
+    decoder's cross-attention): which layers ran again is then not known."""
+    if len(shares) != len(per_layer):
+        return None
+    return sum(f * s for f, s in zip(per_layer, shares, strict=True))
 
 
 def _fp32_matmuls_in_tf32() -> bool:

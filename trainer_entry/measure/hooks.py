@@ -71,11 +71,14 @@ class StepHooks:
             except FlopsUnavailable:
                 self.recorder.windows = ()
             if self.recompute is not None:
-                # the first step (a warm-up step) only: detached at its end
+                # the first step (normally a warm-up step, left out of the measured
+                # window) only: detached at its end. A model the watch cannot hook is no
+                # reason to fail the run: its hardware figure says why it has none
                 try:
                     self.recompute.attach(model, matmul_modules(model))
-                except FlopsUnavailable:
-                    self.recompute = None
+                except Exception as exc:
+                    self.recompute.unwatched = f"the watch could not hook the model ({exc})"
+                    self.recompute.detach()
         self.recorder.add_batch(counts.real, counts.padded, counts.lengths)
 
     def step_end(self, global_step: int) -> bool:

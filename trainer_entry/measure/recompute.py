@@ -21,7 +21,9 @@ matrix (the output projection, fed by the core) started again.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,16 +56,18 @@ class Recomputed:
     started: dict[int, float] = field(default_factory=dict)
     #: per attention module, in model order: the share of its forwards whose core ran again
     attention: tuple[float, ...] = ()
+    #: module id -> reruns per forward that a trainer's own code adds outside module
+    #: calls (``TrainerBackend.reruns``: TRL's fused LM head), on top of the watched ones
+    added: dict[int, float] = field(default_factory=dict)
 
     def with_reruns(self, reruns: dict[int, float]) -> Recomputed:
         """These, with the reruns a trainer's own code adds (``TrainerBackend.reruns``)."""
-        if not reruns:
-            return self
-        shares, started = dict(self.shares), dict(self.started)
-        for key, share in reruns.items():
-            shares[key] = shares.get(key, 0.0) + share
-            started[key] = started.get(key, 0.0) + share
-        return Recomputed(shares, started, self.attention)
+        return dataclasses.replace(self, added={**self.added, **reruns}) if reruns else self
+
+    @property
+    def checkpointed(self) -> bool:
+        """Whether the watched step ran any weight product again (checkpointing's)."""
+        return any(self.shares.values()) or any(self.started.values())
 
     def share(self, module: torch.nn.Module, *, single: bool = True) -> float:
         """The share of ``module``'s forwards whose products ran again. A module of one
@@ -72,7 +76,8 @@ class Recomputed:
         experts' expert weights) ran them where it started again: the routing weight
         that multiplies each expert's output saves that output, so the recompute stops
         after the last expert's products at the earliest."""
-        return (self.shares if single else self.started).get(id(module), 0.0)
+        watched = (self.shares if single else self.started).get(id(module), 0.0)
+        return watched + self.added.get(id(module), 0.0)
 
 
 def attention_modules(model: Any) -> list[torch.nn.Module]:
@@ -107,6 +112,11 @@ class RecomputeWatch:
         self._order: dict[int, list[int]] = {}
         self._child_of: dict[int, int] = {}
         self.result: Recomputed | None = None
+        #: why the step was not watched (then ``result`` stays None)
+        self.unwatched: str | None = None
+        # DataParallel's replicas run their forwards, and autograd its device threads,
+        # at once
+        self._lock = threading.Lock()
 
     @property
     def attached(self) -> bool:
@@ -134,29 +144,35 @@ class RecomputeWatch:
             )
 
     def _started(self, key: int, module: Any, args: Any) -> None:
-        if _in_backward():
-            self._counts[key].started_again += 1
-            return
-        parent = self._child_of.get(key)
-        if parent is not None:
-            order = self._order.setdefault(parent, [])
-            if key in order:
-                order.remove(key)
-            order.append(key)
+        backward = _in_backward()
+        with self._lock:
+            if backward:
+                self._counts[key].started_again += 1
+                return
+            parent = self._child_of.get(key)
+            if parent is not None:
+                order = self._order.setdefault(parent, [])
+                if key in order:
+                    order.remove(key)
+                order.append(key)
 
     def _completed(self, key: int, module: Any, args: Any, output: Any) -> None:
-        if _in_backward():
-            self._counts[key].again += 1
-        else:
-            # with or without gradients: reentrant checkpointing runs the first
-            # forward of a block under no_grad
-            self._counts[key].forward += 1
+        backward = _in_backward()
+        with self._lock:
+            if backward:
+                self._counts[key].again += 1
+            else:
+                # with or without gradients: reentrant checkpointing runs the first
+                # forward of a block under no_grad
+                self._counts[key].forward += 1
 
-    def detach(self) -> Recomputed:
-        """Remove the hooks; what the watched step ran again."""
+    def detach(self) -> Recomputed | None:
+        """Remove the hooks; what the watched step ran again (None: not watched)."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self.unwatched is not None:
+            return None
         counts = {k: self._counts[k] for k in self._matmuls if self._counts[k].forward}
         self.result = Recomputed(
             {k: c.again / c.forward for k, c in counts.items()},
@@ -185,10 +201,16 @@ def checkpointing_mode(model: Any) -> str | None:
 
     transformers sets each checkpointed block's ``_gradient_checkpointing_func`` to
     ``torch.utils.checkpoint.checkpoint`` with the run's keyword arguments; torch
-    takes a missing ``use_reentrant`` as reentrant.
+    takes a missing ``use_reentrant`` as reentrant. A block wrapped by torch's
+    ``checkpoint_wrapper`` (accelerate's ``fsdp_activation_checkpointing``) says its
+    mode in ``checkpoint_impl``.
     """
     modes: set[str] = set()
     for module in model.modules():
+        impl = getattr(module, "checkpoint_impl", None)
+        if type(module).__name__ == "CheckpointWrapper" and impl is not None:
+            modes.add("reentrant" if getattr(impl, "name", "") == "REENTRANT" else "non-reentrant")
+            continue
         if getattr(module, "gradient_checkpointing", False) is not True:
             continue
         func = getattr(module, "_gradient_checkpointing_func", None)

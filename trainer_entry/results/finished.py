@@ -101,7 +101,13 @@ def flops_figures(
     reruns nothing, and one with it gets no hardware figure).
     """
     backend = backend or get_backend(parsed.backend)
-    if recomputed is None and not settings.activation_checkpointing:
+    if (
+        recomputed is None
+        and not settings.activation_checkpointing
+        and not checkpointing_mode(model)
+    ):
+        # not watched, but nothing is set to recompute (neither the trainer's setting nor
+        # a block of the model as it is set up)
         recomputed = Recomputed()
     if recomputed is not None:
         recomputed = recomputed.with_reruns(backend.reruns(model))

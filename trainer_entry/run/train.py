@@ -309,7 +309,9 @@ class Measuring:
             return watch.result, None
         if self.hooks is None:
             return None, "instrumentation is off"
-        return None, self.unwatched or "the first step ended before the watch did"
+        if watch is not None and watch.unwatched:
+            return None, watch.unwatched
+        return None, self.unwatched or "no training step was taken"
 
     #: why the first step was not watched (``torch_compile``: compiled graphs run no
     #: module hooks)
