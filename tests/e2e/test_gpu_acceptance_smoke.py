@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from test_run import REPO, env, processes_mentioning
 
-pytestmark = pytest.mark.e2e
+# a run cut off midway and a run whose every cell fails: faults, run with the others
+# (tox -e faults), out of the plain pytest run
+pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 
 SCRIPT = REPO / "benchmarks" / "gpu_acceptance.py"
 
