@@ -205,7 +205,8 @@ def test_the_overlay_trains_differently_and_the_baseline_is_recommended(pruned_r
     if hot["loss_vs_baseline"] == "fast but different":
         assert any(line.startswith(f"- **warning**: `{hot['cell_id']}`") for line in summary)
     start = summary.index("## Loss against the baseline")
-    (variant,) = [line for line in summary[start:] if hot["cell_id"] in line]
+    end = next((i for i in range(start + 1, len(summary)) if summary[i].startswith("## ")), None)
+    (variant,) = [line for line in summary[start:end] if hot["cell_id"] in line]
     assert variant.endswith(f"**{hot['loss_vs_baseline']}** |")
 
 
