@@ -43,8 +43,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 WALL_TARGET = 0.5
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from orchestrator.contract.columns import PHASE_COLUMNS  # noqa: E402
+
 #: where a run's wall time goes (orchestrator/job/phases.py), in order
-PHASES = ("launch", "imports", "model", "data", "first_step", "training", "after_training")
+PHASES = tuple(PHASE_COLUMNS)
 #: within this the shared launch measures what a launch of its own does
 SAME_WITHIN = 0.02
 

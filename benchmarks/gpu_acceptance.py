@@ -560,29 +560,17 @@ def _independent_checks(plain: Mapping[str, Any], matrix: Runs | None, on_gpu: b
     ]
     if matrix is None:
         return out
-    for name in ("hf-full", "sft-full"):
+    # full fine-tuning against the plain loop, LoRA against the plain PEFT loop
+    for name in ("hf-full", "sft-full", "hf-lora", "sft-lora"):
+        lora = name.endswith("lora")
         out.append(
             ratio_check(
                 f"{name}: tokens/s",
                 name,
                 matrix.one(name),
                 "tokens_per_second_per_device",
-                loop,
-                "the plain loop",
-                0.05,
-                at_least=True,
-                judge=on_gpu,
-            )
-        )
-    for name in ("hf-lora", "sft-lora"):
-        out.append(
-            ratio_check(
-                f"{name}: tokens/s",
-                name,
-                matrix.one(name),
-                "tokens_per_second_per_device",
-                lora_loop,
-                "the plain PEFT loop",
+                lora_loop if lora else loop,
+                "the plain PEFT loop" if lora else "the plain loop",
                 0.05,
                 at_least=True,
                 judge=on_gpu,
@@ -769,9 +757,7 @@ def _training_phase(row: Mapping[str, Any], step_times: list[float] | None) -> C
     instants at the first and last step's end, on the host's clock) equal to the step
     clock's own steps after the first (rank 0's), within 2% or 50 ms."""
     name = f"{row['scenario']}: training phase vs its step times"
-    missing = _needs(
-        {str(row["scenario"]): row}, "wall_s", *(f"phase_{p}_s" for p in _phase_names())
-    )
+    missing = _needs({str(row["scenario"]): row}, "wall_s", *_phase_columns())
     if missing or not step_times:
         return judged(name, "", "within 2% or 50 ms", None, missing or "no step times")
     phase, steps = num(row, "phase_training_s") or 0.0, sum(step_times[1:])
@@ -783,10 +769,10 @@ def _training_phase(row: Mapping[str, Any], step_times: list[float] | None) -> C
     )
 
 
-def _phase_names() -> tuple[str, ...]:
+def _phase_columns() -> tuple[str, ...]:
     from orchestrator.contract.columns import PHASE_COLUMNS
 
-    return tuple(PHASE_COLUMNS)
+    return tuple(PHASE_COLUMNS.values())
 
 
 def _wall_target(name: str, rows: Iterable[Mapping[str, Any]], most: float) -> Check:

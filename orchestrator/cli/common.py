@@ -48,6 +48,17 @@ def parse_int_list(text: str, flag: str) -> tuple[int, ...]:
     return tuple(values)
 
 
+def add_recheck_arg(group: argparse._ArgumentGroup) -> None:
+    """``--recheck``, which ``run`` and ``fit`` take alike (``check_stack``'s ``recheck``)."""
+    group.add_argument(
+        "--recheck",
+        action="store_true",
+        help="check every cell again, even one whose verdict was kept from an earlier check "
+        "of the same stack, code, settings and files (by default only the cells not seen "
+        "before are checked; kept in ~/.cache/tunematrix/checks, or $TUNEMATRIX_CACHE)",
+    )
+
+
 def add_selection_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to plan")
     g.add_argument(

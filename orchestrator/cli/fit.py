@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli.common import PROG, Formatter, add_selection_args, plan_from_args
+from orchestrator.cli.common import (
+    PROG,
+    Formatter,
+    add_recheck_arg,
+    add_selection_args,
+    plan_from_args,
+)
 from orchestrator.config.search import DEFAULT_MARGIN, SEARCH_KEYS
 from orchestrator.config.values import MEMORY_LOGGING
 from orchestrator.contract.errors import UserError
@@ -174,13 +180,7 @@ def add_parser(sub: Any) -> None:
         help="keep the folder and reuse its probes that ended ok or oom; without it an "
         "earlier fit is moved to RESULTS.<timestamp>",
     )
-    g.add_argument(
-        "--recheck",
-        action="store_true",
-        help="check every cell again, even one whose verdict was kept from an earlier check "
-        "of the same stack, code, settings and files (by default only the cells not seen "
-        "before are checked; kept in ~/.cache/tunematrix/checks, or $TUNEMATRIX_CACHE)",
-    )
+    add_recheck_arg(g)
     g.add_argument(
         "--no-data-processing",
         action="store_true",

@@ -13,6 +13,7 @@ from orchestrator.api import settle_earlier_jobs
 from orchestrator.cli.common import (
     PROG,
     Formatter,
+    add_recheck_arg,
     add_selection_args,
     plan_from_args,
 )
@@ -217,13 +218,7 @@ def add_parser(sub: Any) -> None:
         "(each cell then finds a refused setting or a missing model on its own, after its "
         "imports; CHECK=false)",
     )
-    g.add_argument(
-        "--recheck",
-        action="store_true",
-        help="check every cell again, even one whose verdict was kept from an earlier check "
-        "of the same stack, code, settings and files (by default only the cells not seen "
-        "before are checked; kept in ~/.cache/tunematrix/checks, or $TUNEMATRIX_CACHE)",
-    )
+    add_recheck_arg(g)
     g.add_argument(
         "--no-stop-early",
         action="store_true",

@@ -201,10 +201,7 @@ def _key_frames(
 
 def _present(frame: pd.DataFrame, key: str) -> bool:
     """Whether a side has values in ``key`` (an empty label counts as none)."""
-    if key not in frame.columns:
-        return False
-    values = frame[key]
-    return bool((values.notna() & (values.astype(str) != "")).any())
+    return bool(_filled(frame, key).any())
 
 
 def _varies(frame: pd.DataFrame, column: str) -> bool:
@@ -243,7 +240,7 @@ def _filled(frame: pd.DataFrame, key: str) -> pd.Series:
     if key not in frame.columns:
         return pd.Series(False, index=frame.index)
     values = frame[key]
-    return values.notna() & (values.astype(str).str.strip() != "")
+    return values.notna() & (values.astype(str) != "")
 
 
 def _defaults_read(frame: pd.DataFrame) -> pd.DataFrame:

@@ -169,10 +169,15 @@ class StackVerdicts:
     context: str
     versions: dict[str, Any] = field(default_factory=dict)
     cells: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: cell id -> its key, each worked out once (its files stat'd once) per check
+    _keys: dict[str, str] = field(default_factory=dict)
 
     def cell_key(self, experiment: Experiment) -> str:
-        spec = {k: v for k, v in experiment.spec().items() if k not in _PER_RUN}
-        return _digest([self.context, spec, named_paths(spec)])
+        key = self._keys.get(experiment.cell_id)
+        if key is None:
+            spec = {k: v for k, v in experiment.spec().items() if k not in _PER_RUN}
+            key = self._keys[experiment.cell_id] = _digest([self.context, spec, named_paths(spec)])
+        return key
 
     def found(self, cells: Iterable[Experiment]) -> dict[str, dict[str, Any]]:
         """Cell id -> the kept verdict, for each of ``cells`` that has one."""

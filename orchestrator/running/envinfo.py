@@ -11,6 +11,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.allocators import PRELOAD
+from orchestrator.contract.allocators import SETTINGS as ALLOCATOR_SETTINGS
 from orchestrator.contract.clock import now
 from orchestrator.contract.layout import PROJECT_ROOT, write_atomic
 from orchestrator.results.envfile import read_env
@@ -147,7 +149,7 @@ def _secret(name: str) -> bool:
 
 
 #: environment variables recorded in ``env.json`` (besides the executors' own prefixes);
-#: the host allocator's change CPU step times (``orchestrator.contract.allocators``)
+#: the host allocators' change CPU step times (``orchestrator.contract.allocators``)
 ENV_PREFIXES = (
     "CUDA_",
     "NCCL_",
@@ -156,11 +158,8 @@ ENV_PREFIXES = (
     "TORCH",
     "PYTORCH_",
     "TOKENIZERS_",
-    "MALLOC_",
-    "GLIBC_TUNABLES",
-    "LD_PRELOAD",
-    "TCMALLOC_",
-    "_RJEM_MALLOC_CONF",
+    *sorted({name for names in ALLOCATOR_SETTINGS.values() for name in names}),
+    PRELOAD,
 )
 
 

@@ -86,21 +86,12 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
     return found
 
 
-PHASES = (
-    "launch",
-    "imports",
-    "model",
-    "data",
-    "first_step",
-    "training",
-    "after_training",
-)
-
-
 def assert_phases_add_up(row: dict[str, str]) -> dict[str, float]:
     """A row's wall time in phases (orchestrator/job/phases.py): every one recorded, and
     together the wall time within 5%; the phases, by name."""
-    phases = {p: row[f"phase_{p}_s"] for p in PHASES}
+    from orchestrator.contract.columns import PHASE_COLUMNS
+
+    phases = {p: row[column] for p, column in PHASE_COLUMNS.items()}
     assert all(phases.values()), phases
     seconds = {p: float(v) for p, v in phases.items()}
     assert all(s >= 0 for s in seconds.values()) and seconds["training"] > 0, seconds
