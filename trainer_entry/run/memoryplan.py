@@ -1,0 +1,569 @@
+"""A cell's GPU memory predicted before launch: its training step run on fake tensors.
+
+The cell's own model (built from its config, with its dtype, attention and
+LoRA), its backend's own loss (transformers' ``ForCausalLMLoss`` for ``hf``,
+TRL's fused LM head for ``sft``), its trainer's optimizer
+(``Trainer.get_optimizer_cls_and_kwargs``) and its activation checkpointing
+run two training steps under ``FakeTensorMode``, on the CPU: every tensor has
+its real shape and dtype and no data, so a 1B model's step takes seconds and
+no memory. ``LiveBytes`` (``trainer_entry.measure.livebytes``) counts the
+bytes live after each op; the second step's peak is the prediction (the first
+one creates the optimizer's states). What is live at the peak is split by what
+holds it: weights, gradients, optimizer states, the forward's activations,
+the logits and loss (everything made from the end of the model's body to the
+gradient reaching it back), the backward's temporaries and the optimizer
+step's.
+
+What the CPU cannot run, formulas stand in for, each named in the answer's
+``formulas``:
+
+- a GPU cell's attention: SDPA with a mask runs the memory-efficient kernel
+  (no L×L scores), as the CUDA dispatcher chooses; without one, the CPU's flash
+  kernel saves what CUDA's does (the output and the log-sum-exp);
+- sharding over the cell's GPUs: FSDP and ZeRO-3 divide weights, gradients and
+  optimizer states by the GPU count and add the gathered block; ZeRO-1/2
+  divide the optimizer states (and ZeRO-2 the gradients) and add the fp32
+  master weights; DDP over several GPUs adds its gradient buckets;
+- what NVML will show is beyond torch's peak: the caching allocator's
+  headroom and the CUDA context (``orchestrator.contract.memory``).
+
+The batch is the cell's micro-batch of full ``max_seq_len`` sequences, every
+token labelled: the worst case a packed or padded batch reaches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from trainer_entry.measure.livebytes import LiveBytes
+from trainer_entry.spec_errors import SpecError
+
+#: what holds the bytes at the peak, in the order the answer lists them
+TERMS = (
+    "weights",
+    "gradients",
+    "optimizer states",
+    "activations",
+    "logits and loss",
+    "backward",
+    "optimizer step",
+)
+#: trainer arguments a CPU stand-in cannot take and whose memory is accounted for
+#: otherwise: tf32 (a matmul precision), fp16 (its autocast runs here), FSDP and
+#: DeepSpeed (sharding's formulas), compilation (not run here)
+_GPU_ONLY = (
+    "tf32",
+    "fp16",
+    "fsdp",
+    "fsdp_config",
+    "deepspeed",
+    "torch_compile",
+    "torch_compile_backend",
+    "torch_compile_mode",
+    "ddp_find_unused_parameters",
+    "ddp_bucket_cap_mb",
+    "use_liger_kernel",
+    "liger_kernel_config",
+)
+#: the per-token outputs TRL 1.16's SFTTrainer asks its fused LM head for
+_SFT_FUSED_OUTPUTS = ("log_probs", "entropy", "is_top1")
+
+
+@dataclass
+class Sharding:
+    """How the cell's framework spreads a rank's memory (from its accelerate config)."""
+
+    #: NO, MULTI_GPU, FSDP, DEEPSPEED
+    kind: str = "NO"
+    #: DeepSpeed's stage (0: none)
+    zero_stage: int = 0
+    gpus: int = 1
+
+
+@dataclass
+class Prediction:
+    """One cell's predicted peak of torch's allocation on its busiest rank, in bytes."""
+
+    peak_bytes: int
+    #: what is live at the peak, by ``TERMS`` (sharding applied)
+    terms: dict[str, int]
+    #: the largest single tensor made in the step (the allocator's headroom reads it)
+    largest_block: int
+    seconds: float
+    #: what formulas stood in for (``formulas`` in the module's docstring)
+    formulas: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "peak_bytes": self.peak_bytes,
+            "terms": self.terms,
+            "largest_block": self.largest_block,
+            "seconds": round(self.seconds, 2),
+            "formulas": self.formulas,
+            "notes": self.notes,
+        }
+
+
+# -- the cell -------------------------------------------------------------------------------
+def sharding_of(accelerate_config: str | None, gpus: int) -> Sharding:
+    """The sharding the cell's accelerate config names, over ``gpus`` GPUs."""
+    from trainer_entry.measure.engine import configured_type
+
+    kind = configured_type(accelerate_config) or "NO"
+    stage = 0
+    if kind == "DEEPSPEED" and accelerate_config:
+        import yaml
+
+        with open(accelerate_config, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+        stage = int((data.get("deepspeed_config") or {}).get("zero_stage") or 0)
+    return Sharding(kind=kind, zero_stage=stage, gpus=max(1, gpus))
+
+
+def stand_in(training: Mapping[str, Any]) -> tuple[dict[str, Any], torch.dtype | None]:
+    """The trainer arguments a CPU process can build for a GPU cell, and the dtype its
+    mixed precision casts to (None: none)."""
+    kept = {k: v for k, v in training.items() if k not in _GPU_ONLY}
+    if training.get("fp16"):
+        return kept, torch.float16
+    if training.get("bf16"):
+        return kept, torch.bfloat16
+    return kept, None
+
+
+@dataclass
+class _Cell:
+    spec: Any
+    parsed: Any
+    backend: Any
+    task: Any
+    settings: Any
+    autocast: torch.dtype | None
+    on_gpu: bool
+    sharding: Sharding
+
+
+def _cell(spec: Any) -> _Cell:
+    from trainer_entry.backends import get_backend
+    from trainer_entry.run.parse import parse_arguments
+    from trainer_entry.tasks import get_task
+
+    parsed = parse_arguments(spec, check_names=False)
+    backend = get_backend(parsed.backend)
+    parsed = parse_arguments(spec, backend.argument_fields())
+    if parsed.peft.method == "qlora":
+        raise SpecError("QLoRA's 4-bit weights are not predicted (bitsandbytes needs a GPU)")
+    training, autocast = stand_in(parsed.training)
+    settings = backend.configure(spec, replace(parsed, training=training), on_gpu=False)
+    on_gpu = spec.device == "gpu"
+    gpus = int(spec.num_gpus or 1) if on_gpu else int(spec.processes or 1)
+    return _Cell(
+        spec=spec,
+        parsed=parsed,
+        backend=backend,
+        task=get_task(parsed.task),
+        settings=settings,
+        autocast=autocast,
+        on_gpu=on_gpu,
+        sharding=sharding_of(spec.accelerate_config, gpus),
+    )
+
+
+# -- the model, on fake tensors -------------------------------------------------------------
+def _config(parsed: Any, task: Any, search_path: Any) -> tuple[Any, torch.dtype | str]:
+    """The model's config and the dtype its weights are built in."""
+    from transformers import AutoConfig
+
+    from trainer_entry.models.kinds import model_kind
+    from trainer_entry.models.load import _dtype, tiny_model_path
+    from trainer_entry.models.resolve import architecture_config
+
+    name = parsed.model.name
+    kind = model_kind(name)
+    if kind == "python":
+        raise SpecError("a python: model is built by its own function, which is not run here")
+    if kind == "config":
+        config = AutoConfig.for_model(**architecture_config(name))
+    else:
+        path = str(tiny_model_path(name)) if kind == "tiny" else name
+        config = AutoConfig.from_pretrained(
+            path, revision=parsed.model.revision, trust_remote_code=parsed.model.trust_remote_code
+        )
+    for key, value in task.model_kwargs(parsed).items():
+        setattr(config, key, value)
+    return config, _dtype(parsed.model, True, "config")
+
+
+def _weights_dtype(parsed: Any, config: Any, on_gpu: bool) -> torch.dtype:
+    """The dtype the child loads the weights in (``trainer_entry.models.load``)."""
+    from trainer_entry.models.kinds import model_kind
+    from trainer_entry.models.load import _dtype
+
+    dtype = _dtype(parsed.model, on_gpu, model_kind(parsed.model.name))
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(saved, str):
+        saved = getattr(torch, saved, None)
+    return saved if isinstance(saved, torch.dtype) else torch.float32
+
+
+def fake_model(cell: _Cell, mode: Any) -> Any:
+    """The cell's model, its LoRA applied, on fake tensors of ``mode`` on the CPU.
+
+    Built on the meta device (nothing drawn), patched and wrapped there as the
+    child does, then each parameter and buffer turned into a fake tensor (one per
+    tensor: tied weights stay tied)."""
+    from trainer_entry.models.load import apply_peft, dtype_keyword
+
+    parsed = cell.parsed
+    config, _ = _config(parsed, cell.task, cell.spec.python_path)
+    dtype = _weights_dtype(parsed, config, cell.on_gpu)
+    attn = parsed.model.attn_implementation or "sdpa"
+    with torch.device("meta"):
+        model = cell.task.model_class().from_config(
+            config,
+            **{dtype_keyword(): dtype},
+            attn_implementation=attn,
+            trust_remote_code=parsed.model.trust_remote_code,
+        )
+        if parsed.backend == "sft":
+            # SFTTrainer patches the model before LoRA wraps it
+            from trl.trainer.utils import add_fused_lm_head
+
+            add_fused_lm_head(model, outputs=_SFT_FUSED_OUTPUTS)
+        model = apply_peft(model, parsed.peft, quantized=False, task=cell.task)
+    _to_fake(model, mode)
+    model.train()
+    return model
+
+
+def _to_fake(model: torch.nn.Module, mode: Any) -> None:
+    """Every meta parameter and buffer of ``model`` replaced by a fake CPU tensor."""
+    cpu = torch.device("cpu")
+    made: dict[int, Any] = {}
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        return mode.fake_tensor_converter.from_meta_and_device(mode, t, cpu)
+
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                if id(p) not in made:
+                    made[id(p)] = torch.nn.Parameter(fake(p.data), requires_grad=p.requires_grad)
+                module._parameters[name] = made[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                if id(b) not in made:
+                    made[id(b)] = fake(b)
+                module._buffers[name] = made[id(b)]
+
+
+def _enable_checkpointing(model: Any, settings: Any) -> None:
+    """Activation checkpointing as the Trainer turns it on at the start of training."""
+    from trainer_entry.settings import installed
+
+    if not settings.activation_checkpointing:
+        return
+    kwargs = dict(installed.read(settings.native, "activation_checkpointing_kwargs") or {})
+    every = kwargs.pop("every_n_layers", None)
+    offload = kwargs.pop("offload", None)
+    extra = {k: v for k, v in (("every_n_layers", every), ("offload", offload)) if v is not None}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs=kwargs or None, **extra
+        )
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None, **extra)
+    if getattr(model, "peft_config", None):
+        # frozen embeddings: checkpointed blocks need an input that requires grad
+        model.enable_input_require_grads()
+
+
+def _optimizer(model: Any, settings: Any) -> Any:
+    from transformers import Trainer
+
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(settings.native, model)
+    return cls([p for p in model.parameters() if p.requires_grad], **kwargs)
+
+
+def _inputs(cell: _Cell, config: Any) -> dict[str, torch.Tensor]:
+    """A micro-batch of the task's shape: full sequences, every token labelled."""
+    batch = int(cell.settings.per_device_train_batch_size)
+    task = cell.task.name
+    if task == "image-classification":
+        from trainer_entry.data.images import image_size
+
+        height, width = image_size(config.image_size)
+        return {
+            "pixel_values": torch.zeros(batch, int(config.num_channels), height, width),
+            "labels": torch.zeros(batch, dtype=torch.long),
+        }
+    length = int(cell.parsed.data.max_seq_len)
+    ids = torch.zeros(batch, length, dtype=torch.long)
+    if task == "seq-classification":
+        return {"input_ids": ids, "labels": torch.zeros(batch, dtype=torch.long)}
+    return {"input_ids": ids, "labels": torch.zeros(batch, length, dtype=torch.long)}
+
+
+def _loss(cell: _Cell, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The backend's loss of one micro-batch, as its trainer computes it."""
+    if cell.parsed.backend == "sft":
+        return model(**inputs, use_cache=False, fused_lm_head=True).loss
+    return model(**inputs).loss
+
+
+def _body(model: Any) -> Any:
+    """The module whose output the head and loss take (a causal LM's decoder)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body = getattr(inner, "base_model", None)
+    return body if isinstance(body, torch.nn.Module) and body is not inner else None
+
+
+@contextlib.contextmanager
+def _gpu_attention(on_gpu: bool) -> Iterator[None]:
+    """SDPA as a GPU runs it: with a mask, the memory-efficient kernel (which keeps no
+    scores); without one, the CPU's flash kernel already saves what CUDA's does."""
+    if not on_gpu:
+        yield
+        return
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        if attn_mask is None:
+            return original(
+                query, key, value, None, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+            )
+        if enable_gqa and key.shape[-3] != query.shape[-3]:
+            groups = query.shape[-3] // key.shape[-3]
+            key = key.repeat_interleave(groups, dim=-3)
+            value = value.repeat_interleave(groups, dim=-3)
+        if attn_mask.dtype == torch.bool:
+            bias = torch.zeros(attn_mask.shape, dtype=query.dtype)
+            attn_mask = bias.masked_fill(~attn_mask, float("-inf"))
+        out: torch.Tensor = torch.ops.aten._scaled_dot_product_efficient_attention(
+            query,
+            key,
+            value,
+            attn_mask.expand(*query.shape[:-1], key.shape[-2]),
+            True,
+            dropout_p,
+            is_causal,
+            scale=scale,
+        )[0]
+        return out
+
+    torch.nn.functional.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+
+
+@contextlib.contextmanager
+def _gpu_loss_kernels(on_gpu: bool) -> Iterator[list[str]]:
+    """TRL's fused LM head as a GPU runs it: its tiles folded by Triton kernels in
+    place, and fp32 products accumulated by cuBLAS (``out_dtype``), neither making a
+    tensor; the CPU's torch fallback makes several fp32 copies of every tile. Yields
+    the formulas it stood in for (none where TRL is not installed or has no such
+    fallback)."""
+    stood_in: list[str] = []
+    try:
+        from trl.kernels import chunked_logprob as kernels
+    except ImportError:
+        yield stood_in
+        return
+    names = ("_forward_tile", "_backward_tile", "_addmm_fp32")
+    if not on_gpu or not all(hasattr(kernels, n) for n in names):
+        yield stood_in
+        return
+    saved = {n: getattr(kernels, n) for n in names}
+
+    def in_place(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    for n in names:
+        setattr(kernels, n, in_place)
+    stood_in.append("TRL's fused LM head: its Triton kernels (no tile copies)")
+    try:
+        yield stood_in
+    finally:
+        for n, f in saved.items():
+            setattr(kernels, n, f)
+
+
+# -- the step -------------------------------------------------------------------------------
+def _labelled(live: LiveBytes, model: Any, optimizer: Any) -> Callable[[], None]:
+    """Hooks that label the step's phases; returns what labels the optimizer's states."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for p in trainable:
+        p.register_post_accumulate_grad_hook(lambda p: live.relabel(p.grad, "gradients"))
+    body = _body(model)
+
+    def body_done(_module: Any, _args: Any, output: Any) -> None:
+        live.phase = "logits and loss"
+        hidden = getattr(output, "last_hidden_state", None)
+        if hidden is None and isinstance(output, tuple) and output:
+            hidden = output[0]
+        if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+            hidden.register_hook(_into_backward)
+
+    def _into_backward(grad: torch.Tensor) -> None:
+        live.phase = "backward"
+
+    if body is not None:
+        body.register_forward_hook(body_done)
+
+    def states() -> None:
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    live.relabel(value, "optimizer states")
+
+    return states
+
+
+def fake_step(cell: _Cell) -> tuple[dict[str, int], int, int, list[str]]:
+    """(what is live at the step's peak, by ``TERMS``; the peak; the largest tensor made;
+    the GPU kernels stood in for)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    with mode, _gpu_attention(cell.on_gpu), _gpu_loss_kernels(cell.on_gpu) as kernels:
+        model = fake_model(cell, mode)
+        _enable_checkpointing(model, cell.settings)
+        optimizer = _optimizer(model, cell.settings)
+        live = LiveBytes()
+        for p in model.parameters():
+            live.add(p, "weights")
+        for b in model.buffers():
+            live.add(b, "weights")
+        states = _labelled(live, model, optimizer)
+        autocast = (
+            torch.autocast("cpu", dtype=cell.autocast)
+            if cell.autocast is not None
+            else contextlib.nullcontext()
+        )
+        with live:
+            inputs = _inputs(cell, model.config)
+            for step in range(2):
+                if step == 1:
+                    live.reset_peak()
+                live.phase = "activations"
+                with autocast:
+                    loss = _loss(cell, model, inputs)
+                if live.phase == "activations":  # no body seen: the loss is the model's
+                    live.phase = "backward"
+                # the loss's own backward stays "logits and loss" until the gradient
+                # reaches the body's output
+                loss.backward()
+                del loss
+                live.phase = "optimizer step"
+                optimizer.step()
+                states()
+                optimizer.zero_grad(set_to_none=True)
+        at_peak = {term: max(0, live.peak_by_label.get(term, 0)) for term in TERMS}
+        at_peak["activations"] += max(0, live.peak_by_label.get("other", 0))
+        return at_peak, live.peak, live.largest, kernels
+
+
+def shard(
+    terms: Mapping[str, int], sharding: Sharding, *, fp32_master: int, largest_block_params: int
+) -> tuple[dict[str, int], list[str]]:
+    """``terms`` on one rank of ``sharding``, and the formulas that made them so."""
+    out = dict(terms)
+    gpus, formulas = sharding.gpus, []
+    full_shard = sharding.kind == "FSDP" or (
+        sharding.kind == "DEEPSPEED" and sharding.zero_stage >= 3
+    )
+    if sharding.kind == "DEEPSPEED" and sharding.zero_stage >= 1:
+        # DeepSpeed keeps fp32 master weights beside low-precision ones, in its optimizer
+        out["optimizer states"] = (out["optimizer states"] + fp32_master) // gpus
+        formulas.append(
+            f"ZeRO-{sharding.zero_stage}: optimizer states and fp32 master weights ÷ {gpus}"
+        )
+        if sharding.zero_stage >= 2:
+            out["gradients"] //= gpus
+    if full_shard:
+        out["optimizer states"] = (
+            out["optimizer states"]
+            if sharding.kind == "DEEPSPEED"
+            else (out["optimizer states"] // gpus)
+        )
+        out["weights"] = out["weights"] // gpus + (2 * largest_block_params if gpus > 1 else 0)
+        out["gradients"] = out["gradients"] // gpus + (largest_block_params if gpus > 1 else 0)
+        formulas.append(
+            f"{'FSDP' if sharding.kind == 'FSDP' else 'ZeRO-3'}: weights, gradients and optimizer "
+            f"states ÷ {gpus}" + (", plus the largest block gathered twice" if gpus > 1 else "")
+        )
+    elif sharding.kind == "MULTI_GPU" and gpus > 1:
+        out["gradients"] *= 2
+        formulas.append("DDP: gradient buckets as large as the gradients")
+    return out, formulas
+
+
+def _largest_block_bytes(model: Any) -> int:
+    """The bytes of the largest repeated block's weights (a decoder layer)."""
+    best = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList):
+            for block in module:
+                best = max(best, sum(p.numel() * p.element_size() for p in block.parameters()))
+    return best
+
+
+def predict(spec: Any) -> Prediction:
+    """The cell's predicted peak (``SpecError`` where it cannot be predicted, saying why)."""
+    started = time.monotonic()
+    cell = _cell(spec)
+    if cell.parsed.training.get("use_liger_kernel"):
+        raise SpecError("liger's fused loss is not run here, so its memory is not predicted")
+    formulas: list[str] = []
+    if cell.on_gpu:
+        formulas.append("attention: the GPU's SDPA kernel (no scores kept)")
+    try:
+        terms, peak, largest, kernels = fake_step(cell)
+        formulas += kernels
+    except SpecError:
+        raise
+    except Exception as exc:  # an op fake tensors cannot run, a model that will not build
+        raise SpecError(
+            f"the step did not run on fake tensors: {type(exc).__name__}: {exc}"
+        ) from exc
+    notes: list[str] = []
+    if cell.sharding.kind != "NO" or cell.sharding.gpus > 1:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode() as mode:
+            model = fake_model(cell, mode)
+            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            block = _largest_block_bytes(model)
+        terms, sharded = shard(
+            terms, cell.sharding, fp32_master=4 * trainable, largest_block_params=block
+        )
+        formulas += sharded
+        peak = sum(terms.values())
+    return Prediction(
+        peak_bytes=int(peak),
+        terms={k: int(v) for k, v in terms.items()},
+        largest_block=int(largest),
+        seconds=time.monotonic() - started,
+        formulas=formulas,
+        notes=notes,
+    )
