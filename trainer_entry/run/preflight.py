@@ -18,8 +18,17 @@ from trainer_entry.models.custom import check_findable
 from trainer_entry.models.kinds import model_kind
 from trainer_entry.models.resolve import resolve
 from trainer_entry.run.parse import parse_arguments
+from trainer_entry.settings.installed import MissingPackage, Owner
 from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.spec_errors import SpecError
+
+#: trainer arguments that need a package besides the training stack: key -> (what takes
+#: the argument, the module it imports, that module's name on PyPI). transformers imports
+#: ``liger_kernel`` only when training starts (under trainer hf and sft alike), so without
+#: this a run would load its model and data first and then fail
+ARGUMENT_PACKAGES = {
+    "use_liger_kernel": (Owner("transformers", "TrainingArguments"), "liger_kernel", "liger-kernel")
+}
 
 
 def preflight(spec: RunSpec, *, models: bool = True) -> ParsedArguments:
@@ -27,6 +36,7 @@ def preflight(spec: RunSpec, *, models: bool = True) -> ParsedArguments:
     launch resolves each model once, ``trainer_entry.models.resolve``)."""
     parsed = parse_arguments(spec, check_names=False)
     _check_backend_needs(parsed)
+    _check_argument_packages(parsed)
     if parsed.peft.method == "qlora" and spec.device == "cpu":
         raise SpecError(
             "peft_method qlora needs a CUDA GPU (4-bit bitsandbytes); this run is on the CPU"
@@ -59,6 +69,14 @@ def _check_python_model(spec: RunSpec, parsed: ParsedArguments) -> None:
             f"model_kwargs are the keyword arguments of a python:<module>:<function> model; "
             f"model '{name}' takes none"
         )
+
+
+def _check_argument_packages(parsed: ParsedArguments) -> None:
+    """The package each trainer argument that is on needs (``ARGUMENT_PACKAGES``), found
+    without importing it."""
+    for key, (owner, module, package) in ARGUMENT_PACKAGES.items():
+        if parsed.training.get(key) and importlib.util.find_spec(module) is None:
+            raise MissingPackage(key, owner, package)
 
 
 def _check_backend_needs(parsed: ParsedArguments) -> None:

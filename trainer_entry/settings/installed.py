@@ -55,6 +55,20 @@ class SettingError(SpecError):
         super().__init__(f"{key}: {detail}")
 
 
+class MissingPackage(SettingError):
+    """A setting the installed library takes, but that needs a package this interpreter
+    lacks (``use_liger_kernel`` needs ``liger-kernel``): found before anything loads."""
+
+    def __init__(self, key: str, owner: Owner, package: str) -> None:
+        self.package = package
+        super().__init__(
+            key,
+            owner,
+            f"{package} is not installed in this interpreter (pip install {package}, "
+            f"or remove {key})",
+        )
+
+
 class Refused(SpecError):
     """The installed library refused the settings' values (building its class raised)."""
 
