@@ -227,6 +227,25 @@ JOB_S = "job_s"
 WALL_S = "wall_s"
 #: a launch's cost before training, paid once however many rows shared it
 LAUNCH_OVERHEAD = "launch_overhead_s"
+#: what shapes a run's memory besides its key columns, read from its trained objects
+#: (trainer_entry/results/memoryshape.py): the loss, the attention as loaded, activation
+#: checkpointing's mode, the dtypes of weights, gradients and optimizer states, the optimizer
+LOSS_IMPLEMENTATION = "loss_implementation"
+ATTENTION_LOADED = "attn_implementation_loaded"
+CHECKPOINTING_MODE = "activation_checkpointing_mode"
+WEIGHTS_DTYPE = "weights_dtype"
+GRADIENTS_DTYPE = "gradients_dtype"
+OPTIMIZER_STATES_DTYPE = "optimizer_states_dtype"
+OPTIMIZER = "optimizer"
+MEMORY_SHAPE: tuple[str, ...] = (
+    LOSS_IMPLEMENTATION,
+    ATTENTION_LOADED,
+    CHECKPOINTING_MODE,
+    WEIGHTS_DTYPE,
+    GRADIENTS_DTYPE,
+    OPTIMIZER_STATES_DTYPE,
+    OPTIMIZER,
+)
 #: the host memory allocator in force in a run, and its variables (empty: the defaults)
 ALLOCATOR = "allocator"
 ALLOCATOR_SETTINGS = "allocator_settings"
@@ -538,12 +557,18 @@ _DECLARED: tuple[Column, ...] = (
     _child("zero_stage", "", aggregate="first", path=("zero_stage",)),
     _child("params_partitioned", "", aggregate="first", path=("params_partitioned",)),
     # what hardware_flops_per_token's recompute depends on (trainer_entry/measure/recompute.py)
-    _child(
-        "activation_checkpointing_mode",
-        "",
-        aggregate="first",
-        path=("activation_checkpointing_mode",),
-    ),
+    _child(CHECKPOINTING_MODE, "", aggregate="first", path=(CHECKPOINTING_MODE,)),
+    # what shapes memory, read from the trained objects (trainer_entry/results/memoryshape.py;
+    # summary.md's "What shapes memory", results/memoryreport.py): the loss as the trainer
+    # computed it, the attention the model was loaded with (``_loaded``: the scenario's
+    # attn_implementation argument keeps its own column, a key of the cells), the dtypes
+    # weights, gradients and optimizer states were kept in, and the optimizer that stepped
+    _child(LOSS_IMPLEMENTATION, "", aggregate="first", path=(LOSS_IMPLEMENTATION,)),
+    _child(ATTENTION_LOADED, "", aggregate="first", path=("model", "attn_implementation")),
+    _child(WEIGHTS_DTYPE, "", aggregate="first", path=(WEIGHTS_DTYPE,)),
+    _child(GRADIENTS_DTYPE, "", aggregate="first", path=(GRADIENTS_DTYPE,)),
+    _child(OPTIMIZER_STATES_DTYPE, "", aggregate="first", path=(OPTIMIZER_STATES_DTYPE,)),
+    _child(OPTIMIZER, "", aggregate="first", path=(OPTIMIZER,)),
     # the host memory allocator in force in the child and its variables (empty: none set,
     # the defaults; trainer_entry/measure/hostallocator.py): they change CPU step times
     _child(ALLOCATOR, "", aggregate="first", path=(ALLOCATOR,), roles={"annotated": 5}),

@@ -328,6 +328,21 @@ class ChildResult(_Record):
     #: how the checkpointed blocks recompute, read from the model: ``non-reentrant``,
     #: ``reentrant``, ``mixed`` or ``other``; None: no block checkpointed
     activation_checkpointing_mode: str | None = None
+    # -- what shapes the run's memory, read from its trained objects
+    # (``trainer_entry.results.memoryshape``); None in results written before them --------
+    #: what computed the loss (the backend's ``loss_implementation``): ``transformers
+    #: ForCausalLMLoss (full fp32 logits)``, ``trl fused LM head (chunked nll)``, ...
+    loss_implementation: str | None = None
+    #: the parameters' dtype as kept: ``bfloat16``, or ``bfloat16 frozen, float32 trainable``
+    weights_dtype: str | None = None
+    #: the gradients' dtype: the stepped parameters', with the model's where a master copy
+    #: differs (``float32 master (bfloat16 in the model)``)
+    gradients_dtype: str | None = None
+    #: the optimizer's state tensors' dtypes and names: ``float32 (exp_avg, exp_avg_sq)``;
+    #: None where it kept none (a note says so)
+    optimizer_states_dtype: str | None = None
+    #: the ``optim`` argument and the class that stepped: ``adamw_torch_fused (AdamW, fused)``
+    optimizer: str | None = None
     gpu_device_name: str | None = None
     #: the host memory allocator in force in the child, as it found it in its own process:
     #: ``glibc 2.36``, ``jemalloc /usr/lib/x86_64-linux-gnu/libjemalloc.so.2``, ...

@@ -9,6 +9,7 @@ from transformers.utils import logging as hf_logging
 
 from orchestrator.contract.applicability import training_fields, training_fields_version
 from orchestrator.contract.spec import RunSpec
+from trainer_entry.backends import losses
 from trainer_entry.backends.trainer_protocol import TrainerBackend, TrainOutput, TrainSettings
 from trainer_entry.data.collate import pop_counts
 from trainer_entry.measure.hooks import StepHooks
@@ -132,6 +133,25 @@ class TrainerRun:
         return TrainOutput(dict(output.metrics), self.trainer.state.log_history)
 
 
+def hf_loss(trainer: Any, task: str) -> str:
+    """What computes a ``Trainer``'s loss, in the order ``Trainer.compute_loss`` decides
+    it: a subclass's own ``compute_loss``, a ``compute_loss_func``, label smoothing, else
+    the model's own loss (liger's when ``use_liger_kernel`` replaced the model's forward;
+    before training, when it is asked for, as transformers applies it then)."""
+    own = losses.overridden_compute_loss(trainer, Trainer)
+    if own is not None:
+        return f"custom compute_loss ({own})"
+    if getattr(trainer, "compute_loss_func", None) is not None:
+        return losses.custom_function(trainer.compute_loss_func)
+    if getattr(trainer, "label_smoother", None) is not None:
+        return losses.label_smoothing(trainer.args.label_smoothing_factor)
+    trained = getattr(getattr(trainer, "state", None), "global_step", 0)
+    asked = losses.liger_asked(trainer.args) if task == losses.CAUSAL_LM else None
+    if asked is not None and not trained and not losses.liger_forward(trainer.model):
+        return asked
+    return losses.model_loss(trainer.model, task)
+
+
 def installed_fields() -> frozenset[str]:
     """The fields of the installed ``TrainingArguments``."""
     return installed.init_fields(TrainingArguments)
@@ -155,6 +175,11 @@ class HFTrainerBackend(TrainerBackend):
 
     def configure(self, spec: RunSpec, parsed: ParsedArguments, *, on_gpu: bool) -> TrainSettings:
         return settings_of(training_arguments(spec, parsed, on_gpu))
+
+    def loss_implementation(self, trainer_run: Any, parsed: ParsedArguments) -> str:
+        """The ``Trainer``'s loss (``hf_loss``): the model's own unless the trainer
+        replaces it; ``transformers ForCausalLMLoss (full fp32 logits)`` for a causal LM."""
+        return hf_loss(losses.trainer_of(trainer_run), parsed.task)
 
     def build(
         self,

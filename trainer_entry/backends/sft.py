@@ -27,7 +27,6 @@ of ``SFTTrainer`` pays for (TRL offers no setting to turn them off);
 from __future__ import annotations
 
 import dataclasses
-import os
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +41,7 @@ from orchestrator.contract import trainers
 from orchestrator.contract.applicability import training_fields
 from orchestrator.contract.packing import masked_note, masked_per_document, trl_strategy
 from orchestrator.contract.spec import RunSpec
-from trainer_entry.backends import trl_cost
+from trainer_entry.backends import losses, trl_cost
 from trainer_entry.backends.hf import (
     RUN_DEFAULTS,
     TRAINING_ARGUMENTS,
@@ -389,19 +388,39 @@ class SFTTrainerBackend(TrainerBackend):
         model) runs the head's product in tiles without calling the head, and runs it
         again in its backward to rebuild each tile's logits: once more per forward."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        # TRL wraps the model's own forward (functools.wraps: its name is the model's);
-        # its code is TRL's
-        code = getattr(getattr(getattr(base, "forward", None), "__func__", None), "__code__", None)
-        fused = (
-            code is not None
-            and code.co_name == "_fused_forward"
-            and f"{os.sep}trl{os.sep}" in code.co_filename
-        )
+        fused = losses.trl_fused_head(base)
         head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
         return {id(head): 1.0} if fused and head is not None else {}
 
+    def loss_implementation(self, trainer_run: Any, parsed: ParsedArguments) -> str:
+        """The ``SFTTrainer``'s loss (``sft_loss``): TRL's fused LM head unless the
+        arguments make TRL compute it from the full logits."""
+        return sft_loss(losses.trainer_of(trainer_run), parsed.task)
+
     def own_fields(self) -> frozenset[str]:
         return own_fields()
+
+
+def sft_loss(trainer: Any, task: str) -> str:
+    """What computes an ``SFTTrainer``'s loss, in the order TRL's ``compute_loss`` decides
+    it: a subclass's own ``compute_loss``; a ``compute_loss_func`` and, under ``loss_type``
+    ``nll``, label smoothing, both on the full logits (TRL's metrics then run the fused
+    head without gradients); else the fused LM head's per-token log-probabilities under
+    ``loss_type`` (``nll`` or ``dft``). Under DeepSpeed's sequence parallelism TRL hands
+    the model's own loss, the fused head's nll, to the ``Trainer``: the same name."""
+    own = losses.overridden_compute_loss(trainer, SFTTrainer)
+    if own is not None:
+        return f"custom compute_loss ({own})"
+    args = trainer.args
+    loss_type = str(getattr(args, "loss_type", None) or "nll")
+    if getattr(trainer, "compute_loss_func", None) is not None:
+        return losses.custom_function(trainer.compute_loss_func)
+    if getattr(trainer, "label_smoother", None) is not None and loss_type == "nll":
+        return losses.label_smoothing(args.label_smoothing_factor)
+    if not losses.trl_fused_head(trainer.model):
+        # an SFTTrainer of a release without TRL's fused head: the model's own loss
+        return losses.model_loss(trainer.model, task)
+    return losses.trl_fused(loss_type)
 
 
 def masked_head_note(model: Any, flops_per_token: float) -> str:

@@ -21,9 +21,10 @@ What a backend does differently from the Hugging Face ``Trainer`` besides has a
 default here, which a backend that subclasses ``TrainerBackend`` overrides: the
 data settings the task prepares with (``data_settings``: TRL truncates and packs
 itself), the held-out set as its trainer takes it (``eval_dataset``), notes on
-what its FLOPs figure overstates (``flops_notes``) and its configuration's own
-fields (``own_fields``). Which tasks it trains and what it needs installed are
-declared with it, in ``orchestrator.contract.trainers``.
+what its FLOPs figure overstates (``flops_notes``), what computes its loss
+(``loss_implementation``) and its configuration's own fields (``own_fields``).
+Which tasks it trains and what it needs installed are declared with it, in
+``orchestrator.contract.trainers``.
 """
 
 from __future__ import annotations
@@ -129,6 +130,22 @@ class TrainerBackend(Protocol):
         in the backward without calling the module, where module hooks cannot see it
         (``trainer_entry.measure.recompute``): id -> reruns per forward (default: none)."""
         return {}
+
+    def loss_implementation(self, trainer_run: Any, parsed: ParsedArguments) -> str:
+        """What computes the loss of a built trainer, named for the row
+        (``loss_implementation``; ``trainer_entry.backends.losses`` has the names and
+        what each holds in memory): ``transformers ForCausalLMLoss (full fp32 logits)``,
+        ``trl fused LM head (chunked nll)``, ``liger fused linear cross-entropy``, ...
+
+        ``trainer_run``: what ``build`` returned, or a trainer built elsewhere (a
+        ``Trainer`` or ``SFTTrainer``, with its ``args`` and ``model``); ``parsed``: the
+        run's arguments (its task). Decided from the trainer, its arguments and its model
+        as they are: called after training, it names what trained; before, what will
+        (liger, which transformers applies when training starts, from the arguments).
+        The default: the model's own loss, what its forward computes from the labels."""
+        from trainer_entry.backends.losses import model_loss, trainer_of
+
+        return model_loss(trainer_of(trainer_run).model, parsed.task)
 
     def own_fields(self) -> frozenset[str]:
         """The installed configuration's fields that ``TrainingArguments`` lacks (saved

@@ -46,6 +46,7 @@ from trainer_entry.measure.steps import (
     summarize,
 )
 from trainer_entry.results.evaluate import EVAL_FIGURES, EvalResult, loss_trend
+from trainer_entry.results.memoryshape import MemoryShape
 from trainer_entry.settings import installed
 from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.tasks.task_protocol import Task
@@ -209,6 +210,7 @@ def build_result(
     steady: SteadyStop | None = None,
     backend: TrainerBackend | None = None,
     recompute: tuple[Recomputed | None, str | None] = (None, None),
+    memory_shape: MemoryShape | None = None,
 ) -> ChildResult:
     """The result of a finished run, from every rank's records (``ranks``, ``stage_memory``).
 
@@ -217,7 +219,8 @@ def build_result(
     batch and the per-device figures count, not the processes. ``backend``: the
     run's (default: the one ``parsed`` names). ``recompute``: what activation
     checkpointing ran again in the watched step (``trainer_entry.measure.recompute``),
-    or None and why it was not seen.
+    or None and why it was not seen. ``memory_shape``: what shapes the run's memory, read
+    from its trained objects (``trainer_entry.results.memoryshape``); None: not read.
     """
     world = len(ranks)
     devices = world * (engine.devices_per_process if engine else 1)
@@ -273,6 +276,7 @@ def build_result(
         *profile.notes,
         *measure_notes,
         *run_notes(spec, parsed, engine, zero_init=zero_init, on_gpu=on_gpu),
+        *(memory_shape.notes if memory_shape else ()),
     ]
     pd = settings.per_device_train_batch_size
     ga = settings.gradient_accumulation_steps
@@ -310,6 +314,7 @@ def build_result(
         torch_dtype=dtype,
         activation_checkpointing=settings.activation_checkpointing,
         activation_checkpointing_mode=checkpointing_mode(model),
+        **(memory_shape.fields() if memory_shape else {}),
         gpu_device_name=device_name,
         allocator=allocator,
         allocator_settings=allocator_settings,

@@ -53,6 +53,7 @@ from trainer_entry.measure.steps import RankStats, StepRecorder
 from trainer_entry.models.load import LoadedModel, config_placement, fsdp_loading, load_model
 from trainer_entry.results.evaluate import evaluate
 from trainer_entry.results.finished import build_result
+from trainer_entry.results.memoryshape import read_memory_shape
 from trainer_entry.run.parse import check_launch_env, parse_arguments
 from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.spec_errors import SpecError
@@ -186,6 +187,8 @@ def run(
         steady=measuring.steady,
         backend=job.backend,
         recompute=measuring.recompute,
+        # what shapes the run's memory, read from the trained objects
+        memory_shape=read_memory_shape(trainer, job.backend, job.parsed, loaded.model),
     )
     write_result(Path(spec.result_path), result)
     return result
