@@ -58,6 +58,7 @@ from orchestrator.results.communication import communication_markdown
 from orchestrator.results.drift import drift_markdown
 from orchestrator.results.envtables import side_by_side_markdown
 from orchestrator.results.mdtable import md_table
+from orchestrator.results.memoryreport import memory_shape_markdown
 from orchestrator.results.numbers import whole
 from orchestrator.results.phasesreport import phases_markdown
 from orchestrator.results.steadyreport import steady_markdown
@@ -461,6 +462,8 @@ def summary_markdown(
                     f"{workers(str(c.get('device')) == 'cpu', whole(c.get('num_gpus')))}: "
                     f"{error}{where}"
                 )
+    # where cells differ in what shapes their memory besides their keys (results/memoryreport.py)
+    lines += memory_shape_markdown(cells)
     lines += side_by_side_markdown(cells, args, lambda name: registry.get(name).header, figure_text)
     lines += scaling_markdown(report.scaling)
     # each variant's loss against its scenario's baseline (results/equivalence.py)
