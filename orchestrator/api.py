@@ -259,6 +259,7 @@ def run(
     check: bool = True,
     recheck: bool = False,
     launch: str | None = None,
+    gpu_memory_gib: float | None = None,
     **plan_options: Any,
 ) -> RunResult:
     """Run a plan (or plan ``scenarios`` first, with ``plan_options``) into ``results``.
@@ -270,7 +271,9 @@ def run(
     never deleted. Runs here; ``executor`` names another registered executor
     (``orchestrator.executors.registry``; its flags and file section are the
     command line's: ``tunematrix run --executor NAME``). ``prune=False``: launch every
-    experiment, even one certain to run out of memory (``--no-prune``). ``stop_early=False``:
+    experiment, even one certain to run out of memory (``--no-prune``): one predicted
+    before launch to need more than its GPU's memory (``gpu_memory_gib``, default this
+    machine's smallest GPU), or larger than one that ran out. ``stop_early=False``:
     launch every experiment like two cells that already failed with the same error
     (``--no-stop-early``). ``check=False``: launch without checking every cell against the
     installed libraries first (``--no-check``); ``recheck=True``: check every cell again,
@@ -283,10 +286,18 @@ def run(
     from orchestrator.executors import registry
     from orchestrator.executors.packed import PackedExecutor
     from orchestrator.job.execute import RunOptions
+    from orchestrator.running.memoryfit import (
+        device_capacity,
+        flagged_lines,
+        predicted,
+        with_memory,
+    )
     from orchestrator.running.needs import require
     from orchestrator.running.runner import preflight, run_plan
     from orchestrator.running.stackcheck import check_stack
 
+    if gpu_memory_gib is not None and gpu_memory_gib <= 0:
+        raise UserError(f"gpu_memory_gib must be positive, got {gpu_memory_gib:g}")
     if memory_logging not in MEMORY_LOGGING:
         raise UserError(
             f"memory_logging must be one of {', '.join(MEMORY_LOGGING)}, got {memory_logging!r}"
@@ -324,9 +335,10 @@ def run(
     root = Path(results)
     preflight(chosen, the_plan, ResultsLayout(root), options)
     settle_earlier_jobs(ResultsLayout(root))
-    checked = check_stack(the_plan, skip=not check, keep=True, recheck=recheck)
-    the_plan = checked.plan
-    for line in checked.lines():
+    checked = check_stack(the_plan, skip=not check, keep=True, recheck=recheck, memory=predicted)
+    capacity, source = device_capacity(gpu_memory_gib)
+    the_plan = with_memory(checked.plan, checked.memory, capacity, source)
+    for line in [*checked.lines(), *flagged_lines(the_plan)]:
         print(line, file=sys.stderr)
     done = run_plan(
         the_plan,

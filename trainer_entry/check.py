@@ -8,7 +8,10 @@ format). The answer: the versions of the stack; each distinct model name resolve
 (``trainer_entry.models.resolve``: shipped, architecture, function, local
 folder, hub cache or hub, with one short request to the hub); and every
 problem the jobs would meet before their first step, each with its cell and,
-where one setting is to blame, the key and the library that refused it.
+where one setting is to blame, the key and the library that refused it; and,
+for the cells the request lists under ``memory``, each one's predicted GPU
+memory (``trainer_entry.run.memoryplan``: its training step on fake tensors),
+or why it has none.
 
 A cell is checked by the child's own steps, in the order a job takes them: its
 preflight, its arguments sorted and named as the installed classes name them
@@ -145,6 +148,56 @@ def _blamed(exc: SpecError, spec: Any, parsed: Any, backend: Any, on_gpu: bool) 
     return exc
 
 
+#: spec fields and arguments that change nothing a training step holds: cells that differ
+#: only in them share one memory prediction
+_NOT_MEMORY = ("experiment_id", "cell_id", "repeat", "position", "scenario", "swept")
+_NOT_MEMORY_ARGUMENTS = (
+    "max_steps",
+    "num_train_epochs",
+    "learning_rate",
+    "seed",
+    "data_seed",
+    "logging_steps",
+    "dataset",
+    "effective_batch_size",
+    "gradient_accumulation_steps",
+)
+
+
+def _memory_key(spec: Any) -> str:
+    data = spec.model_dump(mode="json")
+    for name in _NOT_MEMORY:
+        data.pop(name, None)
+    for name in ("result_path", "progress_path", "output_dir", "data_dir"):
+        data.pop(name, None)
+    data["arguments"] = {
+        k: v for k, v in (data.get("arguments") or {}).items() if k not in _NOT_MEMORY_ARGUMENTS
+    }
+    data.pop("effective_batch_size", None)
+    data.pop("gradient_accumulation_steps", None)
+    return json.dumps(data, sort_keys=True, default=str)
+
+
+def predict_memory(specs: Iterable[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each cell's predicted GPU memory (``trainer_entry.run.memoryplan``), or why there is
+    none; cells that differ in nothing a step holds are predicted once."""
+    from trainer_entry.run.memoryplan import Predictor, predict
+
+    out: dict[str, dict[str, Any]] = {}
+    done: dict[str, dict[str, Any]] = {}
+    predictor = Predictor()
+    # a family's cells one after another: they share one build of the model
+    for cell, spec in sorted(specs, key=lambda cs: _memory_key(cs[1])):
+        key = _memory_key(spec)
+        if key not in done:
+            try:
+                done[key] = predict(spec, predictor).as_dict()
+            except SpecError as exc:
+                done[key] = {"error": first_line(exc)}
+        out[cell] = done[key]
+    return out
+
+
 def check(request: Mapping[str, Any]) -> dict[str, Any]:
     """The answer to a request (see the module's docstring)."""
     from orchestrator.contract.spec import RunSpec
@@ -175,7 +228,13 @@ def check(request: Mapping[str, Any]) -> dict[str, Any]:
                     unbuilt.append(cell)
             except Exception as exc:
                 problems.append(_problem(cell, exc))
+        wanted = set(request.get("memory") or ())
+        failed = {p["cell"] for p in problems}
+        memory = predict_memory(
+            (cell, spec) for cell, spec in specs if cell in wanted and cell not in failed
+        )
     return {
+        "memory": memory,
         "versions": versions(),
         "models": models,
         "problems": problems,

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli.common import Formatter, add_selection_args, plan_from_args
+from orchestrator.cli.common import Formatter, add_recheck_arg, add_selection_args, plan_from_args
 from orchestrator.config.values import LAUNCH_MODES
+from orchestrator.contract.errors import UserError
 
 _PLAN_EPILOG = """\
 Examples:
@@ -18,9 +19,13 @@ Examples:
   tunematrix plan --device cpu --commands --launch family   (a command per launch)
   tunematrix plan --output - | column -s, -t
   tunematrix plan --results results/a100 --usd-per-gpu-hour 2.5   (cost from that history)
+  tunematrix plan --memory --device gpu --gpu-memory-gib 80   (each GPU cell's memory)
+  tunematrix plan --memory --gpu-memory-gib 40 --output plan.csv   (predicted_peak_bytes, ...)
 
 Nothing is created or deleted (except the --output file), no GPU is needed, and
-the training stack is not imported.
+the training stack is not imported, except with --memory: then each GPU cell's
+training step runs on fake tensors, on the CPU, in the interpreter its jobs run
+under (seconds per distinct cell; kept for the next plan or run).
 """
 
 
@@ -35,6 +40,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     planned = plan_from_args(args)
     plan = planned.plan
+    if args.memory:
+        plan = _with_memory(plan, args)
+    elif args.gpu_memory_gib is not None:
+        print("tunematrix plan: --gpu-memory-gib has a meaning with --memory only", file=sys.stderr)
+        return 2
     if args.output == "-":
         sys.stdout.write(plan_csv(plan))
         return 0
@@ -51,6 +61,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     price = args.usd_per_gpu_hour or planned.config.usd_per_gpu_hour
     print()
     print(*estimate_plan(plan.experiments, planned.layout.history).lines(price), sep="\n")
+    if args.memory:
+        from orchestrator.running.memoryfit import memory_table
+
+        print()
+        print(*memory_table(plan), sep="\n")
     if args.commands:
         print()
         launch = args.launch or planned.config.launch or "cell"
@@ -59,6 +74,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
         write_plan_csv(plan, Path(args.output))
         print(f"\nwrote {args.output}", file=sys.stderr)
     return 0
+
+
+def _with_memory(plan: Any, args: argparse.Namespace) -> Any:
+    """``plan`` with each GPU cell's predicted memory (the check before launch, asked for
+    it), against ``--gpu-memory-gib`` or this machine's GPUs."""
+    from orchestrator.running.memoryfit import device_capacity, predicted, with_memory
+    from orchestrator.running.stackcheck import check_stack
+
+    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
+        raise UserError(f"--gpu-memory-gib must be positive, got {args.gpu_memory_gib:g}")
+    checked = check_stack(plan, keep=True, recheck=args.recheck, memory=predicted)
+    for line in checked.lines():
+        print(line, file=sys.stderr)
+    capacity, source = device_capacity(args.gpu_memory_gib)
+    return with_memory(checked.plan, checked.memory, capacity, source)
 
 
 def add_parser(sub: Any) -> None:
@@ -90,4 +120,18 @@ def add_parser(sub: Any) -> None:
         help="price of a GPU-hour for the cost estimate (default: the file's cost:); the "
         "estimate reads the history of --results",
     )
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="predict each GPU cell's peak memory (its training step on fake tensors, on the "
+        "CPU) and set it against the device's; --output gets the predicted_* columns",
+    )
+    p.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        metavar="G",
+        help="with --memory: one GPU's memory to plan against (default: this machine's "
+        "smallest GPU, where it has one)",
+    )
+    add_recheck_arg(p)
     p.set_defaults(func=cmd_plan)

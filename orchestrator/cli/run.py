@@ -19,6 +19,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.config.scenarios import BenchConfig
 from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
+from orchestrator.contract.errors import UserError
 from orchestrator.contract.outcome import (
     NOT_LAUNCHED_PREFIX,
     PRUNED_PREFIX,
@@ -76,10 +77,18 @@ class _Once:
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.matrix.table import format_header, format_table
     from orchestrator.running.fitrun import check_searches, search_after_run
+    from orchestrator.running.memoryfit import (
+        device_capacity,
+        flagged_lines,
+        predicted,
+        with_memory,
+    )
     from orchestrator.running.needs import require
     from orchestrator.running.runner import RunOptions, preflight, run_plan
     from orchestrator.running.stackcheck import check_stack
 
+    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
+        raise UserError(f"--gpu-memory-gib must be positive, got {args.gpu_memory_gib:g}")
     executor_for = _Once(choose_executor(args), args)
     planned = plan_from_args(args, gpu_counter=lambda config: executor_for(config).gpu_counter())
     plan = planned.plan
@@ -105,14 +114,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     preflight(executor, plan, planned.layout, options)
     settle_earlier_jobs(planned.layout)
     # every cell's settings against the installed stack, each model found, once
-    checked = check_stack(plan, skip=args.no_check, keep=True, recheck=args.recheck)
-    plan = checked.plan
+    checked = check_stack(
+        plan, skip=args.no_check, keep=True, recheck=args.recheck, memory=predicted
+    )
+    capacity, source = device_capacity(args.gpu_memory_gib)
+    plan = with_memory(checked.plan, checked.memory, capacity, source)
     print(
         format_header(
             plan, planned.config.scenarios_file, planned.config.defaults_file, notes=args.note
         )
     )
-    for line in checked.lines():
+    for line in [*checked.lines(), *flagged_lines(plan)]:
         print(f"  {line}")
     print()
     print(format_table(plan), flush=True)
@@ -198,9 +210,17 @@ def add_parser(sub: Any) -> None:
     g.add_argument(
         "--no-prune",
         action="store_true",
-        help="launch every experiment; by default, once one runs out of memory, those of its "
-        "family that need at least as much memory are recorded as pruned, not launched "
-        "(PRUNE=false)",
+        help="launch every experiment; by default a GPU cell predicted before launch to need "
+        "more memory than its GPU has (by a clear margin) is recorded as pruned, not "
+        "launched, and so, once one runs out of memory, are those of its family that need at "
+        "least as much (PRUNE=false)",
+    )
+    g.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        metavar="G",
+        help="one GPU's memory to set each GPU cell's predicted memory against (default: "
+        "the smallest GPU NVML lists here; without either, nothing is pruned before launch)",
     )
     g.add_argument(
         "--launch",

@@ -33,6 +33,7 @@ from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout, RunPaths
 from orchestrator.contract.outcome import (
     ACCEPTABLE,
+    PRUNED_PREFIX,
     Outcome,
     never_launched,
     not_launched_error,
@@ -226,7 +227,7 @@ class RunContext:
     def skipped_unlaunched(self, ready: Ready) -> bool:
         """Record ``ready`` as ``skipped`` without launching it, and say so, when this run
         already shows it need not run: pruned (``prune``: a cell of its family that needs
-        no more memory ran out of it) or spared (``stop_early``: ``failed_alike``).
+        no more memory ran out of it, or its predicted memory is over the device's) or spared (``stop_early``: ``failed_alike``).
 
         ``prepare`` asks it; an executor that prepares everything before launching
         anything (``--pack``) asks again just before it launches each one.
@@ -238,6 +239,8 @@ class RunContext:
             else None
         )
         error = pruned_error(culprit) if culprit is not None else None
+        if error is None and self.options.prune:
+            error = predicted_over(experiment)
         first = self.failed_alike(experiment) if error is None and self.options.stop_early else None
         if first is not None:
             error = not_launched_error(first)
@@ -340,6 +343,15 @@ def _drop_unlaunched_record(run: RunPaths) -> None:
         return
     if [p.name for p in run.dir.iterdir()] == [run.outcome.name]:
         run.outcome.unlink()
+
+
+def predicted_over(experiment: Experiment) -> str | None:
+    """The pruned error of an experiment predicted to need more memory than its device
+    has (``orchestrator.running.memoryfit``); None when it is not."""
+    memory = experiment.memory
+    if memory is None or memory.verdict != "over" or not memory.capacity_bytes:
+        return None
+    return PRUNED_PREFIX + memory.prediction.pruned_reason(memory.capacity_bytes)
 
 
 def _skipped(run: RunPaths, layout: ResultsLayout) -> Outcome | None:

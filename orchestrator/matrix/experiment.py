@@ -18,6 +18,7 @@ from orchestrator.contract.applicability import (
     default_backend,
 )
 from orchestrator.contract.errors import Place
+from orchestrator.contract.memory import MemoryVerdict
 from orchestrator.contract.steady import SteadyMeasure
 from orchestrator.matrix import frameworks
 from orchestrator.matrix.ids import spec_hash
@@ -82,6 +83,9 @@ class Experiment:
     #: (``orchestrator.running.stackcheck``): the job runs with ``HF_HUB_OFFLINE=1`` rather
     #: than wait out the hub's retries (not part of the id)
     hub_offline: bool = False
+    #: its predicted GPU memory against the device's, from the check before launch
+    #: (``orchestrator.running.memoryfit``; not part of the id nor of its spec)
+    memory: MemoryVerdict | None = field(default=None, compare=False, repr=False)
 
     def has_place(self, key: str) -> bool:
         """Whether setting ``key`` was written somewhere (rather than set by tunematrix)."""

@@ -46,6 +46,8 @@ def plan_rows(plan: Plan) -> list[dict[str, Any]]:
             row["environment"] = e.environment.name if e.environment is not None else None
         for key in extra:
             row[key] = e.swept.get(key)
+        if e.memory is not None:  # predicted (plan --memory, the run's check)
+            row.update(e.memory.row())
         rows.append(row)
     return rows
 
@@ -60,12 +62,12 @@ def _cell(value: Any) -> str:
 
 def plan_csv(plan: Plan) -> str:
     rows = plan_rows(plan)
-    columns = list(rows[0]) if rows else list(KEY_COLUMNS)
+    columns = list(dict.fromkeys(c for row in rows for c in row)) if rows else list(KEY_COLUMNS)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
     for row in rows:
-        writer.writerow([_cell(row[c]) for c in columns])
+        writer.writerow([_cell(row.get(c)) for c in columns])
     return buf.getvalue()
 
 

@@ -197,6 +197,7 @@ class StackVerdicts:
         """Keep the verdict of each of ``cells`` the ``answer`` passed (``failed``: the cell
         ids with a problem) whose model was found without the network; then save."""
         models: Mapping[str, Mapping[str, Any]] = answer.get("models") or {}
+        memory: Mapping[str, Any] = answer.get("memory") or {}
         unbuilt = set(answer.get("unbuilt_cells") or [])
         now = time.time()
         for e in cells:
@@ -205,11 +206,15 @@ class StackVerdicts:
                 continue
             if found.get("offline"):
                 continue
-            self.cells[self.cell_key(e)] = {
+            key = self.cell_key(e)
+            predicted = memory.get(e.cell_id) or self.cells.get(key, {}).get("memory")
+            self.cells[key] = {
                 "model": e.model_name_or_path,
                 "found": dict(found),
                 "built": e.cell_id not in unbuilt,
                 "kept_at": now,
+                # its predicted memory, where it was ever asked for (the same key decides it)
+                **({"memory": predicted} if predicted is not None else {}),
             }
         if answer.get("versions"):
             self.versions = dict(answer["versions"])

@@ -35,6 +35,7 @@ from typing import Any
 from orchestrator.contract.checking import ANSWER
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import file_mode, project_pythonpath
+from orchestrator.contract.memory import MemoryPrediction
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.plan import Plan
 from orchestrator.running.checkverdicts import open_verdicts
@@ -99,6 +100,8 @@ class StackCheck:
     checked: list[Checked] = field(default_factory=list)
     #: ``--no-check``: nothing was checked
     skipped: bool = False
+    #: cell id -> its predicted GPU memory, for the cells it was asked for
+    memory: dict[str, MemoryPrediction] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         """What the run's header says about it."""
@@ -147,11 +150,18 @@ def _environment(overlay: Mapping[str, str]) -> dict[str, str]:
 
 
 def run_check(
-    python: str, cells: Sequence[Experiment], timeout_s: float = CHECK_TIMEOUT_S
+    python: str,
+    cells: Sequence[Experiment],
+    timeout_s: float = CHECK_TIMEOUT_S,
+    memory: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The child's answer for ``cells`` (which share an interpreter and hub settings,
-    ``_group``) from interpreter ``python``; ``UserError`` when it cannot give one."""
-    request = {"cells": [{"id": e.cell_id, "spec": e.spec()} for e in cells]}
+    ``_group``) from interpreter ``python``; ``UserError`` when it cannot give one.
+    ``memory``: the cell ids whose GPU memory it predicts too."""
+    request = {
+        "cells": [{"id": e.cell_id, "spec": e.spec()} for e in cells],
+        "memory": list(memory),
+    }
     try:
         proc = subprocess.run(
             [python, "-m", "trainer_entry.check"],
@@ -221,13 +231,15 @@ def check_stack(
     run: Callable[[str, Sequence[Experiment]], dict[str, Any]] = run_check,
     keep: bool = False,
     recheck: bool = False,
+    memory: Callable[[Experiment], bool] | None = None,
 ) -> StackCheck:
     """Check the plan's cells in each interpreter they run under; return the plan with
     each model's resolution applied. The first problem raises ``ConfigError`` (one line
     at the place that set it); ``run`` asks one interpreter (a test may answer instead).
     ``skip`` (``--no-check``): check nothing, and say so. ``keep``: use and keep the
     verdicts of earlier checks (``checkverdicts``); ``recheck`` (``--recheck``): ask
-    about every cell again, and keep what it finds."""
+    about every cell again, and keep what it finds. ``memory``: which cells' GPU memory
+    to predict as well (``StackCheck.memory``; kept with the verdicts)."""
     if skip:
         return StackCheck(plan, skipped=True)
     groups: dict[tuple[str | None, tuple[tuple[str, str], ...]], list[Experiment]] = {}
@@ -240,9 +252,24 @@ def check_stack(
         environment = cells[0].environment.name if cells[0].environment is not None else None
         started = time.monotonic()
         kept = open_verdicts(python, _environment(dict(group[1]))) if keep else None
+        wanted = {e.cell_id for e in cells if memory is not None and memory(e)}
         earlier = {} if kept is None or recheck else kept.found(cells)
+        # a kept verdict without the prediction asked for is asked again
+        earlier = {
+            cell: verdict
+            for cell, verdict in earlier.items()
+            if cell not in wanted or "memory" in verdict
+        }
         asked = [e for e in cells if e.cell_id not in earlier]
-        answer = run(python, asked) if asked else {}
+        predict = [e.cell_id for e in asked if e.cell_id in wanted]
+        answer = run(python, asked, **({"memory": predict} if predict else {})) if asked else {}
+        predicted = {**(answer.get("memory") or {})}
+        predicted.update(
+            (cell, verdict["memory"]) for cell, verdict in earlier.items() if cell in wanted
+        )
+        done.memory.update(
+            (cell, MemoryPrediction.from_answer(found)) for cell, found in predicted.items()
+        )
         by_cell = {e.cell_id: e for e in asked}
         models: dict[str, Mapping[str, Any]] = dict(answer.get("models") or {})
         # a model that leads nowhere: one problem for each cell that names it

@@ -41,19 +41,12 @@ from typing import Any
 
 import torch
 
+from orchestrator.contract.memory import TERMS as MEMORY_TERMS
 from trainer_entry.measure.livebytes import LiveBytes
 from trainer_entry.spec_errors import SpecError
 
 #: what holds the bytes at the peak, in the order the answer lists them
-TERMS = (
-    "weights",
-    "gradients",
-    "optimizer states",
-    "activations",
-    "logits and loss",
-    "backward",
-    "optimizer step",
-)
+TERMS = MEMORY_TERMS
 #: trainer arguments a CPU stand-in cannot take and whose memory is accounted for
 #: otherwise: tf32 (a matmul precision), fp16 (its autocast runs here), FSDP and
 #: DeepSpeed (sharding's formulas), compilation (not run here)
@@ -439,13 +432,46 @@ def _labelled(live: LiveBytes, model: Any, optimizer: Any) -> Callable[[], None]
     return states
 
 
-def fake_step(cell: _Cell) -> tuple[dict[str, int], int, int, list[str]]:
-    """(what is live at the step's peak, by ``TERMS``; the peak; the largest tensor made;
-    the GPU kernels stood in for)."""
+@dataclass
+class _Built:
+    """A cell's model and optimizer on fake tensors, the optimizer's states made, and
+    the counter of their bytes: what every size of one family shares."""
+
+    mode: Any
+    model: Any
+    optimizer: Any
+    live: LiveBytes
+    #: labels the optimizer's states
+    states: Callable[[], None]
+
+
+def _model_key(cell: _Cell) -> str:
+    """What the model and optimizer depend on: the cell's spec less its sizes."""
+    from trainer_entry.settings import installed
+
+    native = cell.settings.native
+    return repr(
+        (
+            cell.parsed.model,
+            cell.parsed.peft,
+            cell.parsed.backend,
+            cell.parsed.task,
+            cell.on_gpu,
+            cell.autocast,
+            cell.settings.activation_checkpointing,
+            installed.read(native, "activation_checkpointing_kwargs"),
+            getattr(native, "optim", None),
+            getattr(native, "optim_args", None),
+            getattr(native, "optim_target_modules", None),
+        )
+    )
+
+
+def _build(cell: _Cell) -> _Built:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=False)
-    with mode, _gpu_attention(cell.on_gpu), _gpu_loss_kernels(cell.on_gpu) as kernels:
+    with mode:
         model = fake_model(cell, mode)
         _enable_checkpointing(model, cell.settings)
         optimizer = _optimizer(model, cell.settings)
@@ -455,32 +481,69 @@ def fake_step(cell: _Cell) -> tuple[dict[str, int], int, int, list[str]]:
         for b in model.buffers():
             live.add(b, "weights")
         states = _labelled(live, model, optimizer)
+        with live:
+            # the optimizer's states, made as its first step makes them: every later
+            # step holds them through its forward and backward
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+            optimizer.step()
+            states()
+            optimizer.zero_grad(set_to_none=True)
+    return _Built(mode, model, optimizer, live, states)
+
+
+class Predictor:
+    """Predicts cells one after another; the cells of one family (the same model,
+    trainer, LoRA, checkpointing and optimizer; other sizes) share one build."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, _Built] = {}
+
+    def step(self, cell: _Cell) -> tuple[dict[str, int], int, int, list[str]]:
+        """(what is live at a steady step's peak, by ``TERMS``; the peak; the largest
+        tensor made; the GPU kernels stood in for)."""
+        key = _model_key(cell)
+        if key not in self._built:
+            self._built = {key: _build(cell)}  # one family at a time: the last one's freed
+        built = self._built[key]
+        live, model, optimizer = built.live, built.model, built.optimizer
         autocast = (
             torch.autocast("cpu", dtype=cell.autocast)
             if cell.autocast is not None
             else contextlib.nullcontext()
         )
-        with live:
+        with (
+            built.mode,
+            _gpu_attention(cell.on_gpu),
+            _gpu_loss_kernels(cell.on_gpu and cell.parsed.backend == "sft") as kernels,
+            live,
+        ):
             inputs = _inputs(cell, model.config)
-            for step in range(2):
-                if step == 1:
-                    live.reset_peak()
-                live.phase = "activations"
-                with autocast:
-                    loss = _loss(cell, model, inputs)
-                if live.phase == "activations":  # no body seen: the loss is the model's
-                    live.phase = "backward"
-                # the loss's own backward stays "logits and loss" until the gradient
-                # reaches the body's output
-                loss.backward()
-                del loss
-                live.phase = "optimizer step"
-                optimizer.step()
-                states()
-                optimizer.zero_grad(set_to_none=True)
+            live.reset_peak()
+            live.phase = "activations"
+            with autocast:
+                loss = _loss(cell, model, inputs)
+            if live.phase == "activations":  # no body seen: the loss is the model's
+                live.phase = "backward"
+            # the loss's own backward stays "logits and loss" until the gradient
+            # reaches the body's output
+            loss.backward()
+            del loss
+            live.phase = "optimizer step"
+            optimizer.step()
+            built.states()
+            optimizer.zero_grad(set_to_none=True)
+            del inputs
         at_peak = {term: max(0, live.peak_by_label.get(term, 0)) for term in TERMS}
         at_peak["activations"] += max(0, live.peak_by_label.get("other", 0))
         return at_peak, live.peak, live.largest, kernels
+
+    def trainable_and_block(self, cell: _Cell) -> tuple[int, int]:
+        """(the trainable parameters, the largest repeated block's weight bytes)."""
+        model = self._built[_model_key(cell)].model
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return trainable, _largest_block_bytes(model)
 
 
 def shard(
@@ -528,9 +591,11 @@ def _largest_block_bytes(model: Any) -> int:
     return best
 
 
-def predict(spec: Any) -> Prediction:
-    """The cell's predicted peak (``SpecError`` where it cannot be predicted, saying why)."""
+def predict(spec: Any, predictor: Predictor | None = None) -> Prediction:
+    """The cell's predicted peak (``SpecError`` where it cannot be predicted, saying why).
+    ``predictor``: the one the cells before it used (a family's share one build)."""
     started = time.monotonic()
+    predictor = predictor or Predictor()
     cell = _cell(spec)
     if cell.parsed.training.get("use_liger_kernel"):
         raise SpecError("liger's fused loss is not run here, so its memory is not predicted")
@@ -538,7 +603,7 @@ def predict(spec: Any) -> Prediction:
     if cell.on_gpu:
         formulas.append("attention: the GPU's SDPA kernel (no scores kept)")
     try:
-        terms, peak, largest, kernels = fake_step(cell)
+        terms, peak, largest, kernels = predictor.step(cell)
         formulas += kernels
     except SpecError:
         raise
@@ -546,14 +611,8 @@ def predict(spec: Any) -> Prediction:
         raise SpecError(
             f"the step did not run on fake tensors: {type(exc).__name__}: {exc}"
         ) from exc
-    notes: list[str] = []
     if cell.sharding.kind != "NO" or cell.sharding.gpus > 1:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        with FakeTensorMode() as mode:
-            model = fake_model(cell, mode)
-            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-            block = _largest_block_bytes(model)
+        trainable, block = predictor.trainable_and_block(cell)
         terms, sharded = shard(
             terms, cell.sharding, fp32_master=4 * trainable, largest_block_params=block
         )
@@ -565,5 +624,4 @@ def predict(spec: Any) -> Prediction:
         largest_block=int(largest),
         seconds=time.monotonic() - started,
         formulas=formulas,
-        notes=notes,
     )

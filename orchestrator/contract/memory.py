@@ -1,0 +1,174 @@
+"""A cell's predicted GPU memory, and what it means against a device's.
+
+The child predicts the peak of torch's allocation of one training step on the
+cell's busiest rank (``trainer_entry.run.memoryplan``: the step on fake
+tensors), with what holds it (``terms``). What NVML will show is beyond it:
+
+- the caching allocator's headroom (reserved less allocated): a block freed
+  in the step is kept for reuse, and a later, larger request cannot always
+  reuse it. Predicted as the larger of ``HEADROOM_SHARE`` of the peak and the
+  step's largest single tensor. On an H100, for Llama 3.2 1B (8 × 2048
+  tokens, bf16): 8.6 GB over 34.0 allocated where the largest tensor (the
+  fp32 logits) was 8.4 GB, 0.6 over 12.3 where it was 1.1 (TRL's fused loss),
+  2.9 over 34.6 under FSDP (predicted 8.4: the allocator reused better);
+- the CUDA context and the libraries' workspaces, outside torch's allocator:
+  ``CUDA_CONTEXT_BYTES`` (1.40 GB on that H100 with torch 2.11, all three
+  cells).
+
+A cell whose predicted torch peak exceeds the device's memory by
+``OVER_MARGIN`` (beyond the prediction's error) is certain to run out of it:
+``over``, pruned before launch. One whose predicted NVML peak reaches
+``CLOSE_SHARE`` of the device's is ``close``: flagged, and launched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from orchestrator.contract.devices import GIB
+
+#: reserved beyond allocated, at least this share of the peak
+HEADROOM_SHARE = 0.05
+#: what the CUDA context and the libraries' workspaces take outside torch's allocator
+CUDA_CONTEXT_BYTES = int(1.40e9)
+#: a predicted torch peak over the device's memory × (1 + this) is certain to run out
+OVER_MARGIN = 0.15
+#: a predicted NVML peak at this share of the device's memory or more is close to it
+CLOSE_SHARE = 0.90
+#: where prediction and measurement differ by more than this, summary.md says so
+TOLERANCE = 0.15
+#: the terms of a prediction, in the order they are shown
+TERMS = (
+    "weights",
+    "gradients",
+    "optimizer states",
+    "activations",
+    "logits and loss",
+    "backward",
+    "optimizer step",
+)
+
+Verdict = Literal["fits", "close", "over"]
+
+
+def gb(value: float) -> str:
+    """Bytes as GB to one decimal (``34.0 GB``): the unit summary.md and the plan use."""
+    return f"{value / 1e9:.1f} GB"
+
+
+@dataclass(frozen=True)
+class MemoryPrediction:
+    """One cell's prediction (the child's answer), or why there is none (``error``)."""
+
+    #: torch's peak allocation of a training step on the busiest rank
+    peak_bytes: int | None = None
+    terms: Mapping[str, int] = field(default_factory=dict)
+    #: the largest single tensor the step made
+    largest_block: int = 0
+    #: what formulas stood in for where the CPU could not run the GPU's way
+    formulas: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    seconds: float | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_answer(cls, answer: Mapping[str, Any]) -> MemoryPrediction:
+        if answer.get("error") or answer.get("peak_bytes") is None:
+            return cls(error=str(answer.get("error") or "no prediction"))
+        return cls(
+            peak_bytes=int(answer["peak_bytes"]),
+            terms={str(k): int(v) for k, v in (answer.get("terms") or {}).items()},
+            largest_block=int(answer.get("largest_block") or 0),
+            formulas=tuple(answer.get("formulas") or ()),
+            notes=tuple(answer.get("notes") or ()),
+            seconds=answer.get("seconds"),
+        )
+
+    def as_answer(self) -> dict[str, Any]:
+        if self.peak_bytes is None:
+            return {"error": self.error}
+        return {
+            "peak_bytes": self.peak_bytes,
+            "terms": dict(self.terms),
+            "largest_block": self.largest_block,
+            "formulas": list(self.formulas),
+            "notes": list(self.notes),
+            "seconds": self.seconds,
+        }
+
+    @property
+    def reserved_bytes(self) -> int | None:
+        """torch's predicted peak reserved: the peak and the allocator's headroom."""
+        if self.peak_bytes is None:
+            return None
+        return self.peak_bytes + max(int(HEADROOM_SHARE * self.peak_bytes), self.largest_block)
+
+    @property
+    def nvml_bytes(self) -> int | None:
+        """What NVML will show at the peak: reserved and the CUDA context."""
+        reserved = self.reserved_bytes
+        return None if reserved is None else reserved + CUDA_CONTEXT_BYTES
+
+    def largest_term(self) -> tuple[str, int] | None:
+        if not self.terms:
+            return None
+        name = max(self.terms, key=lambda k: self.terms[k])
+        return name, self.terms[name]
+
+    def largest_line(self) -> str:
+        """``logits and loss: 25.2 of 34.0 GB``."""
+        term = self.largest_term()
+        if term is None or self.peak_bytes is None:
+            return ""
+        return f"{term[0]}: {term[1] / 1e9:.1f} of {gb(self.peak_bytes)}"
+
+    def verdict(self, capacity_bytes: float | None) -> Verdict | None:
+        """Against one device's memory: ``over`` (certain to run out), ``close``, ``fits``;
+        None without a prediction or a capacity."""
+        if self.peak_bytes is None or not capacity_bytes:
+            return None
+        if self.peak_bytes > capacity_bytes * (1 + OVER_MARGIN):
+            return "over"
+        if (self.nvml_bytes or 0) >= CLOSE_SHARE * capacity_bytes:
+            return "close"
+        return "fits"
+
+    def pruned_reason(self, capacity_bytes: float) -> str:
+        """Why the cell is not launched (after ``pruned: ``)."""
+        return (
+            f"predicted to need {gb(self.peak_bytes or 0)} of torch memory on its busiest "
+            f"GPU, over the device's {capacity_bytes / GIB:.0f} GiB "
+            f"({self.largest_line()}); --no-prune launches it"
+        )
+
+
+@dataclass(frozen=True)
+class MemoryVerdict:
+    """A cell's prediction against the memory of the device it is planned for."""
+
+    prediction: MemoryPrediction
+    #: one device's memory, bytes (None: not known here)
+    capacity_bytes: float | None = None
+    #: where the capacity came from (``--gpu-memory-gib 80``, ``this machine's NVIDIA H100``)
+    capacity_source: str = ""
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self.prediction.verdict(self.capacity_bytes)
+
+    def row(self) -> dict[str, Any]:
+        """The plan's columns (``plan --memory --output``, ``memory_plan.json``)."""
+        p = self.prediction
+        largest = p.largest_term()
+        return {
+            "predicted_peak_bytes": p.peak_bytes,
+            "predicted_reserved_bytes": p.reserved_bytes,
+            "predicted_nvml_bytes": p.nvml_bytes,
+            "predicted_largest_term": largest[0] if largest else None,
+            "predicted_largest_term_bytes": largest[1] if largest else None,
+            "device_memory_bytes": int(self.capacity_bytes) if self.capacity_bytes else None,
+            "memory_verdict": self.verdict,
+            "memory_prediction_error": p.error,
+        }
