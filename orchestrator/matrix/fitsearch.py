@@ -2,8 +2,10 @@
 
 A search raises one value of a cell (its per-device batch or its sequence
 length) until a fresh launch no longer fits. It first probes the lower bound
-(when that does not fit, nothing does), then doubles until the first probe
-that does not fit (or the limit), then bisects between the largest value that
+(when that does not fit, nothing does), or the value the memory prediction
+puts highest within the margin (and the lower bound only where that one does
+not fit), then doubles until the first probe that does not fit (or the
+limit), then bisects between the largest value that
 fitted and the smallest that did not. The next value depends only on the
 verdicts so far (:func:`decide`), so a resumed search asks for exactly the
 probes it still lacks.
@@ -48,17 +50,29 @@ class Decision:
     ending: Ending | None = None
 
 
-def decide(verdicts: Mapping[int, Verdict], low: int, limit: int | None = None) -> Decision:
+def decide(
+    verdicts: Mapping[int, Verdict],
+    low: int,
+    limit: int | None = None,
+    start: int | None = None,
+) -> Decision:
     """The next probe, from the verdicts so far (value -> verdict).
 
     ``low``: the lower bound, probed first; ``limit``: no probe goes above it.
+    ``start``: a value above ``low`` predicted to fit, probed first instead: where it
+    fits, ``low`` (smaller) needs no probe; where it does not, ``low`` is probed next.
     Doubling from the largest fit until a value does not fit, then bisection;
     a fit above a value that did not fit (memory is not monotone there) is
     ignored, so the answer stays below every value that did not fit.
     """
     if limit is not None and low > limit:
         raise ValueError(f"the lower bound {low} is above the limit {limit}")
-    if low not in verdicts:
+    if start is not None and start > low and (limit is None or start <= limit):
+        if start not in verdicts:
+            return Decision(next=start, largest_fit=None, first_too_big=None)
+        if verdicts[start] == "too_big" and low not in verdicts:
+            return Decision(next=low, largest_fit=None, first_too_big=start)
+    elif low not in verdicts:
         return Decision(next=low, largest_fit=None, first_too_big=None)
     too_big = sorted(v for v, verdict in verdicts.items() if verdict == "too_big")
     first_too_big = too_big[0] if too_big else None

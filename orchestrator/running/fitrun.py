@@ -35,6 +35,7 @@ from orchestrator.contract.columns import (
 )
 from orchestrator.contract.errors import ConfigError, UserError
 from orchestrator.contract.layout import ResultsLayout
+from orchestrator.contract.memory import MemoryPrediction, gb
 from orchestrator.contract.outcome import Outcome, is_pruned, read_outcome
 from orchestrator.contract.result import read_result
 from orchestrator.executors.base import Executor
@@ -69,6 +70,9 @@ PEAK_COLUMNS = {
 }
 #: steps of a probe: enough for the optimizer's state to exist (its memory is counted)
 DEFAULT_PROBE_STEPS = 3
+#: how far the memory prediction looks for a search's first probe: the lower bound times
+#: up to 2**this
+PREDICTED_DOUBLINGS = 10
 #: a cgroup v1 limit at or above this is "no limit"
 _NO_LIMIT = 2**62
 
@@ -368,9 +372,10 @@ class _FitRun:
     def search(self, family: _Family) -> None:
         """One family's search: probe after probe until the search decides, then its answer."""
         fit = self._start(family)
+        start = self._predicted_start(family, fit)
         verdicts: dict[int, Verdict] = {}
         while True:
-            decision = decide(verdicts, family.search.start, family.search.limit)
+            decision = decide(verdicts, family.search.start, family.search.limit, start)
             fit.largest_fit, fit.first_too_big = decision.largest_fit, decision.first_too_big
             if decision.next is None:
                 fit.ending = decision.ending
@@ -421,6 +426,50 @@ class _FitRun:
         self.record.families.append(fit)
         self.log(f"fit: {fit.family}: searching {key} from {family.search.start}")
         return fit
+
+    def _predicted_start(self, family: _Family, fit: FamilyFit) -> int | None:
+        """The value a GPU family's search probes first: the largest of the lower bound's
+        doublings (to the limit, at most ``PREDICTED_DOUBLINGS``) predicted, with each one
+        below it, to stay within the margin (``orchestrator.running.memoryfit``); None:
+        the lower bound (a CPU family, an unknown capacity, no prediction)."""
+        first, key, search = family.first, family.search.key, family.search
+        if first.device != "gpu" or not fit.capacity_bytes:
+            return None
+        from orchestrator.running.stackcheck import check_stack
+
+        values = [search.start * 2**i for i in range(PREDICTED_DOUBLINGS + 1)]
+        values = [v for v in values if search.limit is None or v <= search.limit]
+        probes = [probe_experiment(first, key, v, self.options.probe_steps) for v in values]
+        try:
+            checked = check_stack(
+                dataclasses.replace(self.plan, experiments=tuple(probes)),
+                keep=True,
+                memory=lambda e: True,
+            )
+        except UserError as exc:
+            fit.notes.append(f"no memory prediction to start from: {exc}")
+            return None
+        within = (1 - family.margin) * fit.capacity_bytes
+        start: tuple[int, MemoryPrediction] | None = None
+        for value, probe in zip(values, probes, strict=True):
+            predicted = checked.memory.get(probe.cell_id)
+            if predicted is None or predicted.nvml_bytes is None:
+                if predicted is not None and predicted.error:
+                    fit.notes.append(f"no memory prediction to start from: {predicted.error}")
+                break
+            if predicted.nvml_bytes > within:
+                break
+            start = (value, predicted)
+        if start is None or start[0] == search.start:
+            return None
+        value, predicted = start
+        fit.notes.append(
+            f"started from {key} {value}: predicted {gb(predicted.nvml_bytes or 0)} on NVML "
+            f"({gb(predicted.peak_bytes or 0)} torch), within {1 - family.margin:.0%} of "
+            f"{fit.capacity_bytes / 2**30:.0f} GiB"
+        )
+        self.log(f"fit: {fit.family}: the prediction puts {key} {value} within the margin")
+        return value
 
     def _probe(self, family: _Family, fit: FamilyFit, value: int) -> Verdict:
         """Run (or reuse) the probe of ``value``, record it in ``fit``; its verdict."""

@@ -552,29 +552,26 @@ def shard(
     """``terms`` on one rank of ``sharding``, and the formulas that made them so."""
     out = dict(terms)
     gpus, formulas = sharding.gpus, []
-    full_shard = sharding.kind == "FSDP" or (
-        sharding.kind == "DEEPSPEED" and sharding.zero_stage >= 3
-    )
-    if sharding.kind == "DEEPSPEED" and sharding.zero_stage >= 1:
+    gathered = 2 * largest_block_params if gpus > 1 else 0
+    reduced = largest_block_params if gpus > 1 else 0
+    plus = ", plus the largest block gathered" if gpus > 1 else ""
+    if sharding.kind == "FSDP":
+        out["weights"] = out["weights"] // gpus + gathered
+        out["gradients"] = out["gradients"] // gpus + reduced
+        out["optimizer states"] //= gpus
+        formulas.append(f"FSDP: weights, gradients and optimizer states ÷ {gpus}{plus}")
+    elif sharding.kind == "DEEPSPEED" and sharding.zero_stage >= 1:
+        stage = sharding.zero_stage
         # DeepSpeed keeps fp32 master weights beside low-precision ones, in its optimizer
         out["optimizer states"] = (out["optimizer states"] + fp32_master) // gpus
-        formulas.append(
-            f"ZeRO-{sharding.zero_stage}: optimizer states and fp32 master weights ÷ {gpus}"
-        )
-        if sharding.zero_stage >= 2:
-            out["gradients"] //= gpus
-    if full_shard:
-        out["optimizer states"] = (
-            out["optimizer states"]
-            if sharding.kind == "DEEPSPEED"
-            else (out["optimizer states"] // gpus)
-        )
-        out["weights"] = out["weights"] // gpus + (2 * largest_block_params if gpus > 1 else 0)
-        out["gradients"] = out["gradients"] // gpus + (largest_block_params if gpus > 1 else 0)
-        formulas.append(
-            f"{'FSDP' if sharding.kind == 'FSDP' else 'ZeRO-3'}: weights, gradients and optimizer "
-            f"states ÷ {gpus}" + (", plus the largest block gathered twice" if gpus > 1 else "")
-        )
+        shared = ["optimizer states and fp32 master weights"]
+        if stage >= 2:
+            out["gradients"] = out["gradients"] // gpus + (reduced if stage >= 3 else 0)
+            shared.append("gradients")
+        if stage >= 3:
+            out["weights"] = out["weights"] // gpus + gathered
+            shared.append("weights")
+        formulas.append(f"ZeRO-{stage}: {', '.join(shared)} ÷ {gpus}{plus if stage >= 3 else ''}")
     elif sharding.kind == "MULTI_GPU" and gpus > 1:
         out["gradients"] *= 2
         formulas.append("DDP: gradient buckets as large as the gradients")
