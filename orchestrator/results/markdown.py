@@ -61,6 +61,7 @@ from orchestrator.results.mdtable import md_table
 from orchestrator.results.memoryreport import memory_shape_markdown
 from orchestrator.results.numbers import whole
 from orchestrator.results.phasesreport import phases_markdown
+from orchestrator.results.predictedmemory import predicted_memory_markdown
 from orchestrator.results.steadyreport import steady_markdown
 from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, ran_on_cpu, status_labels
 
@@ -464,6 +465,8 @@ def summary_markdown(
                 )
     # where cells differ in what shapes their memory besides their keys (results/memoryreport.py)
     lines += memory_shape_markdown(cells)
+    # each GPU cell's memory predicted before launch against its measurement (plan.csv)
+    lines += predicted_memory_markdown(rows, source)
     lines += side_by_side_markdown(cells, args, lambda name: registry.get(name).header, figure_text)
     lines += scaling_markdown(report.scaling)
     # each variant's loss against its scenario's baseline (results/equivalence.py)

@@ -244,3 +244,53 @@ def test_sharding_divides_what_each_framework_shards() -> None:
         "DDP: gradient buckets as large as the gradients"
     ]
     assert shard(terms, Sharding("NO", 0, 1), **same) == (terms, [])
+
+
+# -- summary.md: predicted against measured -----------------------------------------------------
+def test_summary_sets_each_prediction_against_its_measurement(tmp_path: Path) -> None:
+    import json
+
+    from fakeruns import write_run
+
+    from orchestrator.results.report import CostSettings, write_report
+
+    root = tmp_path / "results"
+    measured = {"hf-full": 34.04e9, "sft-full": 9.0e9}
+    for eid, allocated in measured.items():
+        run = write_run(root, eid, memory=allocated + 10e9)
+        result = json.loads((run / "result.json").read_text())
+        result["metrics"].update(
+            torch_max_memory_allocated_bytes=allocated,
+            torch_max_memory_reserved_bytes=allocated + 8e9,
+        )
+        (run / "result.json").write_text(json.dumps(result))
+    write_run(root, "oversized", status="skipped", error="pruned: predicted to need 871.0 GB")
+    predicted = {
+        "hf-full": _prediction(34.01, 8.41, weights=2.5, logits_and_loss=25.2),
+        "sft-full": _prediction(12.45, 1.05, optimizer_states=4.9),
+        "oversized": _prediction(871.0, 134.5, activations=460.1),
+    }
+    header = "cell_id,status," + ",".join(MemoryVerdict(predicted["hf-full"]).row())
+    lines = [header] + [
+        f"{cell},planned,"
+        + ",".join("" if v is None else str(v) for v in MemoryVerdict(p, 80 * GIB).row().values())
+        for cell, p in predicted.items()
+    ]
+    (root / "plan.csv").write_text("\n".join(lines) + "\n")
+    write_report(root, root, CostSettings(), plots=False)
+    text = (root / "summary.md").read_text()
+    start = text.index("## Memory: predicted before launch, and measured")
+    section = text[start : text.find("\n## ", start + 1)]
+    assert "| hf-full | 34.0 GB / 34.0 GB | 42.4 GB / 42.0 GB |" in section
+    assert "logits and loss: 25.2 of 34.0 GB" in section
+    # 12.45 against 9.0: said plainly, not made to add up
+    assert (
+        "- sft-full: predicted 12.4 GB of torch allocation, measured 9.0 GB: 38% apart, more "
+        "than 15%. The prediction's terms do not account for this run."
+    ) in section
+    assert "- oversized: pruned before launch, predicted 871.0 GB: not measured" in section
+    assert "hf-full: predicted" not in section  # within 15%: nothing to say
+    # a folder without predictions (a CPU matrix, an older run) has no such section
+    (root / "plan.csv").write_text("cell_id,status\nhf-full,planned\n")
+    write_report(root, root, CostSettings(), plots=False)
+    assert "predicted before launch" not in (root / "summary.md").read_text()
