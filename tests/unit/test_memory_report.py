@@ -62,13 +62,13 @@ def test_cells_apart_in_their_loss_are_named_with_what_tells_their_peaks_apart(
     text = section((root / "summary.md").read_text())
     # each cell's settings, only those the cells differ in, beside its peak
     table = [line for line in text if line.startswith("| ")]
-    assert table[0] == "| cell | peak mem GiB | loss implementation |"
-    assert f"| `sft-full` | 12.30 | {SFT_LOSS} |" in table
-    assert f"| `hf-full` | 34.00 | {HF_LOSS} |" in table
+    assert table[0] == "| cell | trainer | peak mem GiB | loss implementation |"
+    assert f"| `sft-full` | sft | 12.30 | {SFT_LOSS} |" in table
+    assert f"| `hf-full` | hf | 34.00 | {HF_LOSS} |" in table
     # the leanest and the fullest of the model: what of these tells them apart, and which
     # of their keys differ too
     assert (
-        f"- org/llama-1b: `sft-full` peaks 12.3 GiB and `hf-full` 34 GiB: they differ in "
+        f"- org/llama-1b: `sft-full` peaks 12.30 GiB and `hf-full` 34.00 GiB: they differ in "
         f"loss implementation ({SFT_LOSS} vs {HF_LOSS}). They also differ in trainer (sft vs hf)."
     ) in text
 
@@ -82,11 +82,11 @@ def test_cells_that_agree_get_no_section(tmp_path: Path) -> None:
     shaped(root, "c", 30 * GIB, "hf")
     write_report(root, root, CostSettings(), plots=False)
     text = section((root / "summary.md").read_text())
-    assert [line for line in text if line.startswith("| ")][0] == (
+    assert next(line for line in text if line.startswith("| ")) == (
         "| cell | peak mem GiB | checkpointing mode |"
     )
     assert text[-1] == (
-        "- org/llama-1b: `b` peaks 12 GiB and `a` 30 GiB: they differ in checkpointing mode "
+        "- org/llama-1b: `b` peaks 12.00 GiB and `a` 30.00 GiB: they differ in checkpointing mode "
         "(non-reentrant vs off)."
     )
 
@@ -108,7 +108,7 @@ def test_peaks_apart_with_no_setting_apart_say_so(tmp_path: Path) -> None:
     # an empty setting (a run whose optimizer kept no state) is not a difference
     assert table[0] == "| cell | peak mem GiB | optimizer |"
     assert any(
-        "`a` peaks 12 GiB and `b` 30 GiB: they differ in optimizer (sgd (SGD) vs "
+        "`a` peaks 12.00 GiB and `b` 30.00 GiB: they differ in optimizer (sgd (SGD) vs "
         "adamw_torch_fused (AdamW, fused))." in line
         for line in text
     )
