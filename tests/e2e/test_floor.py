@@ -85,6 +85,18 @@ def test_the_tiny_matrix_runs_end_to_end_at_the_floors(tmp_path: Path) -> None:
     assert {r["status"] for r in rows} == {"ok"}, [(r["experiment_id"], r["error"]) for r in rows]
     # one spelling in the rows, whatever the installed transformers calls it
     assert "gradient_checkpointing" not in rows[0]
+    # what shapes memory, read from each run's trained objects: every setting filled, and
+    # the loss told apart by trainer (TRL's fused head never builds the full logits)
+    from orchestrator.contract.columns import MEMORY_SHAPE
+
+    for row in rows:
+        assert all(row[column] for column in MEMORY_SHAPE), {c: row[c] for c in MEMORY_SHAPE}
+    assert {(r["trainer"], r["loss_implementation"]) for r in rows} == {
+        ("hf", "transformers ForCausalLMLoss (full fp32 logits)"),
+        ("sft", "trl fused LM head (chunked nll)"),
+    }
+    summary = (tmp_path / "results" / "summary.md").read_text()
+    assert "## What shapes memory" in summary and "| loss implementation |" in summary
     for row in rows:
         assert row["activation_checkpointing"] == "True"
         assert float(row["eval_loss"]) > 0 and float(row["tokens_per_second_global"]) > 0

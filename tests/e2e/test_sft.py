@@ -79,6 +79,13 @@ def test_packed_blocks_train_alike_under_sft_and_hf(tmp_path) -> None:
     cost = [n for n in sft["notes"] if n.startswith("TRL's per-step entropy and token accuracy")]
     assert len(cost) == 1 and "fused LM head timed after training on 512 positions" in cost[0]
     assert not any(n.startswith("TRL's per-step") for n in hf["notes"])
+    # the same blocks, the same speed class, not the same memory: the rows say why
+    assert hf["loss_implementation"] == "transformers ForCausalLMLoss (full fp32 logits)"
+    assert sft["loss_implementation"] == "trl fused LM head (chunked nll)"
+    for row in (sft, hf):
+        assert (row["weights_dtype"], row["gradients_dtype"]) == ("float32", "float32")
+        assert row["optimizer_states_dtype"] == "float32 (exp_avg, exp_avg_sq)"
+        assert "(AdamW" in row["optimizer"]
 
 
 def test_packed_with_trls_bfd_strategy_feeds_every_document_once(tmp_path) -> None:
