@@ -54,8 +54,18 @@ Verdict = Literal["fits", "close", "over"]
 
 
 def gb(value: float) -> str:
-    """Bytes as GB to one decimal (``34.0 GB``): the unit summary.md and the plan use."""
+    """Bytes as GB to one decimal (``34.0 GB``), the unit summary.md and the plan use;
+    under 1 GB, as MB (``432 MB``: a tiny model's)."""
+    if abs(value) < 1e9:
+        return f"{value / 1e6:.0f} MB"
     return f"{value / 1e9:.1f} GB"
+
+
+def part_of(part: float, whole: float) -> str:
+    """``25.2 of 34.0 GB``; ``96 MB of 1.2 GB`` where the units differ."""
+    if (abs(part) < 1e9) == (abs(whole) < 1e9):
+        return f"{gb(part).split()[0]} of {gb(whole)}"
+    return f"{gb(part)} of {gb(whole)}"
 
 
 @dataclass(frozen=True)
@@ -122,7 +132,7 @@ class MemoryPrediction:
         term = self.largest_term()
         if term is None or self.peak_bytes is None:
             return ""
-        return f"{term[0]}: {term[1] / 1e9:.1f} of {gb(self.peak_bytes)}"
+        return f"{term[0]}: {part_of(term[1], self.peak_bytes)}"
 
     def verdict(self, capacity_bytes: float | None) -> Verdict | None:
         """Against one device's memory: ``over`` (certain to run out), ``close``, ``fits``;

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.contract.columns import NVML_PEAK, TORCH_RESERVED_PEAK
-from orchestrator.contract.memory import TOLERANCE, gb
+from orchestrator.contract.memory import TOLERANCE, gb, part_of
 from orchestrator.contract.outcome import is_pruned
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.tablecolumns import measured, numeric
@@ -104,9 +104,7 @@ def predicted_memory_markdown(rows: pd.DataFrame, source: Path) -> list[str]:
 
         term = _number(p.get("predicted_largest_term_bytes"))
         largest = (
-            f"{p.get('predicted_largest_term')}: {term / 1e9:.1f} of {gb(peak)}"
-            if term is not None
-            else ""
+            f"{p.get('predicted_largest_term')}: {part_of(term, peak)}" if term is not None else ""
         )
         body.append(
             [

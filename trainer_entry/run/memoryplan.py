@@ -208,8 +208,10 @@ def _weights_dtype(parsed: Any, config: Any, on_gpu: bool) -> torch.dtype:
     return saved if isinstance(saved, torch.dtype) else torch.float32
 
 
-def fake_model(cell: _Cell, mode: Any) -> Any:
-    """The cell's model, its LoRA applied, on fake tensors of ``mode`` on the CPU.
+def fake_model(cell: _Cell, config: Any, mode: Any) -> Any:
+    """The cell's model (of ``config``, read before ``mode`` is entered: a shipped tiny
+    model is built and saved on first use), its LoRA applied, on fake tensors of
+    ``mode`` on the CPU.
 
     Built on the meta device (nothing drawn), patched and wrapped there as the
     child does, then each parameter and buffer turned into a fake tensor (one per
@@ -217,7 +219,6 @@ def fake_model(cell: _Cell, mode: Any) -> Any:
     from trainer_entry.models.load import apply_peft, dtype_keyword
 
     parsed = cell.parsed
-    config, _ = _config(parsed, cell.task, cell.spec.python_path)
     dtype = _weights_dtype(parsed, config, cell.on_gpu)
     attn = parsed.model.attn_implementation or "sdpa"
     with torch.device("meta"):
@@ -470,9 +471,10 @@ def _model_key(cell: _Cell) -> str:
 def _build(cell: _Cell) -> _Built:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    config, _ = _config(cell.parsed, cell.task, cell.spec.python_path)
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     with mode:
-        model = fake_model(cell, mode)
+        model = fake_model(cell, config, mode)
         _enable_checkpointing(model, cell.settings)
         optimizer = _optimizer(model, cell.settings)
         live = LiveBytes()
