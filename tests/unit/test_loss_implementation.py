@@ -139,6 +139,10 @@ def test_liger_is_named_where_asked_for_and_its_package_checked_before_anything_
     with pytest.raises(MissingPackage) as refused:
         preflight(spec)
     assert refused.value.key == "use_liger_kernel"
+    # the check before launch places it at the line that set the key
+    from trainer_entry.check import _problem
+
+    assert _problem("cell", refused.value)["key"] == "use_liger_kernel"
     assert str(refused.value) == (
         "use_liger_kernel: liger-kernel is not installed in this interpreter "
         "(pip install liger-kernel, or remove use_liger_kernel)"
