@@ -28,7 +28,9 @@ the GPU-only checks are left out; everything else is judged. The checks (``check
 - memory: NVML's peak within 5% of torch's reserved peak plus the CUDA context (DDP and
   FSDP), torch's reserved peak within 5% of the plain loop's;
 - GPU utilisation of the DDP cell >= 80%;
-- the oversized cell ``oom`` and the larger ``pruned`` (as the tables show statuses);
+- the oversized cell and the larger ``pruned`` before launch, each by its memory
+  prediction (``orchestrator.running.memoryfit``), and every trained cell's torch
+  peak allocated within 15% of its prediction (the folder's ``plan.csv``);
 - the steady cell within 2% of the fixed-step one; FSDP's time to first step <= 2x DDP's;
 - a shared launch against each cell's own: tokens/s, torch's reserved peak and NVML's
   peak within 2%, equal loss curves;
@@ -52,6 +54,7 @@ Exit code 0 when every check passed (or no GPU), 1 when one failed or could not 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import json
 import os
@@ -366,6 +369,8 @@ class Runs:
     step_times: dict[str, list[float]] = field(default_factory=dict)
     #: the scenarios the run was asked for (a missing one is a failed check)
     asked: tuple[str, ...] = ()
+    #: cell id -> the peak of torch's allocation predicted before launch (plan.csv)
+    predicted: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def read(cls, results: Path, returncode: int, asked: Iterable[str] = ()) -> Runs:
@@ -380,7 +385,14 @@ class Runs:
             losses[eid] = result.get("loss_history")
             ranks = result.get("ranks") or [{}]
             step_times[eid] = list(ranks[0].get("step_times_s") or [])
-        return cls(rows, losses, returncode, step_times, tuple(asked))
+        predicted: dict[str, float] = {}
+        if (results / "plan.csv").is_file():
+            with open(results / "plan.csv", newline="", encoding="utf-8") as f:
+                for planned in csv.DictReader(f):
+                    value = num(planned, "predicted_peak_bytes")
+                    if value is not None:
+                        predicted[str(planned.get("cell_id"))] = value
+        return cls(rows, losses, returncode, step_times, tuple(asked), predicted)
 
     def of(self, scenario: str) -> list[dict[str, Any]]:
         return [r for r in self.rows if r.get("scenario") == scenario]
@@ -723,18 +735,18 @@ def _matrix_checks(matrix: Runs, on_gpu: bool, context: float | None) -> list[Ch
             unit=lambda v: f"{v:.0f}%",
         )
     )
-    statuses = [
-        status_of(r)
-        for r in sorted(matrix.of("oversized"), key=lambda r: num(r, "effective_batch_size") or 0)
-    ]
+    oversized = sorted(matrix.of("oversized"), key=lambda r: num(r, "effective_batch_size") or 0)
+    statuses = [status_of(r) for r in oversized]
+    predicted_over = all("predicted to need" in str(r.get("error") or "") for r in oversized)
     out.append(
         judged(
-            "oversized cell, then the larger",
+            "oversized cell, then the larger: pruned before launch",
             " then ".join(statuses) or "missing",
-            "oom then pruned",
-            statuses == ["oom", "pruned"],
+            "pruned then pruned, each by its prediction",
+            statuses == ["pruned", "pruned"] and predicted_over,
         )
     )
+    out += _prediction_checks(matrix)
     fsdp_row = matrix.one("fsdp-full")
     missing = _needs({"fsdp-full": fsdp_row, "hf-full": hf}, "time_to_first_step_s")
     fsdp, ddp = num(fsdp_row, "time_to_first_step_s"), num(hf, "time_to_first_step_s")
@@ -749,6 +761,33 @@ def _matrix_checks(matrix: Runs, on_gpu: bool, context: float | None) -> list[Ch
     )
     trained = [r for r in matrix.rows if r.get("scenario") != "oversized"]
     out.append(_wall_target("the family matrix: its wall vs its training", trained, 1.3))
+    return out
+
+
+def _prediction_checks(matrix: Runs) -> list[Check]:
+    """Every trained cell's torch peak allocated against its prediction before launch
+    (plan.csv), within 15% (the issue's bound; orchestrator.contract.memory.TOLERANCE)."""
+    out = []
+    for row in matrix.rows:
+        if row.get("scenario") == "oversized":
+            continue
+        name = f"{row.get('scenario')}: predicted torch peak vs measured"
+        predicted = matrix.predicted.get(str(row.get("cell_id")))
+        missing = _needs({str(row.get("scenario")): row}, "torch_max_memory_allocated_bytes")
+        allocated = num(row, "torch_max_memory_allocated_bytes")
+        out.append(
+            judged(
+                name,
+                f"{gib(predicted)} vs {gib(allocated)} ({predicted / allocated:.3f}x)"
+                if predicted and allocated
+                else "",
+                "within 15%",
+                None
+                if missing or predicted is None or allocated is None
+                else within(predicted, allocated, 0.15),
+                missing or "no prediction in plan.csv",
+            )
+        )
     return out
 
 

@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 
 from orchestrator.contract.layout import RunPaths
-from orchestrator.contract.outcome import Outcome, pruned_error, read_outcome, write_outcome
+from orchestrator.contract.memory import MemoryPrediction
+from orchestrator.contract.outcome import (
+    PRUNED_PREFIX,
+    Outcome,
+    pruned_error,
+    read_outcome,
+    write_outcome,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_acceptance.py"
@@ -179,6 +186,7 @@ def _as_gpu(root: Path) -> None:
             result["gpu_device_name"] = "NVIDIA H100 80GB HBM3"
             metrics = result["metrics"]
             metrics["torch_max_memory_reserved_bytes"] = 40 * 2**30
+            metrics["torch_max_memory_allocated_bytes"] = 34 * 2**30
             # what the project's MFU would be at the H100's peak (989.4 TFLOP/s, bf16)
             metrics["mfu"] = (
                 metrics["flops_per_token"] * metrics["tokens_per_second_per_device"] / 989.4e12
@@ -214,14 +222,17 @@ def _oversized(root: Path, statuses: list[Outcome]) -> None:
         write_outcome(RunPaths(run), outcome)
 
 
+def _predicted_over(batch: int) -> Outcome:
+    prediction = MemoryPrediction(peak_bytes=batch * 13 * 10**9, terms={"activations": 1})
+    return Outcome(status="skipped", error=PRUNED_PREFIX + prediction.pruned_reason(80 * 2**30))
+
+
 def test_the_gpu_checks_read_statuses_as_the_tables_show_them(folders: Path) -> None:
     _as_gpu(folders)
-    oom = Outcome(status="oom", error="CUDA out of memory. Tried to allocate 4.00 GiB")
-    pruned = Outcome(status="skipped", error=pruned_error("oversized…eb64"))
-    _oversized(folders, [oom, pruned])
+    _oversized(folders, [_predicted_over(64), _predicted_over(128)])
     checks = _checks(folders, on_gpu=True)
-    assert checks["oversized cell, then the larger"].result == "pass"
-    assert checks["oversized cell, then the larger"].measured == "oom then pruned"
+    name = "oversized cell, then the larger: pruned before launch"
+    assert (checks[name].result, checks[name].measured) == ("pass", "pruned then pruned")
     assert checks["MFU vs counted FLOPs x plain loop tokens/s / peak"].result == "pass"
     assert checks["torch reserved peak vs the plain loop's"].result == "pass"
     assert checks["hf-full: NVML peak vs torch reserved peak + CUDA context"].result == "pass"
@@ -229,12 +240,41 @@ def test_the_gpu_checks_read_statuses_as_the_tables_show_them(folders: Path) -> 
     # no FSDP row in a CPU run's folders: its checks fail, they do not read n/a
     assert checks["fsdp-full: NVML peak vs torch reserved peak + CUDA context"].result == "FAIL"
     assert checks["FSDP time to first step vs DDP's"].result == "FAIL"
-    # a second cell that ran out of memory, rather than being pruned: a failure
+    # an OOM, then pruned behind it: the prediction did not prune the first; a failure
     shutil.rmtree(folders / "matrix" / "runs" / "oversized.tiny-llama.ddp.g1.eb64-000000064")
     shutil.rmtree(folders / "matrix" / "runs" / "oversized.tiny-llama.ddp.g1.eb128-0000000128")
-    _oversized(folders, [oom, oom])
-    check = _checks(folders, on_gpu=True)["oversized cell, then the larger"]
-    assert (check.result, check.measured) == ("FAIL", "oom then oom")
+    oom = Outcome(status="oom", error="CUDA out of memory. Tried to allocate 4.00 GiB")
+    _oversized(folders, [oom, Outcome(status="skipped", error=pruned_error("oversized…eb64"))])
+    check = _checks(folders, on_gpu=True)[name]
+    assert (check.result, check.measured) == ("FAIL", "oom then pruned")
+
+
+def test_each_trained_cell_is_held_to_its_prediction(folders: Path) -> None:
+    _as_gpu(folders)
+    name = "hf-full: predicted torch peak vs measured"
+    # a run without predictions in its plan.csv (a CPU matrix's): the checks fail
+    assert _checks(folders, on_gpu=True)[name].result == "FAIL"
+    assert _checks(folders, on_gpu=True)[name].measured == "no prediction in plan.csv"
+    rows = acceptance.Runs.read(folders / "matrix", 0).rows
+    cells = {str(r["scenario"]): str(r["cell_id"]) for r in rows}
+    allocated = {
+        str(r["scenario"]): float(r["torch_max_memory_allocated_bytes"])
+        for r in rows
+        if r.get("torch_max_memory_allocated_bytes") not in (None, "")
+    }
+    assert "hf-full" in allocated
+
+    def plan_csv(scale: float) -> None:
+        lines = ["cell_id,predicted_peak_bytes"] + [
+            f"{cells[s]},{int(v * scale)}" for s, v in allocated.items()
+        ]
+        (folders / "matrix" / "plan.csv").write_text("\n".join(lines) + "\n")
+
+    plan_csv(1.1)
+    assert _checks(folders, on_gpu=True)[name].result == "pass"
+    plan_csv(1.2)
+    failed = _checks(folders, on_gpu=True)[name]
+    assert failed.result == "FAIL" and "(1.200x)" in failed.measured
 
 
 def test_the_whole_runs_wall_is_held_to_its_window() -> None:
