@@ -766,7 +766,7 @@ def _matrix_checks(matrix: Runs, on_gpu: bool, context: float | None) -> list[Ch
 
 def _prediction_checks(matrix: Runs) -> list[Check]:
     """Every trained cell's torch peak allocated against its prediction before launch
-    (plan.csv), within 15% (the issue's bound; orchestrator.contract.memory.TOLERANCE)."""
+    (plan.csv), within 15% (the issue's bound; orchestrator.contract.gpumemory.TOLERANCE)."""
     out = []
     for row in matrix.rows:
         if row.get("scenario") == "oversized":

@@ -18,7 +18,7 @@ from orchestrator.contract.applicability import (
     default_backend,
 )
 from orchestrator.contract.errors import Place
-from orchestrator.contract.memory import MemoryVerdict
+from orchestrator.contract.gpumemory import MemoryVerdict
 from orchestrator.contract.steady import SteadyMeasure
 from orchestrator.matrix import frameworks
 from orchestrator.matrix.ids import spec_hash

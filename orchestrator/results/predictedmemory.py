@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.contract.columns import NVML_PEAK, TORCH_RESERVED_PEAK
-from orchestrator.contract.memory import TOLERANCE, gb, part_of
+from orchestrator.contract.gpumemory import TOLERANCE, gb, part_of
 from orchestrator.contract.outcome import is_pruned
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.tablecolumns import measured, numeric
@@ -34,6 +34,7 @@ _PREDICTED = (
     "predicted_largest_term_bytes",
     "memory_verdict",
     "memory_prediction_error",
+    "device_memory_bytes",
 )
 
 
@@ -115,6 +116,15 @@ def predicted_memory_markdown(rows: pd.DataFrame, source: Path) -> list[str]:
                 largest,
             ]
         )
+        if p.get("memory_verdict") == "close":
+            nvml, device = (
+                _number(p.get("predicted_nvml_bytes")),
+                _number(p.get("device_memory_bytes")),
+            )
+            notes.append(
+                f"- {cell}: close to the limit: predicted {gb(nvml or 0)} on NVML of the "
+                f"device's {(device or 0) / 2**30:.0f} GiB"
+            )
         if cell in pruned:
             notes.append(f"- {cell}: pruned before launch, predicted {gb(peak)}: not measured")
         elif allocated is None:

@@ -34,8 +34,8 @@ from orchestrator.contract.columns import (
     TREE_RSS_PEAK,
 )
 from orchestrator.contract.errors import ConfigError, UserError
+from orchestrator.contract.gpumemory import MemoryPrediction, gb
 from orchestrator.contract.layout import ResultsLayout
-from orchestrator.contract.memory import MemoryPrediction, gb
 from orchestrator.contract.outcome import Outcome, is_pruned, read_outcome
 from orchestrator.contract.result import read_result
 from orchestrator.executors.base import Executor

@@ -5,7 +5,7 @@ each GPU cell's predicted peak (``trainer_entry.run.memoryplan``: the training
 step on fake tensors; cells that differ in nothing a step holds are predicted
 once, and each prediction is kept with the check's verdicts). Here each
 experiment gets it, with the device's memory, as ``Experiment.memory``
-(``orchestrator.contract.memory``: ``over``, ``close`` or ``fits``):
+(``orchestrator.contract.gpumemory``: ``over``, ``close`` or ``fits``):
 
 - ``tunematrix plan --memory`` prints the table, and its ``--output`` CSV has
   the ``predicted_*`` columns;
@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from orchestrator.contract.devices import GIB
-from orchestrator.contract.memory import MemoryPrediction, MemoryVerdict, gb
+from orchestrator.contract.gpumemory import MemoryPrediction, MemoryVerdict, gb
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.plan import Plan
 

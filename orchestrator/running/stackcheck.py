@@ -34,8 +34,8 @@ from typing import Any
 
 from orchestrator.contract.checking import ANSWER
 from orchestrator.contract.errors import UserError
+from orchestrator.contract.gpumemory import MemoryPrediction
 from orchestrator.contract.layout import file_mode, project_pythonpath
-from orchestrator.contract.memory import MemoryPrediction
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.plan import Plan
 from orchestrator.running.checkverdicts import open_verdicts

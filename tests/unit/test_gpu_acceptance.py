@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from orchestrator.contract.gpumemory import MemoryPrediction
 from orchestrator.contract.layout import RunPaths
-from orchestrator.contract.memory import MemoryPrediction
 from orchestrator.contract.outcome import (
     PRUNED_PREFIX,
     Outcome,

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from orchestrator.contract.devices import GIB
-from orchestrator.contract.layout import ResultsLayout
-from orchestrator.contract.memory import (
+from orchestrator.contract.gpumemory import (
     CUDA_CONTEXT_BYTES,
     MemoryPrediction,
     MemoryVerdict,
 )
+from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import is_pruned, read_outcome
 from orchestrator.executors.base import RunContext
 from orchestrator.executors.console import Progress
@@ -270,6 +270,8 @@ def test_summary_sets_each_prediction_against_its_measurement(tmp_path: Path) ->
         "sft-full": _prediction(12.45, 1.05, optimizer_states=4.9),
         "oversized": _prediction(871.0, 134.5, activations=460.1),
     }
+    write_run(root, "close-one", memory=None, status="failed", error="killed")
+    predicted["close-one"] = _prediction(74.0, 2.0, activations=40.0)
     header = "cell_id,status," + ",".join(MemoryVerdict(predicted["hf-full"]).row())
     lines = [header] + [
         f"{cell},planned,"
@@ -290,6 +292,9 @@ def test_summary_sets_each_prediction_against_its_measurement(tmp_path: Path) ->
     ) in section
     assert "- oversized: pruned before launch, predicted 871.0 GB: not measured" in section
     assert "hf-full: predicted" not in section  # within 15%: nothing to say
+    assert "- close-one: close to the limit: predicted 79.1 GB on NVML of the device's 80 GiB" in (
+        section
+    )
     # a folder without predictions (a CPU matrix, an older run) has no such section
     (root / "plan.csv").write_text("cell_id,status\nhf-full,planned\n")
     write_report(root, root, CostSettings(), plots=False)

@@ -25,7 +25,7 @@ What the CPU cannot run, formulas stand in for, each named in the answer's
   divide the optimizer states (and ZeRO-2 the gradients) and add the fp32
   master weights; DDP over several GPUs adds its gradient buckets;
 - what NVML will show is beyond torch's peak: the caching allocator's
-  headroom and the CUDA context (``orchestrator.contract.memory``).
+  headroom and the CUDA context (``orchestrator.contract.gpumemory``).
 
 The batch is the cell's micro-batch of full ``max_seq_len`` sequences, every
 token labelled: the worst case a packed or padded batch reaches.
@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from orchestrator.contract.memory import TERMS as MEMORY_TERMS
+from orchestrator.contract.gpumemory import TERMS as MEMORY_TERMS
 from trainer_entry.measure.livebytes import LiveBytes
 from trainer_entry.spec_errors import SpecError
 
@@ -157,6 +157,11 @@ def _cell(spec: Any) -> _Cell:
     settings = backend.configure(spec, replace(parsed, training=training), on_gpu=False)
     on_gpu = spec.device == "gpu"
     gpus = int(spec.num_gpus or 1) if on_gpu else int(spec.processes or 1)
+    sharding = sharding_of(spec.accelerate_config, gpus)
+    if not on_gpu and sharding.kind != "DEEPSPEED":
+        # the CPU launch overrides the config: one process (--cpu), or gloo DDP
+        # (--multi_gpu, orchestrator.matrix.frameworks.cpu_launch_flag)
+        sharding = Sharding(kind="MULTI_GPU" if gpus > 1 else "NO", gpus=gpus)
     return _Cell(
         spec=spec,
         parsed=parsed,
@@ -165,7 +170,7 @@ def _cell(spec: Any) -> _Cell:
         settings=settings,
         autocast=autocast,
         on_gpu=on_gpu,
-        sharding=sharding_of(spec.accelerate_config, gpus),
+        sharding=sharding,
     )
 
 
@@ -402,6 +407,33 @@ def _gpu_loss_kernels(on_gpu: bool) -> Iterator[list[str]]:
             setattr(kernels, n, f)
 
 
+@contextlib.contextmanager
+def _unpacked() -> Iterator[None]:
+    """transformers' test for documents packed into a row, answered as the real batch
+    answers it: the predicted batch has none (no ``position_ids``). On fake tensors it
+    cannot read the positions and takes every row for packed, building a
+    batch × 1 × L × L mask, and with it K and V repeated for every query head, that the
+    real step never makes."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+
+    def none(position_ids: Any) -> None:
+        return None
+
+    masking_utils.find_packed_sequence_indices = none
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
 # -- the step -------------------------------------------------------------------------------
 def _labelled(live: LiveBytes, model: Any, optimizer: Any) -> Callable[[], None]:
     """Hooks that label the step's phases; returns what labels the optimizer's states."""
@@ -519,6 +551,7 @@ class Predictor:
             built.mode,
             _gpu_attention(cell.on_gpu),
             _gpu_loss_kernels(cell.on_gpu and cell.parsed.backend == "sft") as kernels,
+            _unpacked(),
             live,
         ):
             inputs = _inputs(cell, model.config)
