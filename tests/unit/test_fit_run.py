@@ -282,3 +282,44 @@ def test_the_layout_moves_a_fit_aside_with_its_run(tmp_path: Path) -> None:
     layout.fit_json.write_text("{}")
     moved = move_aside(layout.root)
     assert moved is not None and (moved / "fit").is_dir() and (moved / "fit.json").is_file()
+
+
+def test_a_gpu_search_starts_from_the_prediction(load, tmp_path, monkeypatch) -> None:
+    """A GPU family starts at the largest doubling of its lower bound predicted within the
+    margin (the check's prediction stands in: each probe's peak is 8 GB a sample)."""
+    from orchestrator.contract.gpumemory import MemoryPrediction
+    from orchestrator.running import stackcheck
+
+    asked: list[int] = []
+
+    def check_stack(plan, **kwargs):  # type: ignore[no-untyped-def]
+        assert kwargs.get("memory") is not None
+        done = stackcheck.StackCheck(plan)
+        for e in plan.experiments:
+            asked.append(e.per_device_train_batch_size)
+            peak = e.per_device_train_batch_size * 8 * 10**9
+            done.memory[e.cell_id] = MemoryPrediction(peak_bytes=peak, terms={"activations": peak})
+        return done
+
+    monkeypatch.setattr(stackcheck, "check_stack", check_stack)
+    config = load(SCENARIOS.replace("device: cpu", "device: gpu"))
+    plan = build_plan(config, Selection(device="gpu", num_gpus=(1,)), 1)
+    executor = OracleExecutor(up_to(10))
+    report = run_fit(
+        config,
+        plan,
+        tmp_path / "res",
+        RunOptions(report=False),
+        FitOptions(capacity_bytes=100 * GIB),
+        executor=executor,
+        argv=["tunematrix", "fit"],
+        log=lambda text: None,
+    )
+    (family,) = report.record.families
+    # 1 to 64 (the limit) predicted; 8's 68.6 GB on NVML is within 90% of 100 GiB, 16's is not
+    assert asked == [1, 2, 4, 8, 16, 32, 64]
+    assert executor.launched == [8, 16, 12, 10, 11]
+    assert (family.largest_fit, family.first_too_big) == (10, 11)
+    assert any(
+        n.startswith("started from per_device_train_batch_size 8: predicted") for n in family.notes
+    )
