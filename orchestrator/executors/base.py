@@ -211,6 +211,10 @@ class RunContext:
         kept = keep_previous_attempt(run.dir)
         if kept is not None:
             attempt = int(kept.name) + 1
+        ready = Ready(experiment=experiment, run=run, attempt=attempt)
+        # a cell certain not to fit (pruned) is not launched on any machine: said first
+        if self.skipped_unlaunched(ready):
+            return None
         if gpus is not None and experiment.device == "gpu" and experiment.num_gpus > gpus:
             outcome = Outcome(
                 status="failed",
@@ -221,8 +225,7 @@ class RunContext:
             write_outcome(run, outcome)
             self.record(eid, outcome, counted=False)
             return None
-        ready = Ready(experiment=experiment, run=run, attempt=attempt)
-        return None if self.skipped_unlaunched(ready) else ready
+        return ready
 
     def skipped_unlaunched(self, ready: Ready) -> bool:
         """Record ``ready`` as ``skipped`` without launching it, and say so, when this run

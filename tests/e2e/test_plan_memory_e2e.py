@@ -76,3 +76,36 @@ def test_plan_memory_predicts_sets_against_the_device_and_keeps(tmp_path: Path) 
     assert plain.returncode == 0 and "predicted_peak_bytes" not in plain.stdout
     refused = _plan(tmp_path, "--device", "gpu", "--gpu-memory-gib", "80")
     assert refused.returncode == 2 and "--memory only" in refused.stderr
+
+
+def test_run_prunes_a_cell_predicted_over_its_gpu_before_launch(tmp_path: Path) -> None:
+    """The run's own check predicts, and the cell over the device's memory is never
+    launched: pruned, with the prediction as its reason, in the outcome and summary.md.
+    (Here, without a GPU, the cell that fits is refused for want of one.)"""
+    (tmp_path / "scenarios.yaml").write_text(SCENARIOS)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "orchestrator", "run", "--scenarios", "scenarios.yaml"),
+            *("--device", "gpu", "--num-gpus", "1", "--gpu-memory-gib", "2"),
+            *("--results", "results"),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert "over, pruned before launch" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = {p.name: p for p in (tmp_path / "results" / "runs").iterdir()}
+    (big,) = [p for name, p in runs.items() if ".eb4096-" in name]
+    outcome = (big / "outcome.json").read_text()
+    assert '"status": "skipped"' in outcome and "pruned: predicted to need" in outcome
+    assert not (big / "stderr.log").exists()  # never launched
+    (small,) = [p for name, p in runs.items() if ".eb2-" in name]
+    assert "needs 1 GPU(s)" in (small / "outcome.json").read_text()
+    with open(tmp_path / "results" / "plan.csv", newline="") as f:
+        verdicts = {r["effective_batch_size"]: r["memory_verdict"] for r in csv.DictReader(f)}
+    assert verdicts == {"2": "fits", "4096": "over"}
+    summary = (tmp_path / "results" / "summary.md").read_text()
+    assert "## Memory: predicted before launch, and measured" in summary
+    assert f"- {big.name}: pruned before launch, predicted" in summary
