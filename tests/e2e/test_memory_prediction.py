@@ -207,8 +207,15 @@ def _mib(n: int) -> str:
 
 @pytest.mark.parametrize(
     ("peft", "trainer", "checkpointing"),
-    CASES,
-    ids=[f"{p}-{t}-{'ac' if c else 'noac'}" for p, t, c in CASES],
+    [
+        *CASES,
+        # the same at the lowest versions pyproject allows (tox -e floor runs only these)
+        *(pytest.param(*case, marks=pytest.mark.floor) for case in CASES),
+    ],
+    ids=[
+        *(f"{p}-{t}-{'ac' if c else 'noac'}" for p, t, c in CASES),
+        *(f"floor-{p}-{t}-{'ac' if c else 'noac'}" for p, t, c in CASES),
+    ],
 )
 def test_prediction_holds_against_the_real_step(
     cells: dict[tuple[str, str, bool], dict[str, Any]],
