@@ -336,7 +336,7 @@ def run(
     preflight(chosen, the_plan, ResultsLayout(root), options)
     settle_earlier_jobs(ResultsLayout(root))
     checked = check_stack(the_plan, skip=not check, keep=True, recheck=recheck, memory=predicted)
-    capacity, source = device_capacity(gpu_memory_gib)
+    capacity, source = device_capacity(gpu_memory_gib, here=chosen.gpu_counter() is None)
     the_plan = with_memory(checked.plan, checked.memory, capacity, source)
     for line in [*checked.lines(), *flagged_lines(the_plan)]:
         print(line, file=sys.stderr)

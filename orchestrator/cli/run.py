@@ -117,7 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     checked = check_stack(
         plan, skip=args.no_check, keep=True, recheck=args.recheck, memory=predicted
     )
-    capacity, source = device_capacity(args.gpu_memory_gib)
+    capacity, source = device_capacity(args.gpu_memory_gib, here=executor.gpu_counter() is None)
     plan = with_memory(checked.plan, checked.memory, capacity, source)
     print(
         format_header(
@@ -220,7 +220,8 @@ def add_parser(sub: Any) -> None:
         type=float,
         metavar="G",
         help="one GPU's memory to set each GPU cell's predicted memory against (default: "
-        "the smallest GPU NVML lists here; without either, nothing is pruned before launch)",
+        "the smallest GPU NVML lists here, for the executors that run jobs here; without "
+        "either, nothing is pruned before launch; --no-check predicts nothing)",
     )
     g.add_argument(
         "--launch",

@@ -15,8 +15,8 @@ experiment gets it, with the device's memory, as ``Experiment.memory``
   it, unless ``--no-prune``.
 
 The device's memory is ``--gpu-memory-gib``, else that of the smallest GPU this
-machine's NVML lists; without either, a prediction has no verdict and prunes
-nothing.
+machine's NVML lists (not for an executor whose jobs run on other machines); without
+either, a prediction has no verdict and prunes nothing.
 """
 
 from __future__ import annotations
@@ -35,10 +35,14 @@ def predicted(experiment: Experiment) -> bool:
     return experiment.device == "gpu"
 
 
-def device_capacity(gib: float | None) -> tuple[float | None, str]:
-    """(one device's memory in bytes, where that figure came from); (None, "") unknown."""
+def device_capacity(gib: float | None, *, here: bool = True) -> tuple[float | None, str]:
+    """(one device's memory in bytes, where that figure came from); (None, "") unknown.
+    ``here`` False: the jobs run on other machines (a cluster's), whose GPUs NVML here
+    does not see: only ``gib`` says."""
     if gib is not None:
         return gib * GIB, f"--gpu-memory-gib {gib:g}"
+    if not here:
+        return None, ""
     from orchestrator.running.envinfo import nvml_gpus
 
     devices = [d for d in nvml_gpus().get("devices") or [] if d.get("memory_bytes")]

@@ -299,3 +299,12 @@ def test_summary_sets_each_prediction_against_its_measurement(tmp_path: Path) ->
     (root / "plan.csv").write_text("cell_id,status\nhf-full,planned\n")
     write_report(root, root, CostSettings(), plots=False)
     assert "predicted before launch" not in (root / "summary.md").read_text()
+
+
+def test_the_device_memory_is_the_flags_else_nvml_here_only() -> None:
+    from orchestrator.running.memoryfit import device_capacity
+
+    assert device_capacity(80) == (80 * GIB, "--gpu-memory-gib 80")
+    assert device_capacity(40, here=False) == (40 * GIB, "--gpu-memory-gib 40")
+    # a cluster's jobs run on GPUs this machine's NVML does not see: unknown
+    assert device_capacity(None, here=False) == (None, "")
