@@ -158,42 +158,66 @@ _NOT_MEMORY_ARGUMENTS = (
     "seed",
     "data_seed",
     "logging_steps",
-    "dataset",
     "effective_batch_size",
-    "gradient_accumulation_steps",
 )
+#: what makes a cell's size: cells that differ only in it share one build of the model
+_SIZE = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "effective_batch_size",
+    "max_seq_len",
+    "packing",
+)
+#: how long the predictions of one check may take together: the cells not reached by
+#: then are left without one (the check itself has CHECK_TIMEOUT_S, 300 s, in all)
+MEMORY_BUDGET_S = 150.0
 
 
-def _memory_key(spec: Any) -> str:
+def _memory_key(spec: Any, leave_out: tuple[str, ...] = ()) -> str:
+    """The spec less what changes nothing a step holds (and ``leave_out``), as text."""
     data = spec.model_dump(mode="json")
-    for name in _NOT_MEMORY:
-        data.pop(name, None)
-    for name in ("result_path", "progress_path", "output_dir", "data_dir"):
+    for name in (*_NOT_MEMORY, "result_path", "progress_path", "output_dir", "data_dir"):
         data.pop(name, None)
     data["arguments"] = {
-        k: v for k, v in (data.get("arguments") or {}).items() if k not in _NOT_MEMORY_ARGUMENTS
+        k: v
+        for k, v in (data.get("arguments") or {}).items()
+        if k not in _NOT_MEMORY_ARGUMENTS and k not in leave_out
     }
-    data.pop("effective_batch_size", None)
-    data.pop("gradient_accumulation_steps", None)
+    for name in ("effective_batch_size", *leave_out):
+        data.pop(name, None)
     return json.dumps(data, sort_keys=True, default=str)
 
 
-def predict_memory(specs: Iterable[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
+def predict_memory(
+    specs: Iterable[tuple[str, Any]], budget_s: float = MEMORY_BUDGET_S
+) -> dict[str, dict[str, Any]]:
     """Each cell's predicted GPU memory (``trainer_entry.run.memoryplan``), or why there is
-    none; cells that differ in nothing a step holds are predicted once."""
+    none; cells that differ in nothing a step holds are predicted once, the sizes of one
+    family one after another (they share one build of the model). Past ``budget_s``, the
+    cells left get no prediction (and say why) rather than the check running out of time."""
     from trainer_entry.run.memoryplan import Predictor, predict
 
     out: dict[str, dict[str, Any]] = {}
     done: dict[str, dict[str, Any]] = {}
     predictor = Predictor()
-    # a family's cells one after another: they share one build of the model
-    for cell, spec in sorted(specs, key=lambda cs: _memory_key(cs[1])):
+    started = time.monotonic()
+    ordered = sorted(specs, key=lambda cs: (_memory_key(cs[1], _SIZE), _memory_key(cs[1])))
+    for cell, spec in ordered:
         key = _memory_key(spec)
         if key not in done:
-            try:
-                done[key] = predict(spec, predictor).as_dict()
-            except SpecError as exc:
-                done[key] = {"error": first_line(exc)}
+            if time.monotonic() - started > budget_s:
+                done[key] = {
+                    "error": f"not reached in the check's {budget_s:.0f} s for predictions",
+                    # asked again next time, not kept with the verdict
+                    "retry": True,
+                }
+            else:
+                try:
+                    done[key] = predict(spec, predictor).as_dict()
+                except SpecError as exc:
+                    done[key] = {"error": first_line(exc)}
+                except Exception as exc:  # a prediction never stops the check
+                    done[key] = {"error": f"{type(exc).__name__}: {first_line(exc)}"}
         out[cell] = done[key]
     return out
 

@@ -163,10 +163,19 @@ class MemoryVerdict:
     capacity_bytes: float | None = None
     #: where the capacity came from (``--gpu-memory-gib 80``, ``this machine's NVIDIA H100``)
     capacity_source: str = ""
+    #: the predicted batch is the one that runs: packed (full blocks) or of a fixed shape.
+    #: False: unpacked text, padded to its longest row, which may be shorter than the
+    #: full-length rows predicted: an ``over`` cell may still fit, and is launched
+    certain: bool = True
 
     @property
     def verdict(self) -> Verdict | None:
         return self.prediction.verdict(self.capacity_bytes)
+
+    @property
+    def prunes(self) -> bool:
+        """Over the device's memory by the margin, and certain to be: not launched."""
+        return self.verdict == "over" and self.certain
 
     def row(self) -> dict[str, Any]:
         """The plan's columns (``plan --memory --output``, ``memory_plan.json``)."""

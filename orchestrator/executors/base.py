@@ -352,7 +352,7 @@ def predicted_over(experiment: Experiment) -> str | None:
     """The pruned error of an experiment predicted to need more memory than its device
     has (``orchestrator.running.memoryfit``); None when it is not."""
     memory = experiment.memory
-    if memory is None or memory.verdict != "over" or not memory.capacity_bytes:
+    if memory is None or not memory.prunes or not memory.capacity_bytes:
         return None
     return PRUNED_PREFIX + memory.prediction.pruned_reason(memory.capacity_bytes)
 

@@ -207,7 +207,9 @@ class StackVerdicts:
             if found.get("offline"):
                 continue
             key = self.cell_key(e)
-            predicted = memory.get(e.cell_id) or self.cells.get(key, {}).get("memory")
+            predicted = memory.get(e.cell_id)
+            if predicted is None or predicted.get("retry"):  # not reached: asked again
+                predicted = self.cells.get(key, {}).get("memory")
             self.cells[key] = {
                 "model": e.model_name_or_path,
                 "found": dict(found),

@@ -22,6 +22,7 @@ either, a prediction has no verdict and prunes nothing.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 
 from orchestrator.contract.devices import GIB
@@ -46,6 +47,10 @@ def device_capacity(gib: float | None, *, here: bool = True) -> tuple[float | No
     from orchestrator.running.envinfo import nvml_gpus
 
     devices = [d for d in nvml_gpus().get("devices") or [] if d.get("memory_bytes")]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:  # the jobs' GPUs: by index or UUID, as CUDA reads them
+        names = {v.strip() for v in visible.split(",") if v.strip()}
+        devices = [d for d in devices if str(d.get("index")) in names or d.get("uuid") in names]
     if not devices:
         return None, ""
     smallest = min(devices, key=lambda d: d["memory_bytes"])
@@ -62,7 +67,13 @@ def with_memory(
     experiments = tuple(
         dataclasses.replace(
             e,
-            memory=MemoryVerdict(predictions[e.cell_id], capacity, source),
+            memory=MemoryVerdict(
+                predictions[e.cell_id],
+                capacity,
+                source,
+                # unpacked text pads to its longest row: full-length rows are a bound
+                certain=not (e.max_seq_len is not None and e.packing is False),
+            ),
         )
         if e.cell_id in predictions
         else e
@@ -131,8 +142,10 @@ def memory_table(plan: Plan) -> list[str]:
 
 def _verdict_text(m: MemoryVerdict) -> str:
     verdict = m.verdict
-    if verdict == "over":
+    if m.prunes:
         return "OVER: pruned before launch (--no-prune launches it)"
+    if verdict == "over":
+        return "over at full-length rows: launched (unpacked rows may be shorter)"
     if verdict == "close":
         return "close to the limit"
     return verdict or ""
@@ -149,7 +162,13 @@ def flagged_lines(plan: Plan) -> list[str]:
             out.append(
                 f"memory: {_name(e)} predicted {gb(p.peak_bytes or 0)} torch peak, "
                 f"{gb(p.nvml_bytes or 0)} NVML, of {(m.capacity_bytes or 0) / GIB:.0f} GiB: "
-                + ("over, pruned before launch" if m.verdict == "over" else "close to the limit")
+                + (
+                    "over, pruned before launch"
+                    if m.prunes
+                    else "over at full-length rows, launched: unpacked rows may be shorter"
+                    if m.verdict == "over"
+                    else "close to the limit"
+                )
             )
     predicted_cells = _cells(plan)
     if predicted_cells and not out:

@@ -229,21 +229,62 @@ def test_sharding_divides_what_each_framework_shards() -> None:
         "backward": 0,
         "optimizer step": 0,
     }
-    same = {"fp32_master": 32, "largest_block_params": 1}
+    # 4 trainable parameters in bf16 (8 bytes), the largest block's weights 1 byte
+    same = {"trainable": 4, "trainable_bytes": 8, "largest_block_params": 1}
     one, formulas = shard(terms, Sharding("FSDP", 0, 1), **same)
     assert one == terms and formulas  # one GPU: FSDP shards nothing, and says so
     four, _ = shard(terms, Sharding("FSDP", 0, 4), **same)
     assert (four["weights"], four["gradients"], four["optimizer states"]) == (2 + 2, 2 + 1, 4)
     zero2, _ = shard(terms, Sharding("DEEPSPEED", 2, 4), **same)
-    # the fp32 master weights join the optimizer states; both and the gradients ÷ 4
+    # fp32 states (twice the bf16 ones) and fp32 master weights, with the gradients, ÷ 4
     assert (zero2["weights"], zero2["gradients"], zero2["optimizer states"]) == (8, 2, 12)
     zero3, _ = shard(terms, Sharding("DEEPSPEED", 3, 4), **same)
     assert (zero3["weights"], zero3["gradients"], zero3["optimizer states"]) == (4, 3, 12)
-    ddp, formulas = shard(terms, Sharding("MULTI_GPU", 0, 2), **same)
-    assert ddp["gradients"] == 16 and formulas == [
-        "DDP: gradient buckets as large as the gradients"
-    ]
+    # fp32 weights under bf16: DeepSpeed keeps the model's in bf16
+    fp32 = {"trainable": 2, "trainable_bytes": 8, "largest_block_params": 1}
+    cast, _ = shard(terms, Sharding("DEEPSPEED", 1, 1), **fp32, low_precision=True)
+    assert (cast["weights"], cast["optimizer states"]) == (4, 16 + 8)
+    # DDP's buckets, made when the model is wrapped, live through the peak: the gradients'
+    # size is added even where the peak holds no gradient
+    ddp, formulas = shard({**terms, "gradients": 0}, Sharding("MULTI_GPU", 0, 2), **same)
+    assert ddp["gradients"] == 8 and formulas == ["DDP: gradient buckets as large as the gradients"]
     assert shard(terms, Sharding("NO", 0, 1), **same) == (terms, [])
+
+
+def test_accumulation_holds_the_gradients_through_the_next_forward(plan, tmp_path) -> None:
+    """With gradient accumulation a micro-batch after the first runs with every gradient
+    held: the step on fake tensors holds them (a tiny model's CPU cells)."""
+    from orchestrator.contract.spec import RunSpec
+    from trainer_entry.run.memoryplan import Predictor, predict
+
+    built = plan(
+        "matrix:\n  effective_batch_size: [4, 8]\n  max_seq_len: [64]\n  packing: [true]\n"
+        "scenarios:\n  - name: s\n    device: cpu\n    arguments:\n      model_name_or_path: tiny-llama\n"
+        "      trainer: hf\n      per_device_train_batch_size: 4\n",
+        device="cpu",
+        num_gpus=(1,),
+    )
+    by_accumulation = {e.gradient_accumulation_steps: e for e in built.experiments}
+    predictor = Predictor()
+    one, two = (
+        predict(RunSpec(**by_accumulation[n].spec()).resolve(tmp_path), predictor) for n in (1, 2)
+    )
+    assert one.terms["gradients"] == 0  # the peak is the logits' backward, before any gradient
+    # every parameter's gradient, in its dtype: the weights less the buffers (a few bytes)
+    weights, gradients = one.terms["weights"], two.terms["gradients"]
+    assert weights - 1024 < gradients < weights
+    assert two.peak_bytes == one.peak_bytes + gradients
+
+
+def test_an_unpacked_cell_over_at_full_length_is_flagged_not_pruned(plan, tmp_path) -> None:
+    built = plan(SCENARIOS.replace("max_seq_len: 2048}", "max_seq_len: 2048, packing: false}"))
+    predictions = {e.cell_id: _prediction(871.0, 134.5) for e in built.experiments}
+    flagged = with_memory(built, predictions, 80 * GIB, "--gpu-memory-gib 80")
+    experiment = flagged.experiments[0]
+    assert experiment.memory is not None and experiment.memory.verdict == "over"
+    assert not experiment.memory.prunes
+    assert _context(tmp_path, flagged).prepare(experiment, gpus=None) is not None
+    assert "launched (unpacked rows may be shorter)" in memory_table(flagged)[2]
 
 
 # -- summary.md: predicted against measured -----------------------------------------------------
@@ -308,3 +349,37 @@ def test_the_device_memory_is_the_flags_else_nvml_here_only() -> None:
     assert device_capacity(40, here=False) == (40 * GIB, "--gpu-memory-gib 40")
     # a cluster's jobs run on GPUs this machine's NVML does not see: unknown
     assert device_capacity(None, here=False) == (None, "")
+
+
+def test_predictions_past_their_budget_are_left_out_and_asked_again(
+    plan, tmp_path, monkeypatch
+) -> None:
+    """The check never runs out of time for predictions: past their budget the cells left
+    say so, and such an answer is not kept with the verdict (asked again next time)."""
+    from orchestrator.contract.spec import RunSpec
+    from trainer_entry.check import predict_memory
+
+    built = plan(SCENARIOS, num_gpus=(1,))
+    specs = [(e.cell_id, RunSpec(**e.spec()).resolve(tmp_path)) for e in built.experiments]
+    answer = predict_memory(specs, budget_s=-1)
+    assert {a["error"] for a in answer.values()} == {
+        "not reached in the check's -1 s for predictions"
+    }
+    assert all(a["retry"] for a in answer.values())
+
+    monkeypatch.setenv("TUNEMATRIX_CACHE", str(tmp_path / "cache"))
+    asked: list[list[str]] = []
+
+    def child(python: str, cells, memory=()):  # type: ignore[no-untyped-def]
+        asked.append(list(memory))
+        return {
+            "versions": {"torch": "2.13.0"},
+            "models": {"config:llama-3.2-1b": {"where": "architecture", "offline": False}},
+            "problems": [],
+            "memory": {cell: answer[cell] for cell in memory},
+        }
+
+    first = check_stack(built, run=child, keep=True, memory=lambda e: True)
+    assert all(p.peak_bytes is None for p in first.memory.values())
+    check_stack(built, run=child, keep=True, memory=lambda e: True)
+    assert len(asked) == 2 and sorted(asked[1]) == sorted(asked[0])

@@ -489,6 +489,7 @@ def _model_key(cell: _Cell) -> str:
             cell.parsed.peft,
             cell.parsed.backend,
             cell.parsed.task,
+            sorted(cell.task.model_kwargs(cell.parsed).items()),
             cell.on_gpu,
             cell.autocast,
             cell.settings.activation_checkpointing,
@@ -554,37 +555,59 @@ class Predictor:
             _unpacked(),
             live,
         ):
-            inputs = _inputs(cell, model.config)
-            live.reset_peak()
-            live.phase = "activations"
-            with autocast:
-                loss = _loss(cell, model, inputs)
-            if live.phase == "activations":  # no body seen: the loss is the model's
-                live.phase = "backward"
-            # the loss's own backward stays "logits and loss" until the gradient
-            # reaches the body's output
-            loss.backward()
-            del loss
-            live.phase = "optimizer step"
-            optimizer.step()
-            built.states()
-            optimizer.zero_grad(set_to_none=True)
-            del inputs
+            try:
+                if int(cell.settings.gradient_accumulation_steps or 1) > 1:
+                    # a micro-batch after the first runs with every gradient held: the
+                    # Trainer clears them only after the optimizer's step
+                    for p in model.parameters():
+                        if p.requires_grad:
+                            p.grad = torch.zeros_like(p)
+                            live.relabel(p.grad, "gradients")
+                inputs = _inputs(cell, model.config)
+                live.reset_peak()
+                live.phase = "activations"
+                with autocast:
+                    loss = _loss(cell, model, inputs)
+                if live.phase == "activations":  # no body seen: the loss is the model's
+                    live.phase = "backward"
+                # the loss's own backward stays "logits and loss" until the gradient
+                # reaches the body's output
+                loss.backward()
+                del loss, inputs
+                live.phase = "optimizer step"
+                optimizer.step()
+                built.states()
+            finally:
+                # the next cell of the family starts clean, even after a step that failed
+                optimizer.zero_grad(set_to_none=True)
         at_peak = {term: max(0, live.peak_by_label.get(term, 0)) for term in TERMS}
         at_peak["activations"] += max(0, live.peak_by_label.get("other", 0))
         return at_peak, live.peak, live.largest, kernels
 
-    def trainable_and_block(self, cell: _Cell) -> tuple[int, int]:
-        """(the trainable parameters, the largest repeated block's weight bytes)."""
+    def trainable(self, cell: _Cell) -> tuple[int, int, int]:
+        """(the trainable parameters, their bytes, the largest repeated block's weight
+        bytes)."""
         model = self._built[_model_key(cell)].model
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        return trainable, _largest_block_bytes(model)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        count = sum(p.numel() for p in trainable)
+        size = sum(p.numel() * p.element_size() for p in trainable)
+        return count, size, _largest_block_bytes(model)
 
 
 def shard(
-    terms: Mapping[str, int], sharding: Sharding, *, fp32_master: int, largest_block_params: int
+    terms: Mapping[str, int],
+    sharding: Sharding,
+    *,
+    trainable: int,
+    trainable_bytes: int,
+    largest_block_params: int,
+    low_precision: bool = False,
 ) -> tuple[dict[str, int], list[str]]:
-    """``terms`` on one rank of ``sharding``, and the formulas that made them so."""
+    """``terms`` on one rank of ``sharding``, and the formulas that made them so.
+
+    ``trainable``: the trainable parameters, ``trainable_bytes`` their bytes as the
+    model keeps them; ``low_precision``: bf16 or fp16 mixed precision is on (DeepSpeed
+    then keeps the model's weights in it)."""
     out = dict(terms)
     gpus, formulas = sharding.gpus, []
     gathered = 2 * largest_block_params if gpus > 1 else 0
@@ -597,9 +620,15 @@ def shard(
         formulas.append(f"FSDP: weights, gradients and optimizer states ÷ {gpus}{plus}")
     elif sharding.kind == "DEEPSPEED" and sharding.zero_stage >= 1:
         stage = sharding.zero_stage
-        # DeepSpeed keeps fp32 master weights beside low-precision ones, in its optimizer
-        out["optimizer states"] = (out["optimizer states"] + fp32_master) // gpus
-        shared = ["optimizer states and fp32 master weights"]
+        # DeepSpeed's optimizer steps fp32 copies: its states are fp32 whatever the
+        # model's dtype (the fake step's, scaled to 4 bytes an element), beside fp32
+        # master weights; under bf16/fp16 the model's own weights are cast to it
+        per_element = trainable_bytes / trainable if trainable else 4.0
+        states = int(out["optimizer states"] * 4 / per_element)
+        out["optimizer states"] = (states + 4 * trainable) // gpus
+        if low_precision and per_element == 4:
+            out["weights"] //= 2
+        shared = ["fp32 optimizer states and master weights"]
         if stage >= 2:
             out["gradients"] = out["gradients"] // gpus + (reduced if stage >= 3 else 0)
             shared.append("gradients")
@@ -608,7 +637,9 @@ def shard(
             shared.append("weights")
         formulas.append(f"ZeRO-{stage}: {', '.join(shared)} ÷ {gpus}{plus if stage >= 3 else ''}")
     elif sharding.kind == "MULTI_GPU" and gpus > 1:
-        out["gradients"] *= 2
+        # DDP's buckets (gradient_as_bucket_view off, accelerate's default) are made
+        # when the model is wrapped, as large as the gradients, and live throughout
+        out["gradients"] += trainable_bytes
         formulas.append("DDP: gradient buckets as large as the gradients")
     return out, formulas
 
@@ -644,9 +675,14 @@ def predict(spec: Any, predictor: Predictor | None = None) -> Prediction:
             f"the step did not run on fake tensors: {type(exc).__name__}: {exc}"
         ) from exc
     if cell.sharding.kind != "NO" or cell.sharding.gpus > 1:
-        trainable, block = predictor.trainable_and_block(cell)
+        count, size, block = predictor.trainable(cell)
         terms, sharded = shard(
-            terms, cell.sharding, fp32_master=4 * trainable, largest_block_params=block
+            terms,
+            cell.sharding,
+            trainable=count,
+            trainable_bytes=size,
+            largest_block_params=block,
+            low_precision=cell.autocast is not None,
         )
         formulas += sharded
         peak = sum(terms.values())
