@@ -79,7 +79,6 @@ class MemoryPrediction:
     largest_block: int = 0
     #: what formulas stood in for where the CPU could not run the GPU's way
     formulas: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
     seconds: float | None = None
     error: str | None = None
 
@@ -92,7 +91,6 @@ class MemoryPrediction:
             terms={str(k): int(v) for k, v in (answer.get("terms") or {}).items()},
             largest_block=int(answer.get("largest_block") or 0),
             formulas=tuple(answer.get("formulas") or ()),
-            notes=tuple(answer.get("notes") or ()),
             seconds=answer.get("seconds"),
         )
 
@@ -104,7 +102,6 @@ class MemoryPrediction:
             "terms": dict(self.terms),
             "largest_block": self.largest_block,
             "formulas": list(self.formulas),
-            "notes": list(self.notes),
             "seconds": self.seconds,
         }
 

@@ -48,3 +48,10 @@ class Plan:
     #: scenario -> axis -> the setting that pinned the axis for it ("the scenario's
     #: arguments", "defaults.yaml", ...): its rows use their own value, not the axis
     pinned_axes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def cells(self) -> list[Experiment]:
+        """One experiment per cell (its first in run order): the repeats are the same cell."""
+        seen: dict[str, Experiment] = {}
+        for e in self.experiments:
+            seen.setdefault(e.cell_id, e)
+        return list(seen.values())

@@ -82,21 +82,14 @@ def with_memory(
     return dataclasses.replace(plan, experiments=experiments)
 
 
-def _cells(plan: Plan) -> list[Experiment]:
-    seen: dict[str, Experiment] = {}
-    for e in plan.experiments:
-        if e.memory is not None:
-            seen.setdefault(e.cell_id, e)
-    return list(seen.values())
-
-
-def _name(e: Experiment) -> str:
-    return e.experiment_id
+def _predicted_cells(plan: Plan) -> list[Experiment]:
+    """One experiment per cell that has a prediction."""
+    return [e for e in plan.cells() if e.memory is not None]
 
 
 def memory_table(plan: Plan) -> list[str]:
     """``plan --memory``'s table: each predicted cell against the device's memory."""
-    cells = _cells(plan)
+    cells = _predicted_cells(plan)
     if not cells:
         return ["memory: no GPU cell to predict"]
     first = cells[0].memory
@@ -116,11 +109,11 @@ def memory_table(plan: Plan) -> list[str]:
         assert m is not None
         p = m.prediction
         if p.peak_bytes is None:
-            rows.append((_name(e), "-", "-", f"not predicted: {p.error}", ""))
+            rows.append((e.experiment_id, "-", "-", f"not predicted: {p.error}", ""))
             continue
         rows.append(
             (
-                _name(e),
+                e.experiment_id,
                 gb(p.peak_bytes),
                 gb(p.nvml_bytes or 0),
                 p.largest_line(),
@@ -153,14 +146,15 @@ def _verdict_text(m: MemoryVerdict) -> str:
 
 def flagged_lines(plan: Plan) -> list[str]:
     """What the run's header says: the cells ``over`` (pruned) or ``close``."""
+    cells = _predicted_cells(plan)
     out = []
-    for e in _cells(plan):
+    for e in cells:
         m = e.memory
         assert m is not None
         if m.verdict in ("over", "close"):
             p = m.prediction
             out.append(
-                f"memory: {_name(e)} predicted {gb(p.peak_bytes or 0)} torch peak, "
+                f"memory: {e.experiment_id} predicted {gb(p.peak_bytes or 0)} torch peak, "
                 f"{gb(p.nvml_bytes or 0)} NVML, of {(m.capacity_bytes or 0) / GIB:.0f} GiB: "
                 + (
                     "over, pruned before launch"
@@ -170,9 +164,8 @@ def flagged_lines(plan: Plan) -> list[str]:
                     else "close to the limit"
                 )
             )
-    predicted_cells = _cells(plan)
-    if predicted_cells and not out:
-        first = predicted_cells[0].memory
+    if cells and not out:
+        first = cells[0].memory
         if first is not None and first.capacity_bytes:
-            out.append(f"memory: {len(predicted_cells)} GPU cell(s) predicted to fit")
+            out.append(f"memory: {len(cells)} GPU cell(s) predicted to fit")
     return out

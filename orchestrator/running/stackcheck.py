@@ -114,14 +114,6 @@ class StackCheck:
         return out
 
 
-def _cells(experiments: Sequence[Experiment]) -> list[Experiment]:
-    """One experiment per cell (repeats are the same cell)."""
-    seen: dict[str, Experiment] = {}
-    for e in experiments:
-        seen.setdefault(e.cell_id, e)
-    return list(seen.values())
-
-
 #: the variables of a framework's ``env:`` that change what the check finds (the hub,
 #: its cache and token, transformers' own switches); the others (a plugin's config file)
 #: do not split the check
@@ -243,7 +235,7 @@ def check_stack(
     if skip:
         return StackCheck(plan, skipped=True)
     groups: dict[tuple[str | None, tuple[tuple[str, str], ...]], list[Experiment]] = {}
-    for e in _cells(plan.experiments):
+    for e in plan.cells():
         groups.setdefault(_group(e), []).append(e)
     done = StackCheck(plan)
     offline: set[tuple[object, str]] = set()

@@ -4,11 +4,12 @@ The cell's own model (built from its config, with its dtype, attention and
 LoRA), its backend's own loss (transformers' ``ForCausalLMLoss`` for ``hf``,
 TRL's fused LM head for ``sft``), its trainer's optimizer
 (``Trainer.get_optimizer_cls_and_kwargs``) and its activation checkpointing
-run two training steps under ``FakeTensorMode``, on the CPU: every tensor has
+run a training step under ``FakeTensorMode``, on the CPU: every tensor has
 its real shape and dtype and no data, so a 1B model's step takes seconds and
-no memory. ``LiveBytes`` (``trainer_entry.measure.livebytes``) counts the
-bytes live after each op; the second step's peak is the prediction (the first
-one creates the optimizer's states). What is live at the peak is split by what
+no memory. The optimizer's states are made first, as its first step makes them;
+``LiveBytes`` (``trainer_entry.measure.livebytes``) counts the bytes live after
+each op of the step that follows, whose peak is the prediction (under gradient
+accumulation, a later micro-batch's, every gradient held). What is live at the peak is split by what
 holds it: weights, gradients, optimizer states, the forward's activations,
 the logits and loss (everything made from the end of the model's body to the
 gradient reaching it back), the backward's temporaries and the optimizer
@@ -20,10 +21,12 @@ What the CPU cannot run, formulas stand in for, each named in the answer's
 - a GPU cell's attention: SDPA with a mask runs the memory-efficient kernel
   (no L×L scores), as the CUDA dispatcher chooses; without one, the CPU's flash
   kernel saves what CUDA's does (the output and the log-sum-exp);
-- sharding over the cell's GPUs: FSDP and ZeRO-3 divide weights, gradients and
-  optimizer states by the GPU count and add the gathered block; ZeRO-1/2
-  divide the optimizer states (and ZeRO-2 the gradients) and add the fp32
-  master weights; DDP over several GPUs adds its gradient buckets;
+- sharding over the cell's GPUs (``shard``): FSDP and ZeRO-3 divide weights,
+  gradients and optimizer states by the GPU count and add the gathered block;
+  DeepSpeed keeps fp32 optimizer states and master weights, which ZeRO-1/2
+  divide (ZeRO-2 the gradients too); DDP over several GPUs adds its gradient
+  buckets;
+- TRL's fused LM head: its Triton kernels, which copy no tile;
 - what NVML will show is beyond torch's peak: the caching allocator's
   headroom and the CUDA context (``orchestrator.contract.gpumemory``).
 
@@ -34,6 +37,7 @@ token labelled: the worst case a packed or padded batch reaches.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -91,7 +95,6 @@ class Prediction:
     seconds: float
     #: what formulas stood in for (``formulas`` in the module's docstring)
     formulas: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -100,7 +103,6 @@ class Prediction:
             "largest_block": self.largest_block,
             "seconds": round(self.seconds, 2),
             "formulas": self.formulas,
-            "notes": self.notes,
         }
 
 
@@ -142,14 +144,19 @@ class _Cell:
     on_gpu: bool
     sharding: Sharding
 
+    @functools.cached_property
+    def model_key(self) -> str:
+        """What its model and optimizer depend on: the cell less its sizes (worked out
+        once: a classifier's labels are read from its dataset)."""
+        return _model_key(self)
+
 
 def _cell(spec: Any) -> _Cell:
-    from trainer_entry.backends import get_backend
     from trainer_entry.run.parse import parse_arguments
+    from trainer_entry.run.train import load_backend
     from trainer_entry.tasks import get_task
 
-    parsed = parse_arguments(spec, check_names=False)
-    backend = get_backend(parsed.backend)
+    backend = load_backend(spec)
     parsed = parse_arguments(spec, backend.argument_fields())
     if parsed.peft.method == "qlora":
         raise SpecError("QLoRA's 4-bit weights are not predicted (bitsandbytes needs a GPU)")
@@ -175,12 +182,12 @@ def _cell(spec: Any) -> _Cell:
 
 
 # -- the model, on fake tensors -------------------------------------------------------------
-def _config(parsed: Any, task: Any, search_path: Any) -> tuple[Any, torch.dtype | str]:
-    """The model's config and the dtype its weights are built in."""
+def _config(parsed: Any, task: Any) -> Any:
+    """The model's config, with what its task adds (a classifier's labels)."""
     from transformers import AutoConfig
 
     from trainer_entry.models.kinds import model_kind
-    from trainer_entry.models.load import _dtype, tiny_model_path
+    from trainer_entry.models.load import tiny_model_path
     from trainer_entry.models.resolve import architecture_config
 
     name = parsed.model.name
@@ -196,7 +203,7 @@ def _config(parsed: Any, task: Any, search_path: Any) -> tuple[Any, torch.dtype 
         )
     for key, value in task.model_kwargs(parsed).items():
         setattr(config, key, value)
-    return config, _dtype(parsed.model, True, "config")
+    return config
 
 
 def _weights_dtype(parsed: Any, config: Any, on_gpu: bool) -> torch.dtype:
@@ -327,6 +334,19 @@ def _body(model: Any) -> Any:
 
 
 @contextlib.contextmanager
+def _replaced(owner: Any, values: Mapping[str, Any]) -> Iterator[None]:
+    """``owner``'s attributes set to ``values`` for the block, and restored after it."""
+    saved = {name: getattr(owner, name) for name in values}
+    for name, value in values.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(owner, name, value)
+
+
+@contextlib.contextmanager
 def _gpu_attention(on_gpu: bool) -> Iterator[None]:
     """SDPA as a GPU runs it: with a mask, the memory-efficient kernel (which keeps no
     scores); without one, the CPU's flash kernel already saves what CUDA's does."""
@@ -368,11 +388,8 @@ def _gpu_attention(on_gpu: bool) -> Iterator[None]:
         )[0]
         return out
 
-    torch.nn.functional.scaled_dot_product_attention = sdpa
-    try:
+    with _replaced(torch.nn.functional, {"scaled_dot_product_attention": sdpa}):
         yield
-    finally:
-        torch.nn.functional.scaled_dot_product_attention = original
 
 
 @contextlib.contextmanager
@@ -392,19 +409,13 @@ def _gpu_loss_kernels(on_gpu: bool) -> Iterator[list[str]]:
     if not on_gpu or not all(hasattr(kernels, n) for n in names):
         yield stood_in
         return
-    saved = {n: getattr(kernels, n) for n in names}
 
     def in_place(*args: Any, **kwargs: Any) -> None:
         return None
 
-    for n in names:
-        setattr(kernels, n, in_place)
     stood_in.append("TRL's fused LM head: its Triton kernels (no tile copies)")
-    try:
+    with _replaced(kernels, dict.fromkeys(names, in_place)):
         yield stood_in
-    finally:
-        for n, f in saved.items():
-            setattr(kernels, n, f)
 
 
 @contextlib.contextmanager
@@ -419,19 +430,15 @@ def _unpacked() -> Iterator[None]:
     except ImportError:
         yield
         return
-    original = getattr(masking_utils, "find_packed_sequence_indices", None)
-    if original is None:
+    if not hasattr(masking_utils, "find_packed_sequence_indices"):
         yield
         return
 
     def none(position_ids: Any) -> None:
         return None
 
-    masking_utils.find_packed_sequence_indices = none
-    try:
+    with _replaced(masking_utils, {"find_packed_sequence_indices": none}):
         yield
-    finally:
-        masking_utils.find_packed_sequence_indices = original
 
 
 # -- the step -------------------------------------------------------------------------------
@@ -463,6 +470,15 @@ def _labelled(live: LiveBytes, model: Any, optimizer: Any) -> Callable[[], None]
                     live.relabel(value, "optimizer states")
 
     return states
+
+
+def _hold_gradients(model: Any, live: LiveBytes) -> None:
+    """Every trainable parameter given a gradient, counted as ``gradients``: as after a
+    backward, before the optimizer's step clears them."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+            live.relabel(p.grad, "gradients")
 
 
 @dataclass
@@ -504,7 +520,7 @@ def _model_key(cell: _Cell) -> str:
 def _build(cell: _Cell) -> _Built:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    config, _ = _config(cell.parsed, cell.task, cell.spec.python_path)
+    config = _config(cell.parsed, cell.task)
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     with mode:
         model = fake_model(cell, config, mode)
@@ -519,9 +535,7 @@ def _build(cell: _Cell) -> _Built:
         with live:
             # the optimizer's states, made as its first step makes them: every later
             # step holds them through its forward and backward
-            for p in model.parameters():
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
+            _hold_gradients(model, live)
             optimizer.step()
             states()
             optimizer.zero_grad(set_to_none=True)
@@ -538,7 +552,7 @@ class Predictor:
     def step(self, cell: _Cell) -> tuple[dict[str, int], int, int, list[str]]:
         """(what is live at a steady step's peak, by ``TERMS``; the peak; the largest
         tensor made; the GPU kernels stood in for)."""
-        key = _model_key(cell)
+        key = cell.model_key
         if key not in self._built:
             self._built = {key: _build(cell)}  # one family at a time: the last one's freed
         built = self._built[key]
@@ -559,10 +573,7 @@ class Predictor:
                 if int(cell.settings.gradient_accumulation_steps or 1) > 1:
                     # a micro-batch after the first runs with every gradient held: the
                     # Trainer clears them only after the optimizer's step
-                    for p in model.parameters():
-                        if p.requires_grad:
-                            p.grad = torch.zeros_like(p)
-                            live.relabel(p.grad, "gradients")
+                    _hold_gradients(model, live)
                 inputs = _inputs(cell, model.config)
                 live.reset_peak()
                 live.phase = "activations"
@@ -587,7 +598,7 @@ class Predictor:
     def trainable(self, cell: _Cell) -> tuple[int, int, int]:
         """(the trainable parameters, their bytes, the largest repeated block's weight
         bytes)."""
-        model = self._built[_model_key(cell)].model
+        model = self._built[cell.model_key].model
         trainable = [p for p in model.parameters() if p.requires_grad]
         count = sum(p.numel() for p in trainable)
         size = sum(p.numel() * p.element_size() for p in trainable)
