@@ -29,8 +29,14 @@ from pathlib import Path
 from orchestrator.contract.trainers import BACKEND_KEY as BACKEND_KEY
 from orchestrator.contract.trainers import DEFAULT_TASK as DEFAULT_TASK
 from orchestrator.contract.trainers import TASK_KEY as TASK_KEY
+from orchestrator.contract.trainers import (
+    TASK_LINES,
+    TRAINERS,
+    own_fields,
+    task_backends,
+    trainer_names,
+)
 from orchestrator.contract.trainers import TASKS as TASKS
-from orchestrator.contract.trainers import TRAINERS, own_fields, task_backends, trainer_names
 from orchestrator.contract.trainers import default_backend as default_backend
 
 FIELDS_FILE = Path(__file__).resolve().parent / "assets" / "training_arguments.json"
@@ -88,6 +94,10 @@ DATA_ALIASES: dict[str, tuple[str, ...]] = {
     "text_field": ("dataset_text_field", "text_field", "text_column_name"),
     "label_field": ("label_field", "dataset_label_field"),
     "image_field": ("image_field", "dataset_image_field"),
+    "source_field": ("source_field",),
+    "target_field": ("target_field",),
+    "mlm_probability": ("mlm_probability",),
+    "audio_field": ("audio_field", "dataset_audio_field"),
     # dataset_conversation_field: the predecessor's; it also means formatting chat
     "messages_field": ("messages_field", "dataset_conversation_field"),
     "chat_template": ("chat_template",),
@@ -269,32 +279,31 @@ def backends_taking(key: str) -> tuple[str, ...]:
 # ---------------------------------------------------------------------------
 
 #: the tasks that read text (a tokenizer, a length to cut to, padding)
-TEXT_TASKS = ("causal-lm", "seq-classification")
+TEXT_TASKS = tuple(t.name for t in TASK_LINES if t.text)
 #: the tasks that learn a class per sample
-CLASSIFICATION_TASKS = ("seq-classification", "image-classification")
-_CAUSAL_LM = ("causal-lm",)
+CLASSIFICATION_TASKS = tuple(t.name for t in TASK_LINES if t.classifies)
+#: settings every text task reads: the field read, the tokenizer, the length cut to, the padding
+_TEXT_SETTINGS = ("text_field", "max_seq_len", "pad_to_multiple_of", "tokenizer_name_or_path")
+
+
+def _task_settings() -> dict[str, tuple[str, ...]]:
+    """Each setting that means something for some tasks only -> those tasks, from each
+    task's line (``TaskLine.settings``, its text and classes)."""
+    owners: dict[str, tuple[str, ...]] = {}
+    for line in TASK_LINES:
+        own = (
+            *line.settings,
+            *(_TEXT_SETTINGS if line.text else ()),
+            *(("label_field",) if line.classifies else ()),
+        )
+        for key in own:
+            owners[key] = (*owners.get(key, ()), line.name)
+    return owners
+
+
 #: settings that mean something for some tasks only (canonical names: see ``ARGUMENT_TASKS``)
-_TASK_SETTINGS: dict[str, tuple[str, ...]] = {
-    # how a record becomes a prompt and a response, what the loss is on, how rows are filled
-    "formatting": _CAUSAL_LM,
-    "instruction_field": _CAUSAL_LM,
-    "input_field": _CAUSAL_LM,
-    "response_field": _CAUSAL_LM,
-    "messages_field": _CAUSAL_LM,
-    "chat_template": _CAUSAL_LM,
-    "response_template": _CAUSAL_LM,
-    "completion_only_loss": _CAUSAL_LM,
-    "packing": _CAUSAL_LM,
-    "tokenize": _CAUSAL_LM,
-    FORMATTER_TEMPLATE_KEY: _CAUSAL_LM,
-    # text: the field read, the tokenizer, the length cut to, the padding
-    "text_field": TEXT_TASKS,
-    "max_seq_len": TEXT_TASKS,
-    "pad_to_multiple_of": TEXT_TASKS,
-    "tokenizer_name_or_path": TEXT_TASKS,
-    "label_field": CLASSIFICATION_TASKS,
-    "image_field": ("image-classification",),
-}
+_TASK_SETTINGS: dict[str, tuple[str, ...]] = _task_settings()
+assert FORMATTER_TEMPLATE_KEY in _TASK_SETTINGS, "causal-lm's line names the predecessor's template"
 #: argument name (every spelling) -> the tasks it means something for; names not
 #: listed apply to every task
 ARGUMENT_TASKS: dict[str, tuple[str, ...]] = {

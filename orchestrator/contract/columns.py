@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from orchestrator.contract.trainers import COUNT_UNITS, count_column
+
 #: Where a column's value comes from: ``plan``, the experiment as planned (its
 #: ``spec.json``); ``outcome``, the parent's ``outcome.json``; ``sidecar``, the
 #: memory sampler's figures in the outcome's ``memory``; ``child``, the child's
@@ -465,6 +467,18 @@ _DECLARED: tuple[Column, ...] = (
         "{workers} together",
     ),
     _child("samples_per_second_per_device", "samples/s", aggregate="spread", better="higher"),
+    # the counts a task reports beside tokens and samples (``TaskLine.counts``)
+    *(
+        _child(
+            count_column(count),
+            "s/s" if count.endswith("_seconds") else "tokens/s",
+            aggregate="spread",
+            better="higher",
+            label=count.replace("_seconds", " s").replace("_tokens", " tokens") + "/s",
+            meaning=f"{unit} per second over the measured steps, all {{workers}} together",
+        )
+        for count, unit in COUNT_UNITS.items()
+    ),
     _child(
         "step_time_median_s",
         "s",
@@ -521,6 +535,8 @@ _DECLARED: tuple[Column, ...] = (
         PROCESS_RSS_PEAK, "bytes", aggregate="median", better="lower", roles={"cell_figure": 14}
     ),
     _child("flops_per_token", "FLOPs", aggregate="median", roles={"cell_figure": 9}),
+    #: a task whose FLOPs are counted (``trainer_entry.measure.counted``): per sample too
+    _child("flops_per_sample", "FLOPs", aggregate="median"),
     _child(
         "mfu",
         "fraction",

@@ -15,7 +15,15 @@ from collections.abc import Mapping
 
 PYTHON_PREFIX = "python:"
 #: the embedded tiny models, built offline by the child (``trainer_entry.models.kinds``)
-TINY_MODEL_NAMES = ("tiny-llama", "tiny-bert", "tiny-vit")
+TINY_MODEL_NAMES = (
+    "tiny-llama",
+    "tiny-bert",
+    "tiny-vit",
+    "tiny-t5",
+    "tiny-bart",
+    "tiny-whisper",
+    "tiny-wav2vec2",
+)
 EXAMPLE = "python:my_models.factory:build"
 
 

@@ -95,6 +95,13 @@ class ChildMetrics(_Record):
     samples_measured: int | None = None
     samples_per_second_global: float | None = None
     samples_per_second_per_device: float | None = None
+    #: the counts a task reports beside tokens (``orchestrator.contract.trainers.COUNT_UNITS``),
+    #: per second over the measured steps, all ranks; None where the task has no such count
+    source_tokens_per_second_global: float | None = None
+    target_tokens_per_second_global: float | None = None
+    audio_seconds_per_second_global: float | None = None
+    image_tokens_per_second_global: float | None = None
+    text_tokens_per_second_global: float | None = None
     step_time_median_s: float | None = None
     step_time_mean_s: float | None = None
     #: standard deviation over mean of the step times
@@ -142,6 +149,8 @@ class ChildMetrics(_Record):
     eval_samples: int | None = None
     #: model FLOPs per real token of a training step
     flops_per_token: Number | None
+    #: model FLOPs per sample of a training step (tasks whose FLOPs are counted)
+    flops_per_sample: Number | None = None
     #: the same with the forward recomputed by activation checkpointing
     hardware_flops_per_token: Number | None
     achieved_tflops_per_device: Number | None
@@ -191,6 +200,17 @@ class FlopsRecord(_Record):
     linear_weight_grad: Number | None = None
     attention: Number | None = None
     recompute: Number | None = None
+    #: ``counted``: the step counted by PyTorch's FLOP counter on the meta device and fitted
+    #: to the rows' lengths (``trainer_entry.measure.counted``); absent: the formula
+    method: str | None = None
+    #: counted: each FLOPs dimension's mean real length over the rows fed
+    mean_lengths: dict[str, float] | None = None
+    #: counted: one sample's training FLOPs per term of its lengths (``1``, ``source``,
+    #: ``source*target``, …)
+    coefficients: dict[str, float] | None = None
+    #: counted: each part of the model (encoder, decoder, a tower, the head) -> its forward
+    #: FLOPs per sample and per token
+    components: dict[str, dict[str, float]] | None = None
 
 
 class ModelRecord(_Record):
@@ -242,6 +262,9 @@ class DataRecord(_Record):
     #: ``eval: true``: documents (sequences before packing, texts, images) held out for
     #: eval and not trained on; the counts above are then the part trained on
     heldout_sequences: int | None = None
+    #: a task's counts beside tokens over the data (``COUNT_UNITS``: source and target
+    #: tokens, audio seconds, …); absent for the tasks without
+    counts: dict[str, float] | None = None
 
 
 class RankRecord(_Record):
@@ -258,6 +281,10 @@ class RankRecord(_Record):
     step_windowed_sq_tokens: dict[int, list[int]]
     #: the process's minor page faults in each step (absent in older records)
     step_page_faults: list[int] = []
+    #: a task's counts beside tokens per step (``COUNT_UNITS``; absent for other tasks)
+    step_counts: dict[str, list[float]] = {}
+    #: the moments of the rows' lengths along a task's FLOPs dimensions per step
+    step_moments: dict[str, list[int]] = {}
     first_step_s: float | None
     first_step_end_unix: float | None
     peak_rss_bytes: int | None

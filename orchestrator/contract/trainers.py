@@ -8,9 +8,9 @@ stack loads (``trainer_entry.run.preflight``) reads what a backend needs.
 Pure: nothing imported beyond the standard library.
 
 To add a task: write its module, a class implementing
-``trainer_entry.tasks.task_protocol.Task``, and add one line to
-``TASK_IMPLEMENTATIONS`` (the settings that mean something for it alone go in
-``orchestrator.contract.applicability``' applicability table). To add a trainer
+``trainer_entry.tasks.task_protocol.Task``, and add one ``TaskLine`` to
+``TASK_LINES`` (its name, module, what its tokens and samples are, the settings
+that mean something for it alone, the counts it reports beside tokens). To add a trainer
 backend: write its module, a class implementing
 ``trainer_entry.backends.trainer_protocol.TrainerBackend``, and add one
 ``Trainer`` line to ``TRAINERS``. Order matters once in each: the first task is
@@ -25,14 +25,130 @@ from pathlib import Path
 
 #: names what the run trains: its model class, data, collator, FLOPs and throughput unit
 TASK_KEY = "task"
-#: every task, the default first -> ``module:Class`` of its ``Task`` (only the child imports it)
-TASK_IMPLEMENTATIONS: dict[str, str] = {
-    "causal-lm": "trainer_entry.tasks.causal_lm:CausalLMTask",
-    "seq-classification": "trainer_entry.tasks.seq_classification:SeqClassificationTask",
-    "image-classification": "trainer_entry.tasks.image_classification:ImageClassificationTask",
+
+#: the counts a task may report beside tokens and samples, each a throughput column
+#: ``<name>_per_second_global`` (``ChildMetrics``), and what one unit is
+COUNT_UNITS: dict[str, str] = {
+    "source_tokens": "real tokens of the encoder's input (the source text)",
+    "target_tokens": "real tokens of the decoder's labels (the target text, the transcript)",
+    "audio_seconds": "seconds of real audio (before the model pads or cuts it)",
+    "image_tokens": "positions the images fill in the language model's sequence",
+    "text_tokens": "real text tokens of the language model's sequence (images excluded)",
 }
+
+
+def count_column(count: str) -> str:
+    """The throughput column of a count of ``COUNT_UNITS``: per second, all processes."""
+    return f"{count}_per_second_global"
+
+
+@dataclass(frozen=True)
+class TaskLine:
+    """A task as the planner and the report know it: one line per task.
+
+    Everything outside a task's own module reads the task from here: which
+    settings mean something for it, what its tokens and samples are, which
+    counts it reports beside them.
+    """
+
+    name: str
+    """The ``task`` argument's value that chooses it."""
+    implementation: str
+    """``module:Class`` of its ``Task``; only the child imports it."""
+    token: str
+    """What one token of tokens/s is (the reading guide and the column's meaning)."""
+    sample: str
+    """What one sample of samples/s is, plural (``sequences``, ``images``)."""
+    settings: tuple[str, ...] = ()
+    """The data settings (canonical names) that mean something for this task besides the
+    ones every text task reads (``text`` below)."""
+    text: bool = True
+    """It reads text: a tokenizer, ``max_seq_len``, ``pad_to_multiple_of``."""
+    classifies: bool = False
+    """It learns one class per sample (``label_field``; eval accuracy)."""
+    counts: tuple[str, ...] = ()
+    """The counts (of ``COUNT_UNITS``) it reports beside tokens and samples."""
+    samples_first: bool = False
+    """Samples/s is its headline figure next to tokens/s (classification, speech)."""
+
+
+#: every task, the default first (only the child imports their modules)
+TASK_LINES: tuple[TaskLine, ...] = (
+    TaskLine(
+        "causal-lm",
+        "trainer_entry.tasks.causal_lm:CausalLMTask",
+        token="a real (not padding) token of the sequence fed",
+        sample="sequences",
+        settings=(
+            "formatting",
+            "instruction_field",
+            "input_field",
+            "response_field",
+            "messages_field",
+            "chat_template",
+            "response_template",
+            "completion_only_loss",
+            "packing",
+            "tokenize",
+            "data_formatter_template",
+        ),
+    ),
+    TaskLine(
+        "seq-classification",
+        "trainer_entry.tasks.seq_classification:SeqClassificationTask",
+        token="a real (not padding) token of the text classified",
+        sample="sequences",
+        classifies=True,
+        samples_first=True,
+    ),
+    TaskLine(
+        "image-classification",
+        "trainer_entry.tasks.image_classification:ImageClassificationTask",
+        token="an image patch (a position of the encoder's sequence, the class token included)",
+        sample="images",
+        settings=("image_field",),
+        text=False,
+        classifies=True,
+        samples_first=True,
+    ),
+    TaskLine(
+        "seq2seq-lm",
+        "trainer_entry.tasks.seq2seq_lm:Seq2SeqLMTask",
+        token="a real (not padding) token of the source or the target; each side is also "
+        "counted apart",
+        sample="pairs",
+        settings=("source_field", "target_field"),
+        counts=("source_tokens", "target_tokens"),
+    ),
+    TaskLine(
+        "masked-lm",
+        "trainer_entry.tasks.masked_lm:MaskedLMTask",
+        token="a real (not padding) token of the text, masked or not (the encoder and its "
+        "head run over every one)",
+        sample="texts",
+        settings=("mlm_probability",),
+    ),
+    TaskLine(
+        "speech-recognition",
+        "trainer_entry.tasks.speech_recognition:SpeechRecognitionTask",
+        token="a real (not padding) token of the transcript; audio is counted in seconds apart",
+        sample="clips",
+        settings=("audio_field",),
+        counts=("audio_seconds",),
+        samples_first=True,
+    ),
+)
+#: every task, the default first -> ``module:Class`` of its ``Task``
+TASK_IMPLEMENTATIONS: dict[str, str] = {t.name: t.implementation for t in TASK_LINES}
 TASKS = tuple(TASK_IMPLEMENTATIONS)
 DEFAULT_TASK = TASKS[0]
+
+
+def task_line(name: str) -> TaskLine | None:
+    """The declaration of task ``name``, or None for a name none has."""
+    return next((t for t in TASK_LINES if t.name == name), None)
+
+
 #: names the child's trainer backend (one of ``TRAINERS``)
 BACKEND_KEY = "trainer"
 

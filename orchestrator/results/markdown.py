@@ -20,7 +20,6 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.contract import columns as registry
-from orchestrator.contract.applicability import CLASSIFICATION_TASKS
 from orchestrator.contract.columns import (
     COST_PER_1M_TOKENS,
     COST_PER_EPOCH,
@@ -43,6 +42,7 @@ from orchestrator.contract.outcome import (
     PRUNED_PREFIX,
     not_launched_by,
 )
+from orchestrator.contract.trainers import DEFAULT_TASK, TaskLine, count_column, task_line
 from orchestrator.contract.wording import worker, workers
 from orchestrator.results import equivalence, fitreport, quality, recommend
 from orchestrator.results.aggregate import (
@@ -249,29 +249,48 @@ def figure_text(cell: Mapping[Any, Any], name: str) -> str:
 #: key columns a scenario's table shows when they vary within it (the trainer first:
 #: sft and hf cells of one scenario side by side)
 _VARYING_KEYS = registry.with_role("varying")
-#: the figure shown next to tokens/s for the tasks whose unit is a sample, not a token
+#: the figure shown next to tokens/s for the tasks whose headline unit is a sample
+#: (``TaskLine.samples_first``: classification, speech)
 SAMPLES_FIGURE = SAMPLES_PER_SECOND
-#: its header where every cell of a table is an image task
-IMAGES_HEADER = "images/s"
+
+
+def _lines(frame: pd.DataFrame) -> list[TaskLine]:
+    """The declarations of the tasks ``frame``'s rows trained (a row without one: causal-lm)."""
+    names = (
+        frame["task"].dropna().astype(str).unique().tolist()
+        if "task" in frame.columns
+        else [DEFAULT_TASK]
+    )
+    return [line for name in sorted(names) if (line := task_line(name)) is not None]
 
 
 def _figures_of(group: pd.DataFrame, figures: list[str]) -> list[tuple[str, str]]:
     """A scenario table's figures and their headers: ``figures``, with samples/s next to
-    tokens/s where the table has classification cells (images/s when all are images)."""
+    tokens/s where a task of the table counts samples first (``<sample>/s`` when every
+    task of the table has one sample word, ``images/s``), and each count the table's
+    tasks report beside tokens (source tokens/s, audio s/s, …)."""
     out = [(name, registry.get(name).header) for name in figures]
-    tasks = group["task"].astype(str) if "task" in group.columns else pd.Series(dtype=str)
-    if not tasks.isin(CLASSIFICATION_TASKS).any() or not has_figures(group, SAMPLES_FIGURE):
+    lines = _lines(group)
+    extra: list[tuple[str, str]] = []
+    if any(line.samples_first for line in lines) and has_figures(group, SAMPLES_FIGURE):
+        samples = {line.sample for line in lines}
+        header = (
+            f"{samples.pop()}/s"
+            if len(samples) == 1 and len(lines) == 1
+            else registry.get(SAMPLES_FIGURE).header
+        )
+        extra.append((SAMPLES_FIGURE, header))
+    for count in dict.fromkeys(c for line in lines for c in line.counts):
+        name = count_column(count)
+        if has_figures(group, name):
+            extra.append((name, registry.get(name).header))
+    if not extra:
         return out
-    header = (
-        IMAGES_HEADER
-        if (tasks == "image-classification").all()
-        else registry.get(SAMPLES_FIGURE).header
-    )
     after = max(
         (i for i, (name, _) in enumerate(out) if name.startswith("tokens_per_second")),
         default=-1,
     )
-    return [*out[: after + 1], (SAMPLES_FIGURE, header), *out[after + 1 :]]
+    return [*out[: after + 1], *extra, *out[after + 1 :]]
 
 
 #: a utilisation figure over a wider window than the measured steps, as a table shows it
@@ -341,17 +360,23 @@ def reading_guide(
                     "3 samples or 0.5 s), so start-up and data loading count, and it reads lower"
                 )
             columns.append(f"- **{header}**: {text}.")
-    tasks = cells["task"].astype(str) if "task" in cells.columns else pd.Series(dtype=str)
-    if tasks.isin(CLASSIFICATION_TASKS).any() and has_figures(cells, SAMPLES_FIGURE):
+    lines = _lines(cells)
+    if any(line.samples_first for line in lines) and has_figures(cells, SAMPLES_FIGURE):
         columns.append(
             f"- **{registry.get(SAMPLES_FIGURE).header}**: "
             + registry.get(SAMPLES_FIGURE).meaning.format(worker=one, workers=many)
             + "."
         )
-    if "task" in cells.columns and (cells["task"].astype(str) == "image-classification").any():
-        columns.append(
-            "- For image classification a token is an image patch (tokens/s are patches/s) "
-            f"and a sample an image ({IMAGES_HEADER})."
+    for count in dict.fromkeys(c for line in lines for c in line.counts):
+        name = count_column(count)
+        if has_figures(cells, name):
+            meaning = registry.get(name).meaning.format(worker=one, workers=many)
+            columns.append(f"- **{registry.get(name).header}**: {meaning}.")
+    if [line.name for line in lines] not in ([], [DEFAULT_TASK]):
+        # what a token and a sample are differs between tasks: each task's, once
+        columns.extend(
+            f"- For {line.name}, samples/s counts {line.sample}, and a token is {line.token}."
+            for line in lines
         )
     if quality.shows_quality(cells):
         columns.append(f"- {quality.NOTE}")

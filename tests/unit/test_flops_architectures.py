@@ -119,6 +119,10 @@ CHECKED_BY_TASK = {
     "bert": "seq-classification",
     "roberta": "seq-classification",
     "vit": "image-classification",
+    "t5": "seq2seq-lm",
+    "bart": "seq2seq-lm",
+    "whisper": "speech-recognition",
+    "wav2vec2": "speech-recognition",
 }
 
 

@@ -206,11 +206,19 @@ def test_classification_tables_show_samples_per_second(tmp_path: Path) -> None:
     report = build_report(root, CostSettings())
     markdown = summary_markdown(report, root, CostSettings())
     (bert,), (vit,), (llama,) = (_table(markdown, s) for s in ("bert", "vit", "llama"))
-    assert list(bert)[4:7] == ["tokens/s", "tokens/s/GPU", "samples/s"]
-    assert bert["samples/s"] == "40"
+    # each table names its task's sample: sequences, images
+    assert list(bert)[4:7] == ["tokens/s", "tokens/s/GPU", "sequences/s"]
+    assert bert["sequences/s"] == "40"
     assert list(vit)[4:7] == ["tokens/s", "tokens/s/GPU", "images/s"] and vit["images/s"] == "25"
     assert "samples/s" not in llama and "images/s" not in llama
-    assert "For image classification a token is an image patch" in markdown
+    assert (
+        "For image-classification, samples/s counts images, and a token is an image patch"
+        in markdown
+    )
+    assert (
+        "For causal-lm, samples/s counts sequences, and a token is a real (not padding) token"
+        in markdown
+    )
 
 
 def test_packed_runs_are_said_in_one_paragraph() -> None:

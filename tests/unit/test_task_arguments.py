@@ -14,6 +14,8 @@ from orchestrator.config.scenarios import BenchConfig, load_config
 from orchestrator.contract import applicability
 from orchestrator.contract.applicability import (
     REPLACED,
+    TASKS,
+    TEXT_TASKS,
     formatter_template,
     inapplicable_argument,
     predecessor_argument,
@@ -26,6 +28,9 @@ from orchestrator.matrix.expand import Selection, build_plan
 from orchestrator.matrix.table import format_table, plan_rows
 from trainer_entry.run.parse import parse_arguments
 from trainer_entry.spec_errors import SpecError
+
+#: every task that reads text, as the refusals list them
+_TEXT = ", ".join(TEXT_TASKS)
 
 REPO = Path(__file__).resolve().parents[2]
 #: SFTConfig's own settings, as a test stands them in
@@ -72,11 +77,31 @@ def _check(
         ("response_template", "image-classification", "causal-lm"),
         ("completion_only_loss", "seq-classification", "causal-lm"),
         ("data_formatter_template", "image-classification", "causal-lm"),
-        ("max_seq_len", "image-classification", "causal-lm, seq-classification"),
-        ("max_seq_length", "image-classification", "causal-lm, seq-classification"),
-        ("dataset_text_field", "image-classification", "causal-lm, seq-classification"),
-        ("pad_to_multiple_of", "image-classification", "causal-lm, seq-classification"),
-        ("tokenizer_name_or_path", "image-classification", "causal-lm, seq-classification"),
+        (
+            "max_seq_len",
+            "image-classification",
+            _TEXT,
+        ),
+        (
+            "max_seq_length",
+            "image-classification",
+            _TEXT,
+        ),
+        (
+            "dataset_text_field",
+            "image-classification",
+            _TEXT,
+        ),
+        (
+            "pad_to_multiple_of",
+            "image-classification",
+            _TEXT,
+        ),
+        (
+            "tokenizer_name_or_path",
+            "image-classification",
+            _TEXT,
+        ),
         ("label_field", "causal-lm", "seq-classification, image-classification"),
         ("image_field", "seq-classification", "image-classification"),
         ("dataset_image_field", "causal-lm", "image-classification"),
@@ -130,9 +155,7 @@ def test_sft_settings_belong_to_trainer_sft() -> None:
 
 
 def test_trainer_and_task_names() -> None:
-    assert _check("task", "vision") == (
-        "task must be one of causal-lm, seq-classification, image-classification, got 'vision'"
-    )
+    assert _check("task", "vision") == (f"task must be one of {', '.join(TASKS)}, got 'vision'")
     assert _check("trainer", "trl") == "trainer must be one of sft, hf, got 'trl'"
     assert _check("trainer", "sft", task="image-classification") == (
         "trainer sft does not train task image-classification; it runs with hf "
@@ -565,7 +588,10 @@ def test_a_trainer_the_task_does_not_run(plan) -> None:
 @pytest.mark.parametrize(
     ("line", "says"),
     [
-        ("task: vision", "task must be one of causal-lm, seq-classification, image-classification"),
+        (
+            "task: vision",
+            f"task must be one of {', '.join(TASKS)}",
+        ),
         ("trainer: trl", "trainer must be one of sft, hf, got 'trl'"),
         ("save_model_dir: /out", "'save_model_dir' (fms-hf-tuning's) has no counterpart here"),
         ("peft_method: pt", "prompt tuning (peft_method pt) is not offered"),

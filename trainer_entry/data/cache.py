@@ -33,6 +33,13 @@ DATA_FORMAT_VERSION = 1
 CACHE_FILES = ("tokens.npz", "meta.json")
 
 
+#: data settings added after the key's layout, and their defaults
+_LATER_DEFAULTS = {
+    name: getattr(DataConfig, name)
+    for name in ("source_field", "target_field", "mlm_probability", "audio_field")
+}
+
+
 def cache_key(cfg: DataConfig, source: dict[str, Any], tokenizer_id: str) -> str:
     """The cache folder name: a hash of the content and of every setting that shapes it.
 
@@ -41,6 +48,10 @@ def cache_key(cfg: DataConfig, source: dict[str, Any], tokenizer_id: str) -> str
     """
     settings = asdict(cfg)
     settings.pop("dataset")  # the source's identity stands for it
+    for name, default in _LATER_DEFAULTS.items():
+        # settings added after the cache's layout: at their defaults, keys stay as they were
+        if settings.get(name) == default:
+            settings.pop(name)
     identity = {k: v for k, v in source.items() if k != "file"}
     blob = json.dumps(
         {

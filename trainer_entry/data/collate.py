@@ -21,6 +21,10 @@ from trainer_entry.data.tokenize import PreparedData
 
 #: what the collator adds to a batch besides the model's inputs
 REAL_TOKENS, PADDED_TOKENS, REAL_LENGTHS = "num_real_tokens", "num_padded_tokens", "real_lengths"
+#: what a task's collator adds where it counts more than tokens: the micro-batch's counts
+#: (``orchestrator.contract.trainers.COUNT_UNITS``: source tokens, audio seconds, …) and
+#: each row's lengths along the dimensions its FLOPs depend on (``Task.flop_dims``)
+COUNTS, ROW_DIMS = "num_counts", "row_dims"
 
 
 class SequenceDataset(torch.utils.data.Dataset[dict[str, np.ndarray]]):
@@ -42,6 +46,10 @@ class BatchCounts:
     padded: int = 0
     #: None: the batch did not come from ``Collator``
     lengths: list[int] | None = field(default=None)
+    #: the task's counts beside tokens (``COUNT_UNITS``), real (not padding)
+    counts: Mapping[str, float] = field(default_factory=dict)
+    #: dimension -> each row's real length along it (``Task.flop_dims``)
+    dims: Mapping[str, list[int]] = field(default_factory=dict)
 
 
 def pop_counts(inputs: dict[str, Any]) -> BatchCounts:
@@ -50,6 +58,8 @@ def pop_counts(inputs: dict[str, Any]) -> BatchCounts:
         real=inputs.pop(REAL_TOKENS, 0),
         padded=inputs.pop(PADDED_TOKENS, 0),
         lengths=inputs.pop(REAL_LENGTHS, None),
+        counts=inputs.pop(COUNTS, None) or {},
+        dims=inputs.pop(ROW_DIMS, None) or {},
     )
 
 

@@ -1,8 +1,8 @@
 """Where the records of a dataset come from: a local file, the hub, or the shipped one.
 
-A local ``.jsonl``, ``.json`` (a list of records, or ``{"data": [...]}``) or
-``.csv`` file; anything else that is not a path is a Hugging Face datasets
-name. Each source has an identity for the cache key: a file's content hash
+A local ``.jsonl``, ``.json`` (a list of records, or ``{"data": [...]}``),
+``.csv`` or ``.txt`` (one text per line, in field ``text``) file; anything
+else that is not a path is a Hugging Face datasets name. Each source has an identity for the cache key: a file's content hash
 (not its name), a hub dataset's name, split and fingerprint.
 """
 
@@ -23,7 +23,7 @@ from trainer_entry.spec_errors import SpecError
 SHIPPED_DATASET = ASSETS / "instructions.jsonl"
 
 #: file types read as local datasets
-LOCAL_SUFFIXES = (".jsonl", ".json", ".csv")
+LOCAL_SUFFIXES = (".jsonl", ".json", ".csv", ".txt")
 
 
 def file_records(path: Path) -> list[dict[str, Any]]:
@@ -52,11 +52,16 @@ def file_records(path: Path) -> list[dict[str, Any]]:
         if suffix == ".csv":
             with path.open(encoding="utf-8", newline="") as f:
                 return list(csv.DictReader(f))
+        if suffix == ".txt":  # plain text: one text per non-blank line, in field "text"
+            with path.open(encoding="utf-8") as f:
+                return [{"text": line.rstrip("\n")} for line in f if line.strip()]
     except json.JSONDecodeError as exc:
         raise SpecError(f"dataset {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
     except UnicodeDecodeError:
         raise SpecError(f"dataset {path}: not UTF-8 text") from None
-    raise SpecError(f"dataset {path}: unsupported file type '{suffix}'; use .jsonl, .json or .csv")
+    raise SpecError(
+        f"dataset {path}: unsupported file type '{suffix}'; use .jsonl, .json, .csv or .txt"
+    )
 
 
 def load_hub_dataset(name: str, cfg: DataConfig, *, besides: str = "") -> Any:

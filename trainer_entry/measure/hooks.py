@@ -79,7 +79,9 @@ class StepHooks:
                 except Exception as exc:
                     self.recompute.unwatched = f"the watch could not hook the model ({exc})"
                     self.recompute.detach()
-        self.recorder.add_batch(counts.real, counts.padded, counts.lengths)
+        self.recorder.add_batch(
+            counts.real, counts.padded, counts.lengths, counts=counts.counts, dims=counts.dims
+        )
 
     def step_end(self, global_step: int) -> bool:
         """An optimizer step ended; True: training should stop now (steady state reached,

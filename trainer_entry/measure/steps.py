@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.contract.steady import precision_pct
+from orchestrator.contract.trainers import COUNT_UNITS, count_column
 from orchestrator.contract.window import warmup_of
 
 
@@ -48,6 +49,11 @@ class RankStats:
     #: the process's minor page faults in each step (the host allocator's churn: memory
     #: handed back to the kernel and faulted in again)
     step_page_faults: list[int] = field(default_factory=list)
+    #: a task's counts beside tokens (``COUNT_UNITS``: source tokens, audio seconds, …) per step
+    step_counts: dict[str, list[float]] = field(default_factory=dict)
+    #: the moments of the rows' lengths along a task's FLOPs dimensions per step
+    #: (``length_moments``: ``source``, ``source*target``, …)
+    step_moments: dict[str, list[int]] = field(default_factory=dict)
     #: from the start of training to the end of the first step
     first_step_s: float | None = None
     #: wall clock (Unix time) at the end of the first step
@@ -129,6 +135,21 @@ def fed_sequences(ranks: Sequence[RankStats], start: int, stop: int) -> Sequence
     )
 
 
+def length_moments(dims: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """The sums a step's counted FLOPs are linear in (``trainer_entry.measure.counted``).
+
+    ``dims``: each dimension's real length for every row (rows in the same order in
+    each). For every dimension ``a``, ``Σ n_a``; for every pair ``a ≤ b`` (by name),
+    ``Σ n_a·n_b`` under the key ``a*b`` (``a*a`` for the squares).
+    """
+    names = sorted(dims)
+    out = {a: int(sum(dims[a])) for a in names}
+    for i, a in enumerate(names):
+        for b in names[i:]:
+            out[f"{a}*{b}"] = int(sum(x * y for x, y in zip(dims[a], dims[b], strict=True)))
+    return out
+
+
 class StepRecorder:
     """Collects per-step figures on one rank; fed by the trainer and a callback."""
 
@@ -146,6 +167,8 @@ class StepRecorder:
         self._rows = 0
         self._sq = 0
         self._windowed: dict[int, int] = {}
+        self._counts: dict[str, float] = {}
+        self._moments: dict[str, int] = {}
         self._last: float | None = None
         self._begin: float | None = None
         #: when the last optimizer step ended (Unix time); None before the first
@@ -154,14 +177,28 @@ class StepRecorder:
         #: the model's sliding windows; None until the trainer has told (before the first batch)
         self.windows: tuple[int, ...] | None = None
 
-    def add_batch(self, real: int, padded: int, lengths: Sequence[int] | None = None) -> None:
+    def add_batch(
+        self,
+        real: int,
+        padded: int,
+        lengths: Sequence[int] | None = None,
+        *,
+        counts: Mapping[str, float] | None = None,
+        dims: Mapping[str, Sequence[int]] | None = None,
+    ) -> None:
         """One micro-batch fed to the model (called from ``training_step``).
 
         ``lengths`` are the real lengths of its rows (a packed row's length
         when packing); without them only the token counts are recorded.
+        ``counts``: the task's counts beside tokens; ``dims``: each row's real
+        length along the task's FLOPs dimensions (their moments are recorded).
         """
         self._real += real
         self._padded += padded
+        for name, value in (counts or {}).items():
+            self._counts[name] = self._counts.get(name, 0) + value
+        for name, value in length_moments(dims or {}).items():
+            self._moments[name] = self._moments.get(name, 0) + value
         if lengths is not None:
             fed = SequenceLengths.of(lengths, self.windows or ())
             self._rows += fed.rows
@@ -196,8 +233,20 @@ class StepRecorder:
         self.stats.step_sq_tokens.append(self._sq)
         for w in self.windows or ():
             self.stats.step_windowed_sq_tokens.setdefault(w, []).append(self._windowed.get(w, 0))
+        # a name first seen late has 0 in the steps before it (every list spans every step)
+        done = len(self.stats.step_times_s) - 1
+        for name in self._counts:
+            self.stats.step_counts.setdefault(name, [0.0] * done)
+        for name in self._moments:
+            self.stats.step_moments.setdefault(name, [0] * done)
+        for name, series in self.stats.step_counts.items():
+            series.append(self._counts.get(name, 0.0))
+        for name, moments in self.stats.step_moments.items():
+            moments.append(self._moments.get(name, 0))
         self._real = self._padded = self._rows = self._sq = 0
         self._windowed = {}
+        self._counts = {}
+        self._moments = {}
 
 
 def measured_window(
@@ -257,6 +306,12 @@ def summarize(
         for r in ranks
         if len(r.step_page_faults) >= steps
     ]
+    # a task's counts beside tokens (source tokens, audio seconds, …), as tokens/s
+    counted = {
+        count_column(name): sum(sum(r.step_counts.get(name, [])[k:steps]) for r in ranks) / window
+        for name in sorted({n for r in ranks for n in r.step_counts})
+        if name in COUNT_UNITS and window > 0
+    }
     total_real = sum(sum(r.step_tokens[:steps]) for r in ranks)
     total_padded = sum(sum(r.step_padded_tokens[:steps]) for r in ranks)
     return {
@@ -282,6 +337,7 @@ def summarize(
         "step_time_min_s": min(per_step),
         "step_time_max_s": max(per_step),
         "host_page_faults_per_step": max(faults) if faults else None,
+        **counted,
     }
 
 

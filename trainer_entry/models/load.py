@@ -35,7 +35,7 @@ import torch
 
 from orchestrator.contract.modelnames import hub_offline
 from trainer_entry.models.for_task import ModelTask
-from trainer_entry.models.kinds import TINY_MODELS, model_kind
+from trainer_entry.models.kinds import CONFIG_PREFIX, TINY_MODELS, model_kind
 from trainer_entry.models.resolve import ARCHITECTURES as ARCHITECTURES
 from trainer_entry.models.resolve import architecture_config, shipped_architectures
 from trainer_entry.models.tiny import TINY_NAME
@@ -220,6 +220,9 @@ def load_model(
                 )
             if place.draw_on_gpu:
                 draw_weights(model, torch.device("cuda", local_rank))
+            if not name.startswith(CONFIG_PREFIX) and _has_tokenizer(Path(name).expanduser()):
+                # a folder with a config and a tokenizer but no weights: its own tokenizer
+                tokenizer_name = tokenizer_name or str(Path(name).expanduser())
         else:
             path = str(tiny_model_path(name)) if kind == "tiny" else name
             model = auto_model.from_pretrained(
@@ -232,10 +235,16 @@ def load_model(
         raise _model_error(name, exc) from None
     if given_tokenizer is not None:
         tokenizer = _fit_tokenizer(given_tokenizer, model)
-    elif task.modality == "text":
-        # a model built here (config:, python:) takes the task's tiny model's tokenizer
+    elif task.modality in ("text", "audio"):
+        # a model built here (config:, python:) takes the task's tiny model's tokenizer (an
+        # audio task: its processor, the feature extractor with the tokenizer)
         tokenizer_name = tokenizer_name or str(tiny_model_path(task.tokenizer_model or TINY_NAME))
-        tokenizer = _load_tokenizer(tokenizer_name, cfg, model, AutoTokenizer)
+        if task.modality == "audio":
+            from transformers import AutoProcessor
+
+            tokenizer = _load_tokenizer(tokenizer_name, cfg, model, AutoProcessor)
+        else:
+            tokenizer = _load_tokenizer(tokenizer_name, cfg, model, AutoTokenizer)
     else:
         tokenizer = None
 
@@ -256,6 +265,10 @@ def load_model(
     total = sum(_numel(p) for p in model.parameters())
     info.update(trainable_params=trainable, total_params=total, peft_method=peft.method)
     return LoadedModel(model=model, tokenizer=tokenizer, info=info)
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
 
 
 def _numel(p: Any) -> int:
@@ -322,11 +335,21 @@ def _load_tokenizer(name: str, cfg: ModelConfig, model: Any, auto_tokenizer: Any
     return _fit_tokenizer(tokenizer, model)
 
 
-def _fit_tokenizer(tokenizer: Any, model: Any) -> Any:
-    """A pad token where the tokenizer has none; its size checked against the model's."""
+def _fit_tokenizer(processor: Any, model: Any) -> Any:
+    """A pad token where the tokenizer has none; its size checked against the model's. A
+    processor (an audio task's) is returned whole, its tokenizer fitted."""
+    inner = getattr(processor, "tokenizer", None)
+    if inner is not None and inner is not processor:
+        _fit_tokenizer(inner, model)
+        return processor
+    tokenizer = processor
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    vocab = model.get_input_embeddings().num_embeddings
+    try:
+        embeddings = model.get_input_embeddings()
+    except NotImplementedError:
+        embeddings = None  # a CTC model (wav2vec2) has none: its vocabulary is its head's
+    vocab = getattr(embeddings, "num_embeddings", None) or int(model.config.vocab_size)
     if len(tokenizer) > vocab:
         raise SpecError(
             f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {vocab}; "

@@ -154,6 +154,13 @@ def resolve(
         return Resolved("shipped")
     if kind == "config":
         architecture_config(name)
+        if not name.startswith(CONFIG_PREFIX):
+            return Resolved(
+                "architecture",
+                detail="a folder with a config.json and no weights: built from it with random "
+                "weights, with its own tokenizer where it has one, else the task's tiny model's "
+                "(tokenizer_name_or_path names another)",
+            )
         return Resolved("architecture")
     if kind == "python":
         check_findable(name, list(python_path))

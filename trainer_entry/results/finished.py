@@ -23,8 +23,10 @@ from orchestrator.contract.result import (
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.backends import get_backend
 from trainer_entry.backends.trainer_protocol import TrainerBackend, TrainSettings
+from trainer_entry.measure.counted import CountedFlops, count_flops, per_row_mean
 from trainer_entry.measure.engine import EngineRecord, partitioned_flops_problem, zero3_build_note
 from trainer_entry.measure.flops import (
+    FlopsEstimate,
     FlopsUnavailable,
     compute_mode,
     estimate_flops,
@@ -87,6 +89,7 @@ def flops_figures(
     dtype: str | None,
     device_name: str | None,
     per_sample: set[int] | frozenset[int] = frozenset(),
+    task: Task | None = None,
     backend: TrainerBackend | None = None,
     recomputed: Recomputed | None = None,
     unseen: str | None = None,
@@ -117,6 +120,49 @@ def flops_figures(
     start = first_measured_step(metrics)
     if start is None:
         start = metrics.get("warmup_steps_excluded", 0)
+    if task is not None and task.flop_dims:
+        per_token, hardware, sample_flops, record, notes = counted_flops_figures(
+            model, task, ranks, start, steps
+        )
+    else:
+        per_token, hardware, record, notes, estimate = formula_flops_figures(
+            model, ranks, parsed, start, steps, recomputed, per_sample, unseen
+        )
+        sample_flops = None
+        if estimate is not None:
+            notes += backend.flops_notes(model, estimate.model_flops_per_token, parsed)
+    mode = compute_mode(dtype=dtype, mixed_precision=settings.mixed_precision, tf32=settings.tf32)
+    peak = parsed.measure.peak_tflops_per_device or peak_tflops(device_name, mode)
+    missing_peak = peak_note(device_name, mode, peak)
+    notes += [missing_peak] if missing_peak else []
+    achieved, mfu, mfu_notes = utilization(
+        per_token, metrics.get("tokens_per_second_per_device"), peak
+    )
+    figures = {
+        "flops_per_token": per_token,
+        "flops_per_sample": sample_flops,
+        "hardware_flops_per_token": hardware,
+        "achieved_tflops_per_device": achieved,
+        "peak_tflops_per_device": peak,
+        "mfu": mfu,
+        # which of the device's peaks MFU is against: fp8, bf16 (or fp16), tf32 or fp32
+        "mfu_precision": mode,
+    }
+    return figures, record, notes + mfu_notes
+
+
+def formula_flops_figures(
+    model: Any,
+    ranks: list[RankStats],
+    parsed: ParsedArguments,
+    start: int,
+    steps: int,
+    recomputed: Recomputed | None,
+    per_sample: set[int] | frozenset[int],
+    unseen: str | None,
+) -> tuple[float | None, float | None, dict[str, Any], list[str], FlopsEstimate | None]:
+    """(model and hardware FLOPs per token, the ``flops`` record, notes, the estimate) of
+    the analytic formula (``trainer_entry.measure.flops``) over steps ``start`` to ``steps``."""
     fed, notes = sequences_or_uniform(
         fed_sequences(ranks, start, steps),
         packing=parsed.data.packing,
@@ -131,41 +177,78 @@ def flops_figures(
     if flops is not None and flops.hardware_note:
         why = f" ({unseen})" if recomputed is None and unseen else ""
         notes.append(f"no hardware_flops_per_token: {flops.hardware_note}{why}")
-    mode = compute_mode(dtype=dtype, mixed_precision=settings.mixed_precision, tf32=settings.tf32)
-    peak = parsed.measure.peak_tflops_per_device or peak_tflops(device_name, mode)
-    missing_peak = peak_note(device_name, mode, peak)
-    notes += [missing_peak] if missing_peak else []
-    achieved, mfu, mfu_notes = utilization(
-        flops.model_flops_per_token if flops else None,
-        metrics.get("tokens_per_second_per_device"),
-        peak,
-    )
-    figures = {
-        "flops_per_token": flops.model_flops_per_token if flops else None,
-        "hardware_flops_per_token": flops.hardware_flops_per_token if flops else None,
-        "achieved_tflops_per_device": achieved,
-        "peak_tflops_per_device": peak,
-        "mfu": mfu,
-        # which of the device's peaks MFU is against: fp8, bf16 (or fp16), tf32 or fp32
-        "mfu_precision": mode,
-    }
     record: dict[str, Any] = {
         "rows": fed.rows if fed else None,
         "real_tokens": fed.tokens if fed else None,
         # Σ r² / Σ r: keys per real token's score row, before any sliding window
         "attention_length": fed.attention_length(None) if fed else None,
     }
-    if flops is not None:
-        record.update(
-            linear_forward=flops.linear_forward,
-            linear_input_grad=flops.linear_input_grad,
-            linear_weight_grad=flops.linear_weight_grad,
-            attention=flops.attention,
-            recompute=flops.recompute,
+    if flops is None:
+        return None, None, record, notes, None
+    record.update(
+        linear_forward=flops.linear_forward,
+        linear_input_grad=flops.linear_input_grad,
+        linear_weight_grad=flops.linear_weight_grad,
+        attention=flops.attention,
+        recompute=flops.recompute,
+    )
+    return flops.model_flops_per_token, flops.hardware_flops_per_token, record, notes, flops
+
+
+def counted_flops_figures(
+    model: Any, task: Task, ranks: list[RankStats], start: int, steps: int
+) -> tuple[float | None, float | None, float | None, dict[str, Any], list[str]]:
+    """(model and hardware FLOPs per token, model FLOPs per sample, the ``flops`` record,
+    notes) of a task whose FLOPs are counted (``trainer_entry.measure.counted``), over
+    the real lengths of the rows fed in steps ``start`` to ``steps``."""
+    rows = sum(sum(r.step_rows[start:steps]) for r in ranks)
+    tokens = sum(sum(r.step_tokens[start:steps]) for r in ranks)
+    keys = {k for r in ranks for k in r.step_moments}
+    moments = {k: sum(sum(r.step_moments.get(k, [])[start:steps]) for r in ranks) for k in keys}
+    record: dict[str, Any] = {"rows": rows or None, "real_tokens": tokens or None}
+    record["attention_length"] = None
+    if not rows or not tokens or not set(task.flop_dims) <= keys:
+        return (
+            None,
+            None,
+            None,
+            record,
+            ["no FLOPs figure: the rows' lengths were not recorded (instrumentation off)"],
         )
-    if flops is not None:
-        notes += backend.flops_notes(model, flops.model_flops_per_token, parsed)
-    return figures, record, notes + mfu_notes
+    typical = per_row_mean(rows, moments, task.flop_dims)
+    recomputes = checkpointing_mode(model)
+    try:
+        counted = count_flops(
+            model,
+            lambda lengths: task.probe_batch(model.config, lengths),
+            typical,
+            checkpointing=recomputes is not None,
+            reentrant=recomputes == "reentrant",
+            overrides=task.probe_config,
+        )
+    except FlopsUnavailable as exc:
+        return None, None, None, record, [f"no FLOPs figure: {exc}"]
+    total = CountedFlops.total(counted.model, rows, moments)
+    hardware = (
+        CountedFlops.total(counted.hardware, rows, moments) / tokens
+        if counted.hardware is not None
+        else None
+    )
+    notes = [f"no hardware_flops_per_token: {counted.hardware_note}"] if hardware is None else []
+    record.update(
+        method="counted",
+        mean_lengths=typical,
+        coefficients=dict(counted.model),
+        components={
+            name: {
+                "forward_per_sample": CountedFlops.total(coef, rows, moments) / rows,
+                "forward_per_token": CountedFlops.total(coef, rows, moments) / tokens,
+            }
+            for name, coef in counted.components.items()
+            if any(coef.values())
+        },
+    )
+    return total / tokens, hardware, total / rows, record, notes
 
 
 def checkpointing_read_back(model: Any, settings: TrainSettings) -> tuple[TrainSettings, list[str]]:
@@ -247,6 +330,7 @@ def build_result(
         dtype=dtype,
         device_name=device_name,
         per_sample=task.per_sample_modules(model),
+        task=task,
         backend=backend,
         recomputed=recompute[0],
         unseen=recompute[1],
@@ -308,7 +392,7 @@ def build_result(
         # under DataParallel each micro-batch is per_device × the GPUs of the process
         effective_batch_size=pd * ga * devices,
         # the text settings mean nothing where the task has no text (or no packing)
-        max_seq_len=parsed.data.max_seq_len if task.modality == "text" else None,
+        max_seq_len=parsed.data.max_seq_len if task.modality != "image" else None,
         packing=parsed.data.packing if task.name == "causal-lm" else None,
         peft_method=parsed.peft.method,
         torch_dtype=dtype,

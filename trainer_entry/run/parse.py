@@ -262,6 +262,9 @@ def _data_config(spec: RunSpec, args: dict[str, Any]) -> DataConfig:
         "text_field",
         "label_field",
         "image_field",
+        "source_field",
+        "target_field",
+        "audio_field",
         "messages_field",
         "chat_template",
         "response_template",
@@ -279,6 +282,11 @@ def _data_config(spec: RunSpec, args: dict[str, Any]) -> DataConfig:
             raise SpecError(f"max_seq_len must be a positive integer, got {values['max_seq_len']}")
     if "dataset_kwargs" in values:
         _check_type("dataset_kwargs", values["dataset_kwargs"], dict, "a mapping")
+    if "mlm_probability" in values:
+        share = values["mlm_probability"]
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1:
+            raise SpecError(f"mlm_probability must be a number between 0 and 1, got {share!r}")
+        values["mlm_probability"] = float(share)
     cfg = DataConfig(**values)
     if cfg.formatting not in FORMATTINGS:
         raise SpecError(

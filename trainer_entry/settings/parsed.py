@@ -32,6 +32,14 @@ class DataConfig:
     label_field: str = "label"
     #: image classification: the field holding the image
     image_field: str = "image"
+    #: seq2seq-lm: the fields holding the source text (the encoder's) and the target text
+    #: (the decoder's labels)
+    source_field: str = "source"
+    target_field: str = "target"
+    #: masked-lm: the share of each text's tokens masked for the loss
+    mlm_probability: float = 0.15
+    #: speech-recognition: the field holding the audio (its transcript: ``text_field``)
+    audio_field: str = "audio"
     messages_field: str = "messages"
     chat_template: str | None = None
     response_template: str | None = None

@@ -8,6 +8,7 @@ runs once per token (the LM head included).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,12 @@ class CausalLMTask:
 
     def per_sample_modules(self, model: Any) -> set[int]:
         return set()
+
+    #: the analytic formula counts it (``trainer_entry.measure.flops``)
+    flop_dims: tuple[str, ...] = ()
+
+    probe_config: Mapping[str, Any] = {}
+
+    def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
+        ids = torch.ones((1, lengths["tokens"]), dtype=torch.long, device="meta")
+        return {"input_ids": ids, "labels": ids}

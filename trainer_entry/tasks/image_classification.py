@@ -28,6 +28,7 @@ class token carries the loss).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,20 @@ class ImageClassificationTask:
         if self._positions is None:
             raise RuntimeError("the image-classification collator is made after prepare()")
         return ImageCollator(self._positions, self._dtype)
+
+    #: the analytic formula counts it (``trainer_entry.measure.flops``); every image has
+    #: the model's size, so nothing varies
+    flop_dims: tuple[str, ...] = ()
+
+    probe_config: Mapping[str, Any] = {}
+
+    def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
+        height, width = image_size(model_config.image_size)
+        pixels = torch.ones((1, int(model_config.num_channels), height, width), device="meta")
+        return {
+            "pixel_values": pixels,
+            "labels": torch.zeros((1,), dtype=torch.long, device="meta"),
+        }
 
     def per_sample_modules(self, model: Any) -> set[int]:
         return {

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -191,15 +191,26 @@ def _load(folder: Path) -> ClassifiedTexts:
     return ClassifiedTexts(input_ids=list(ids), labels=labels, meta=meta)
 
 
+def _labels(records: Sequence[dict[str, Any]], cfg: DataConfig, labelled: bool) -> list[int]:
+    """Each record's class id; all 0 for texts without classes (``masked-lm``'s)."""
+    return classes(records, cfg.label_field)[0] if labelled else [0] * len(records)
+
+
 def prepare_texts(
     cfg: DataConfig,
     tokenizer: Any,
     data_dir: Path,
     records: Sequence[dict[str, Any]],
     source: dict[str, Any],
+    *,
+    prefix: str = CACHE_PREFIX,
+    labelled: bool = True,
 ) -> ClassifiedTexts:
-    """Tokenized, labelled sequences: from the cache when it has them, else made and cached."""
-    key = CACHE_PREFIX + cache_key(cfg, source, tokenizer_identity(tokenizer))
+    """Tokenized, labelled sequences: from the cache when it has them, else made and cached.
+
+    ``labelled``: False for texts without classes (every label 0); ``prefix``: the
+    cache folder's (a task of its own keeps its own entries)."""
+    key = prefix + cache_key(cfg, source, tokenizer_identity(tokenizer))
     folder = data_dir / key
     made: list[ClassifiedTexts] = []
 
@@ -210,7 +221,7 @@ def prepare_texts(
             "examples": len(records),
             "max_seq_len": cfg.max_seq_len,
         }
-        labels, _ = classes(records, cfg.label_field)
+        labels = _labels(records, cfg, labelled)
         ids, truncated = tokenize_texts(records, cfg, tokenizer)
         made.append(_finish(ids, labels, meta, truncated))
         _save(tmp, made[0])
@@ -226,10 +237,12 @@ def texts_as_given(
     tokenizer: Any,
     records: Sequence[dict[str, Any]],
     source: dict[str, Any],
+    *,
+    labelled: bool = True,
 ) -> ClassifiedTexts:
     """``no_data_processing``: each record's ``input_ids`` (else its text tokenized), cut to
-    ``max_seq_len``, with its label; no cache."""
-    labels, _ = classes(records, cfg.label_field)
+    ``max_seq_len``, with its label (0 where not ``labelled``); no cache."""
+    labels = _labels(records, cfg, labelled)
     meta: dict[str, Any] = {
         "source": source,
         "examples": len(records),
@@ -417,3 +430,12 @@ class SeqClassificationTask:
         if isinstance(pooler, torch.nn.Module):
             heads.append(pooler)
         return {id(m) for m in heads}
+
+    #: the analytic formula counts it (``trainer_entry.measure.flops``)
+    flop_dims: tuple[str, ...] = ()
+
+    probe_config: Mapping[str, Any] = {}
+
+    def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
+        ids = torch.ones((1, lengths["tokens"]), dtype=torch.long, device="meta")
+        return {"input_ids": ids, "labels": torch.zeros((1,), dtype=torch.long, device="meta")}

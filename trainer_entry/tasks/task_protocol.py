@@ -19,6 +19,7 @@ for every task.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -89,4 +90,19 @@ class Task(ModelTask, Protocol):
 
     def per_sample_modules(self, model: Any) -> set[int]:
         """ids of the modules that run once per sample, not once per token (FLOPs)."""
+        ...
+
+    #: the lengths of a sample its FLOPs depend on (``source``, ``target``): its collator
+    #: reports each row's real length along them (``trainer_entry.data.collate.ROW_DIMS``),
+    #: and its FLOPs are counted (``trainer_entry.measure.counted``); () for the analytic
+    #: formula of one sequence per sample (``trainer_entry.measure.flops``)
+    flop_dims: tuple[str, ...]
+
+    #: config settings the meta copy that counts FLOPs takes, which change nothing the
+    #: counter counts (wav2vec2's SpecAugment masks by index, which meta cannot run)
+    probe_config: Mapping[str, Any]
+
+    def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
+        """One sample's model inputs, labels included, without padding, with the given
+        length along each of ``flop_dims``, on the ``meta`` device (FLOPs are counted on it)."""
         ...

@@ -1,0 +1,64 @@
+"""The counted FLOPs of a task (``trainer_entry.measure.counted``) against PyTorch's FLOP counter.
+
+The reference runs the real model (eager attention: the CPU's fused attention
+kernel is one the counter does not count) on real tensors, one sample per row
+with no padding, forward and backward, and sums what the counter saw. The
+figure under test is the fit the run makes: counted on the meta device at its
+own probe lengths, then applied to the rows' length sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainer_entry.measure.counted import CountedFlops, count_flops
+from trainer_entry.measure.steps import length_moments
+
+
+def real(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """A probe's meta tensors made real: ones of the same shape and dtype on the CPU."""
+    return {
+        k: torch.ones(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v
+        for k, v in batch.items()
+    }
+
+
+def counted_over_reference(
+    task: Any,
+    model: Any,
+    rows: Sequence[Mapping[str, int]],
+    *,
+    checkpointing: bool = False,
+    labels: Callable[[Mapping[str, int]], torch.Tensor] | None = None,
+) -> float:
+    """The run's counted FLOPs for ``rows`` over the counter's sum of one step per row.
+
+    ``labels``: the labels the reference trains on where the probe has none (a CTC
+    model's probe backpropagates its logits' mean; the reference runs its real loss)."""
+    dims = task.flop_dims
+    typical = {d: sum(r[d] for r in rows) / len(rows) for d in dims}
+    counted = count_flops(
+        model,
+        lambda lengths: task.probe_batch(model.config, lengths),
+        typical,
+        checkpointing=checkpointing,
+    )
+    coefficients = counted.hardware if checkpointing else counted.model
+    assert coefficients is not None, counted.hardware_note
+    moments = length_moments({d: [r[d] for r in rows] for d in dims})
+    figure = CountedFlops.total(coefficients, len(rows), moments)
+    reference = 0
+    for lengths in rows:
+        inputs = real(task.probe_batch(model.config, lengths))
+        if "labels" not in inputs and labels is not None:
+            inputs["labels"] = labels(lengths)
+        with FlopCounterMode(display=False) as counter:
+            out = model(**inputs)
+            out.loss.backward()
+        reference += counter.get_total_flops()
+        model.zero_grad(set_to_none=True)
+    return figure / reference

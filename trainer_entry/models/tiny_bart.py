@@ -1,0 +1,164 @@
+"""The embedded encoder-decoder ``tiny-bart``: built offline, deterministically, once.
+
+The second sequence-to-sequence model beside ``tiny-t5`` (``trainer_entry.models.tiny_t5``):
+a byte-level BPE tokenizer trained on the shipped texts (the review set and
+the instruction set) and a two-layer BART (two encoder layers, two decoder
+layers, GELU, learned positions), initialised from a fixed seed. Nothing is
+downloaded. The saved model is the whole ``BartForConditionalGeneration``:
+loaded as ``AutoModelForSeq2SeqLM`` it has its language-model head, tied to
+the shared embedding (stored once) as in BART.
+
+BART's conventions: ``<s>`` is id 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3,
+``<mask>`` 4; every encoded text is ``<s> text </s>`` (a pair:
+``<s> a </s> </s> b </s>``); the decoder starts from ``</s>``
+(``decoder_start_token_id`` 2) and generation is made to end in ``</s>``
+(``forced_eos_token_id`` 2). As in BART the byte-level pre-tokenizer adds no
+space before the first word, and byte-level BPE never needs ``<unk>``: it is
+there for code that expects one.
+
+Built into the same cache as ``tiny-llama`` (``cache_root``), under a name
+carrying a hash of the recipe and of the texts, and published once however
+many processes ask (``trainer_entry.buildonce``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract.layout import cache_root
+from trainer_entry import ASSETS
+from trainer_entry.data.sources import SHIPPED_DATASET
+from trainer_entry.models.tiny import ensure_built, marked_complete
+
+TINY_BART_NAME = "tiny-bart"
+#: what the tokenizer is trained on (part of the cache key)
+TEXTS = (ASSETS / "reviews.jsonl", SHIPPED_DATASET)
+
+# The recipe. Changing any of it changes the cache key.
+_RECIPE: dict[str, Any] = {
+    "version": 1,
+    "seed": 8765,
+    "vocab_size": 1024,
+    # in BART's order: bos 0, pad 1, eos 2, unk 3, mask 4
+    "special_tokens": ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+    "model": {
+        "d_model": 64,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 128,
+        "decoder_ffn_dim": 128,
+        "max_position_embeddings": 512,
+        "activation_function": "gelu",
+    },
+}
+
+#: What a build must have written before it is marked finished.
+BUILT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
+
+
+def _key() -> str:
+    h = hashlib.sha256(json.dumps(_RECIPE, sort_keys=True).encode())
+    for path in TEXTS:
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def tiny_bart_path() -> Path:
+    """Where the tiny BART lives (built or not)."""
+    return cache_root() / f"{TINY_BART_NAME}-{_key()}"
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
+    return marked_complete(folder, _key())
+
+
+def ensure_tiny_bart() -> Path:
+    """The folder of the tiny BART and its tokenizer, building it on first use."""
+    return ensure_built(TINY_BART_NAME, _key(), build, BUILT_FILES)
+
+
+def _training_texts() -> Iterator[str]:
+    reviews, instructions = TEXTS
+    with reviews.open(encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)["text"]
+    with instructions.open(encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            yield " ".join(str(record.get(k) or "") for k in ("instruction", "input", "output"))
+
+
+def build(folder: Path) -> None:
+    """Train the tokenizer, initialise the model, save both to ``folder``."""
+    import torch
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import BartConfig, BartForConditionalGeneration, PreTrainedTokenizerFast
+
+    bos, pad, eos, unk, mask = _RECIPE["special_tokens"]
+    tok = Tokenizer(models.BPE(unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=_RECIPE["vocab_size"],
+        min_frequency=2,
+        special_tokens=_RECIPE["special_tokens"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_training_texts(), trainer=trainer)
+    bos_id, eos_id = tok.token_to_id(bos), tok.token_to_id(eos)
+    # Like BART's tokenizer (RoBERTa's): <s> text </s>, a pair <s> a </s> </s> b </s>.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}",
+        pair=f"{bos} $A {eos} {eos} $B {eos}",
+        special_tokens=[(bos, bos_id), (eos, eos_id)],
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=bos,
+        pad_token=pad,
+        eos_token=eos,
+        unk_token=unk,
+        mask_token=mask,
+        model_max_length=_RECIPE["model"]["max_position_embeddings"],
+    )
+    tokenizer.save_pretrained(folder)
+
+    config = BartConfig(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        decoder_start_token_id=eos_id,
+        forced_eos_token_id=eos_id,
+        **_RECIPE["model"],
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_RECIPE["seed"])
+        model = BartForConditionalGeneration(config)
+    # Written directly rather than by save_pretrained, which writes the config and
+    # the weights on rank 0 only when a process group is up: whichever rank of a
+    # job builds the model, it must come out whole. The tied copies of the shared
+    # embedding (the encoder's, the decoder's, the head) are left out, as
+    # save_pretrained leaves them out: safetensors stores no aliases.
+    model.config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    tied = model.all_tied_weights_keys
+    weights = {n: t.contiguous() for n, t in model.state_dict().items() if n not in tied}
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})

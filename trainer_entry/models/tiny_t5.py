@@ -1,0 +1,168 @@
+"""The embedded encoder-decoder ``tiny-t5``: built offline, deterministically, once.
+
+The sequence-to-sequence counterpart of ``tiny-llama`` (``trainer_entry.models.tiny``):
+a subword tokenizer trained on the shipped texts (the review set and the
+instruction set) and a two-layer T5 (two encoder blocks, two decoder blocks,
+ReLU feed-forward as in the original T5, relative position buckets),
+initialised from a fixed seed. Nothing is downloaded. The saved model is the
+whole ``T5ForConditionalGeneration``: loaded as ``AutoModelForSeq2SeqLM`` it
+has its language-model head, which, as in T5 v1.0, is the shared input
+embedding (tied, stored once).
+
+T5's conventions: ``<pad>`` is id 0, ``</s>`` id 1, ``<unk>`` id 2; every
+encoded text ends in ``</s>`` (a pair: ``a </s> b </s>``) and there is no
+beginning-of-sequence token; the decoder starts from ``<pad>``, so
+``decoder_start_token_id`` is 0. Words are split SentencePiece-style, a
+``▁`` marking the start of a word, and a run of characters the texts never
+had is one ``<unk>``. The vocabulary is learned by BPE rather than T5's
+unigram model: the ``tokenizers`` unigram trainer splits its sums by the
+number of threads, so its scores could differ in their last bits from one
+machine to another, where BPE's merges (counts, not sums of floats) do not.
+There are no ``<extra_id_*>`` sentinels (span corruption is not a task here).
+
+Built into the same cache as ``tiny-llama`` (``cache_root``), under a name
+carrying a hash of the recipe and of the texts, and published once however
+many processes ask (``trainer_entry.buildonce``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract.layout import cache_root
+from trainer_entry import ASSETS
+from trainer_entry.data.sources import SHIPPED_DATASET
+from trainer_entry.models.tiny import ensure_built, marked_complete
+
+TINY_T5_NAME = "tiny-t5"
+#: what the tokenizer is trained on (part of the cache key)
+TEXTS = (ASSETS / "reviews.jsonl", SHIPPED_DATASET)
+
+# The recipe. Changing any of it changes the cache key.
+_RECIPE: dict[str, Any] = {
+    "version": 1,
+    "seed": 5678,
+    "vocab_size": 1024,
+    # in T5's order: pad 0, eos 1, unk 2
+    "special_tokens": ["<pad>", "</s>", "<unk>"],
+    # T5's tokenizers say 512; the model itself has relative positions and no limit
+    "model_max_length": 512,
+    "model": {
+        "d_model": 64,
+        "d_ff": 128,
+        "d_kv": 16,
+        "num_heads": 4,
+        "num_layers": 2,
+        "num_decoder_layers": 2,
+        "feed_forward_proj": "relu",
+        "relative_attention_num_buckets": 32,
+        "relative_attention_max_distance": 128,
+        "layer_norm_epsilon": 1e-6,
+    },
+}
+
+#: What a build must have written before it is marked finished.
+BUILT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
+
+
+def _key() -> str:
+    h = hashlib.sha256(json.dumps(_RECIPE, sort_keys=True).encode())
+    for path in TEXTS:
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def tiny_t5_path() -> Path:
+    """Where the tiny T5 lives (built or not)."""
+    return cache_root() / f"{TINY_T5_NAME}-{_key()}"
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
+    return marked_complete(folder, _key())
+
+
+def ensure_tiny_t5() -> Path:
+    """The folder of the tiny T5 and its tokenizer, building it on first use."""
+    return ensure_built(TINY_T5_NAME, _key(), build, BUILT_FILES)
+
+
+def _training_texts() -> Iterator[str]:
+    reviews, instructions = TEXTS
+    with reviews.open(encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)["text"]
+    with instructions.open(encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            yield " ".join(str(record.get(k) or "") for k in ("instruction", "input", "output"))
+
+
+def build(folder: Path) -> None:
+    """Train the tokenizer, initialise the model, save both to ``folder``."""
+    import torch
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
+
+    pad, eos, unk = _RECIPE["special_tokens"]
+    # a run of characters the texts never had is one <unk>, as in SentencePiece
+    tok = Tokenizer(models.BPE(unk_token=unk, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.BpeTrainer(
+        vocab_size=_RECIPE["vocab_size"],
+        min_frequency=2,
+        special_tokens=_RECIPE["special_tokens"],
+        show_progress=False,
+    )
+    tok.train_from_iterator(_training_texts(), trainer=trainer)
+    eos_id = tok.token_to_id(eos)
+    # Like T5's tokenizer: an EOS after every encoded text, no BOS (and no token
+    # types: T5 has none).
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, eos_id)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=pad,
+        eos_token=eos,
+        unk_token=unk,
+        model_max_length=_RECIPE["model_max_length"],
+    )
+    tokenizer.save_pretrained(folder)
+
+    # tie_word_embeddings left to T5Config: tied, with the decoder's output
+    # scaled by d_model ** -0.5 before the head, as in T5 v1.0
+    config = T5Config(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        **_RECIPE["model"],
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_RECIPE["seed"])
+        model = T5ForConditionalGeneration(config)
+    # Written directly rather than by save_pretrained, which writes the config and
+    # the weights on rank 0 only when a process group is up: whichever rank of a
+    # job builds the model, it must come out whole. The tied copies of the shared
+    # embedding (the encoder's, the decoder's, the head) are left out, as
+    # save_pretrained leaves them out: safetensors stores no aliases.
+    model.config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    tied = model.all_tied_weights_keys
+    weights = {n: t.contiguous() for n, t in model.state_dict().items() if n not in tied}
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,183 @@
+"""The embedded CTC speech model ``tiny-wav2vec2``: built offline, deterministically, once.
+
+A two-layer wav2vec 2.0 encoder (width 64) with a CTC head over characters,
+initialised from a fixed seed, with its character tokenizer and raw-waveform
+feature extractor. Nothing is downloaded.
+
+The convolutional feature encoder is three layers of 32 channels, kernels
+(10, 8, 4) and strides (5, 8, 4): an overall stride of 160 samples, one frame
+per 10 ms of 16 kHz audio (100 frames a second, where wav2vec 2.0 Base has 50),
+each seeing 165 samples. Its convolutions are layer-normalised and the
+transformer is pre-norm (``feat_extract_norm`` "layer", ``do_stable_layer_norm``),
+as in the wav2vec 2.0 models whose feature extractor returns an attention mask
+for padded batches; layerdrop is off, so every step runs both layers (a
+skipped layer also leaves DDP parameters without gradients).
+
+The tokenizer is ``Wav2Vec2CTCTokenizer`` over a ``vocab.json`` written here:
+``<pad>`` (id 0, the CTC blank and the model's ``pad_token_id``), ``<s>``,
+``</s>``, ``<unk>``, ``|`` (the word delimiter a space becomes) and then every
+character of the shipped texts (the review set and the instruction set),
+lowercased, whitespace left out. A text is to be lowercased, and its
+whitespace made single spaces, before it is tokenized: the tokenizer reads an
+upper-case letter, a newline or a character the shipped texts lack as
+``<unk>``. The feature extractor takes 16 kHz mono audio,
+normalises it to zero mean and unit variance and returns an attention mask;
+both are saved as a ``Wav2Vec2Processor`` (``AutoProcessor``).
+
+Built and published like ``tiny-llama`` (``trainer_entry.models.tiny``): into
+the same cache, in a folder named for a hash of the recipe and the texts,
+published whole (``trainer_entry.buildonce``) and taken only with its
+``COMPLETE`` marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract.layout import cache_root
+from trainer_entry import ASSETS
+from trainer_entry.data.sources import SHIPPED_DATASET
+from trainer_entry.models.tiny import ensure_built, marked_complete
+
+TINY_WAV2VEC2_NAME = "tiny-wav2vec2"
+#: whose characters make the vocabulary (part of the cache key)
+TEXTS = (ASSETS / "reviews.jsonl", SHIPPED_DATASET)
+
+# The recipe. Changing any of it changes the cache key.
+_RECIPE: dict[str, Any] = {
+    "version": 1,
+    "seed": 1357,
+    # pad first: id 0, the CTC blank
+    "special_tokens": ["<pad>", "<s>", "</s>", "<unk>"],
+    "word_delimiter": "|",
+    "feature_extractor": {
+        "feature_size": 1,
+        "sampling_rate": 16000,
+        "padding_value": 0.0,
+        "do_normalize": True,
+        "return_attention_mask": True,
+    },
+    "model": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        # overall stride 5 * 8 * 4 = 160 samples (10 ms at 16 kHz)
+        "conv_dim": [32, 32, 32],
+        "conv_kernel": [10, 8, 4],
+        "conv_stride": [5, 8, 4],
+        "conv_bias": True,
+        "feat_extract_norm": "layer",
+        "do_stable_layer_norm": True,
+        "num_conv_pos_embeddings": 16,
+        "num_conv_pos_embedding_groups": 4,
+        "layerdrop": 0.0,
+        "ctc_loss_reduction": "mean",
+    },
+}
+
+#: What a build must have written before it is marked finished.
+BUILT_FILES = (
+    "config.json",
+    "model.safetensors",
+    "vocab.json",
+    "tokenizer_config.json",
+    "processor_config.json",
+)
+
+
+def _key() -> str:
+    h = hashlib.sha256(json.dumps(_RECIPE, sort_keys=True).encode())
+    for path in TEXTS:
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def tiny_wav2vec2_path() -> Path:
+    """Where the tiny wav2vec 2.0 lives (built or not)."""
+    return cache_root() / f"{TINY_WAV2VEC2_NAME}-{_key()}"
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
+    return marked_complete(folder, _key())
+
+
+def ensure_tiny_wav2vec2() -> Path:
+    """The folder of the tiny wav2vec 2.0 and its processor, building it on first use."""
+    # ``build`` looked up at call time: tests replace it
+    return ensure_built(TINY_WAV2VEC2_NAME, _key(), lambda folder: build(folder), BUILT_FILES)
+
+
+def _texts() -> Iterator[str]:
+    reviews, instructions = TEXTS
+    with reviews.open(encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)["text"]
+    with instructions.open(encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            yield " ".join(str(record.get(k) or "") for k in ("instruction", "input", "output"))
+
+
+def vocabulary() -> dict[str, int]:
+    """The CTC vocabulary: the special tokens, the word delimiter, then the characters of
+    the shipped texts, lowercased, in code-point order."""
+    characters = {c for text in _texts() for c in text.lower() if not c.isspace()}
+    tokens = [*_RECIPE["special_tokens"], _RECIPE["word_delimiter"], *sorted(characters)]
+    return {token: i for i, token in enumerate(tokens)}
+
+
+def build(folder: Path) -> None:
+    """Write the vocabulary, initialise the model, save both and the feature extractor to
+    ``folder``."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import (
+        Wav2Vec2Config,
+        Wav2Vec2CTCTokenizer,
+        Wav2Vec2FeatureExtractor,
+        Wav2Vec2ForCTC,
+        Wav2Vec2Processor,
+    )
+
+    pad, bos, eos, unk = _RECIPE["special_tokens"]
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab_file = folder / "vocab.json"
+    vocab_file.write_text(json.dumps(vocabulary(), ensure_ascii=False), encoding="utf-8")
+    tokenizer = Wav2Vec2CTCTokenizer(
+        str(vocab_file),
+        bos_token=bos,
+        eos_token=eos,
+        unk_token=unk,
+        pad_token=pad,
+        word_delimiter_token=_RECIPE["word_delimiter"],
+    )
+    feature_extractor = Wav2Vec2FeatureExtractor(**_RECIPE["feature_extractor"])
+    # rewrites vocab.json in the tokenizer's own layout
+    Wav2Vec2Processor(feature_extractor=feature_extractor, tokenizer=tokenizer).save_pretrained(
+        folder
+    )
+
+    config = Wav2Vec2Config(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **_RECIPE["model"],
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_RECIPE["seed"])
+        model = Wav2Vec2ForCTC(config)
+    # Written directly rather than by save_pretrained, which writes the config and
+    # the weights on rank 0 only when a process group is up: whichever rank of a
+    # job builds the model, it must come out whole.
+    config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(folder)
+    weights = {name: t.contiguous() for name, t in model.state_dict().items()}
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})

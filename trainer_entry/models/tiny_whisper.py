@@ -1,0 +1,201 @@
+"""The embedded speech-to-text model ``tiny-whisper``: built offline, deterministically, once.
+
+A Whisper encoder-decoder (two layers each, width 64) with a short audio
+window, a byte-level BPE tokenizer trained on the shipped texts (the review
+set and the instruction set) and Whisper's log-mel feature extractor,
+initialised from a fixed seed. Nothing is downloaded.
+
+The window is 2 s rather than Whisper's 30 s, so that CPU runs are fast: the
+feature extractor pads or cuts 16 kHz audio to 2 s (``chunk_length`` 2: 32000
+samples, 200 frames of 80 mel bins at hop 160), and the encoder's two
+convolutions halve that to its 100 positions (``max_source_positions``). The
+decoder reads at most 64 tokens (``max_target_positions``, the tokenizer's
+``model_max_length``).
+
+Whisper's conventions, as far as the training needs them: every encoded text
+is ``<|startoftranscript|> <|notimestamps|> text <|endoftext|>``, as
+WhisperTokenizer writes it without a language or task; ``<|endoftext|>`` is
+the eos and the pad token; ``<|startoftranscript|>`` is the bos and the
+decoder's start token, which the model prepends to the labels itself (a
+collator drops a leading one from the labels, as for the real Whisper). The
+tokenizer is saved as a plain fast tokenizer (WhisperTokenizer would need
+Whisper's vocabulary files) inside a ``WhisperProcessor`` with the feature
+extractor: ``AutoProcessor``, ``AutoFeatureExtractor`` and ``AutoTokenizer``
+all load from the folder.
+
+Built and published like ``tiny-llama`` (``trainer_entry.models.tiny``): into
+the same cache, in a folder named for a hash of the recipe and the texts,
+published whole (``trainer_entry.buildonce``) and taken only with its
+``COMPLETE`` marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract.layout import cache_root
+from trainer_entry import ASSETS
+from trainer_entry.data.sources import SHIPPED_DATASET
+from trainer_entry.models.tiny import ensure_built, marked_complete
+
+TINY_WHISPER_NAME = "tiny-whisper"
+#: what the tokenizer is trained on (part of the cache key)
+TEXTS = (ASSETS / "reviews.jsonl", SHIPPED_DATASET)
+
+# The recipe. Changing any of it changes the cache key.
+_RECIPE: dict[str, Any] = {
+    "version": 1,
+    "seed": 2468,
+    "vocab_size": 1024,
+    # eos and pad, bos and decoder start, and the marker of a transcript without timestamps
+    "special_tokens": ["<|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>"],
+    "feature_extractor": {
+        "feature_size": 80,
+        "sampling_rate": 16000,
+        "hop_length": 160,
+        "chunk_length": 2,
+        "n_fft": 400,
+    },
+    "model": {
+        "d_model": 64,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 128,
+        "decoder_ffn_dim": 128,
+        "num_mel_bins": 80,
+        # 2 x 100 = 200 mel frames: the feature extractor's 2 s
+        "max_source_positions": 100,
+        "max_target_positions": 64,
+        # Whisper's defaults name ids of its own 51865-token vocabulary
+        "begin_suppress_tokens": None,
+        "suppress_tokens": None,
+    },
+}
+
+#: What a build must have written before it is marked finished.
+BUILT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "processor_config.json",
+)
+
+
+def _key() -> str:
+    h = hashlib.sha256(json.dumps(_RECIPE, sort_keys=True).encode())
+    for path in TEXTS:
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def tiny_whisper_path() -> Path:
+    """Where the tiny Whisper lives (built or not)."""
+    return cache_root() / f"{TINY_WHISPER_NAME}-{_key()}"
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
+    return marked_complete(folder, _key())
+
+
+def ensure_tiny_whisper() -> Path:
+    """The folder of the tiny Whisper and its processor, building it on first use."""
+    # ``build`` looked up at call time: tests replace it
+    return ensure_built(TINY_WHISPER_NAME, _key(), lambda folder: build(folder), BUILT_FILES)
+
+
+def _training_texts() -> Iterator[str]:
+    reviews, instructions = TEXTS
+    with reviews.open(encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)["text"]
+    with instructions.open(encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            yield " ".join(str(record.get(k) or "") for k in ("instruction", "input", "output"))
+
+
+def build(folder: Path) -> None:
+    """Train the tokenizer, initialise the model, save both and the feature extractor to
+    ``folder``."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import (
+        PreTrainedTokenizerFast,
+        WhisperConfig,
+        WhisperFeatureExtractor,
+        WhisperForConditionalGeneration,
+        WhisperProcessor,
+    )
+
+    eot, sot, no_timestamps = _RECIPE["special_tokens"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=_RECIPE["vocab_size"],
+        min_frequency=2,
+        special_tokens=_RECIPE["special_tokens"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_training_texts(), trainer=trainer)
+    special_ids = [(t, tok.token_to_id(t)) for t in _RECIPE["special_tokens"]]
+    # Like WhisperTokenizer without a language or task: the prefix, the text, the end.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{sot} {no_timestamps} $A {eot}",
+        pair=f"{sot} {no_timestamps} $A $B {eot}",
+        special_tokens=special_ids,
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=sot,
+        eos_token=eot,
+        pad_token=eot,
+        extra_special_tokens=[no_timestamps],
+        model_max_length=_RECIPE["model"]["max_target_positions"],
+    )
+    feature_extractor = WhisperFeatureExtractor(**_RECIPE["feature_extractor"])
+    WhisperProcessor(feature_extractor=feature_extractor, tokenizer=tokenizer).save_pretrained(
+        folder
+    )
+
+    config = WhisperConfig(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+        **_RECIPE["model"],
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_RECIPE["seed"])
+        model = WhisperForConditionalGeneration(config)
+    _save_model(model, folder)
+
+
+def _save_model(model: Any, folder: Path) -> None:
+    """Write what ``model.save_pretrained(folder)`` writes, the same bytes, on any rank.
+
+    With a process group up, ``save_pretrained`` writes the config and the weights on
+    rank 0 only; whichever rank of a job builds the model, it must come out whole. The
+    output projection is tied to the decoder's embeddings: saved once, under the
+    embeddings' name, as ``save_pretrained`` saves it.
+    """
+    from safetensors.torch import save_file
+
+    model.config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    tied = model.all_tied_weights_keys
+    weights = {name: t.contiguous() for name, t in model.state_dict().items() if name not in tied}
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,317 @@
+"""``seq2seq-lm``: an encoder-decoder (T5, BART) learns to write a target text from a source text.
+
+**Model.** ``AutoModelForSeq2SeqLM``; under LoRA, PEFT's ``SEQ_2_SEQ_LM`` task
+type. A ``config:`` model (``config:t5-large``) takes ``tiny-t5``'s tokenizer
+unless the scenario names one; the decoder's start token is the model's own
+(``decoder_start_token_id``), which shifts the labels right as it trains.
+
+**Data.** The shipped instruction set when the scenario names no dataset (its
+instruction and input are the source, its output the target), else a local
+file or hub dataset whose records hold a ``source_field`` (default ``source``)
+and a ``target_field`` (default ``target``), e.g. JSONL lines
+``{"source": "summarize: …", "target": "…"}``. Each side is tokenized with the
+tokenizer's special tokens (T5 appends ``</s>``) and cut to ``max_seq_len``;
+a record with an empty side is dropped. Prepared data is cached under the
+results folder's ``data/`` like a language model's (prefix ``s2s1-``).
+``no_data_processing`` tokenizes the records as they are, with no cache.
+
+**Counts.** A sample is a source/target pair. A token is a real token of
+either side: tokens/s counts source and target tokens together, and the row
+also has each apart (``source_tokens_per_second_global``,
+``target_tokens_per_second_global``). Padding of either side is excluded.
+
+**FLOPs.** Counted (``trainer_entry.measure.counted``) along ``source`` and
+``target``: the encoder over the source, the decoder over the target, its
+cross-attention over both; split by part (encoder, decoder, LM head).
+
+**Not taken.** Packing (a pair is one sample; refused before launch by the
+settings table), ``completion_only_loss`` (the loss is on the target), and
+trainer ``sft`` (TRL trains decoder-only language models and vision-language
+models).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer_entry.buildonce import build_once
+from trainer_entry.data.cache import cache_key, is_cached
+from trainer_entry.data.collate import COUNTS, PADDED_TOKENS, REAL_LENGTHS, REAL_TOKENS, ROW_DIMS
+from trainer_entry.data.formats import IGNORE_INDEX, field
+from trainer_entry.data.holdout import holdout_count, holdout_indices
+from trainer_entry.data.sources import SHIPPED_DATASET, load_records
+from trainer_entry.data.tokenize import tokenizer_identity
+from trainer_entry.settings.parsed import DataConfig, ParsedArguments
+from trainer_entry.spec_errors import SpecError
+from trainer_entry.tasks.task_protocol import TaskData
+
+#: the cache folder's prefix; a change of the layout below changes it
+CACHE_PREFIX = "s2s1-"
+
+
+@dataclass
+class Pairs:
+    """Tokenized source/target pairs and what the preparation did."""
+
+    sources: list[np.ndarray]
+    targets: list[np.ndarray]
+    meta: dict[str, Any]
+
+    def take(self, indices: Sequence[int]) -> Pairs:
+        sources = [self.sources[i] for i in indices]
+        targets = [self.targets[i] for i in indices]
+        meta = {**self.meta, **_counts(sources, targets)}
+        return Pairs(sources, targets, meta)
+
+
+def _counts(sources: Sequence[np.ndarray], targets: Sequence[np.ndarray]) -> dict[str, Any]:
+    source = int(sum(len(x) for x in sources))
+    target = int(sum(len(x) for x in targets))
+    return {
+        "sequences": len(sources),
+        "tokens": source + target,
+        "label_tokens": target,
+        "counts": {"source_tokens": source, "target_tokens": target},
+    }
+
+
+def _shipped_records() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The shipped instruction set as pairs: instruction and input in, output out."""
+    records, source = load_records(DataConfig(dataset=str(SHIPPED_DATASET)))
+    pairs = []
+    for r in records:
+        prompt = str(r.get("instruction") or "")
+        if r.get("input"):
+            prompt += "\n" + str(r["input"])
+        pairs.append({"source": prompt, "target": str(r.get("output") or "")})
+    return pairs, source
+
+
+def read_pairs(cfg: DataConfig) -> tuple[list[dict[str, Any]], dict[str, Any], DataConfig]:
+    """(the records, their source's identity, the config the fields are read with)."""
+    if cfg.dataset is None:
+        records, source = _shipped_records()
+        return records, source, replace(cfg, source_field="source", target_field="target")
+    records, source = load_records(cfg)
+    return records, source, cfg
+
+
+def _tokenize(texts: list[str], tokenizer: Any, limit: int) -> tuple[list[np.ndarray], int]:
+    """Each text with the tokenizer's special tokens, cut to ``limit`` (how many were cut)."""
+    encoded = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=limit)
+    full = tokenizer(texts, add_special_tokens=True)["input_ids"]
+    cut = sum(1 for ids in full if len(ids) > limit)
+    return [np.asarray(ids, dtype=np.int64) for ids in encoded["input_ids"]], cut
+
+
+def tokenize_pairs(
+    records: Sequence[Mapping[str, Any]], cfg: DataConfig, tokenizer: Any, source: dict[str, Any]
+) -> Pairs:
+    """The pairs tokenized and cut to ``max_seq_len``; pairs with a blank side dropped."""
+    sources = [field(dict(r), cfg.source_field, i) for i, r in enumerate(records)]
+    targets = [field(dict(r), cfg.target_field, i) for i, r in enumerate(records)]
+    # a side with no text has nothing to learn (its special tokens alone are left)
+    whole = [
+        i for i, (s, t) in enumerate(zip(sources, targets, strict=True)) if s.strip() and t.strip()
+    ]
+    if not whole:
+        raise SpecError("no record has both a source and a target text")
+    src, src_cut = _tokenize([sources[i] for i in whole], tokenizer, cfg.max_seq_len)
+    tgt, tgt_cut = _tokenize([targets[i] for i in whole], tokenizer, cfg.max_seq_len)
+    kept = list(zip(src, tgt, strict=True))
+    sources_kept = [s for s, _ in kept]
+    targets_kept = [t for _, t in kept]
+    meta = {
+        "source": source,
+        "examples": len(records),
+        "max_seq_len": cfg.max_seq_len,
+        "examples_truncated": max(src_cut, tgt_cut),
+        "examples_dropped": len(records) - len(kept),
+        **_counts(sources_kept, targets_kept),
+    }
+    return Pairs(sources_kept, targets_kept, meta)
+
+
+def _save(folder: Path, data: Pairs) -> None:
+    np.savez(
+        folder / "tokens.npz",
+        sources=np.concatenate(data.sources),
+        source_lengths=np.asarray([len(x) for x in data.sources], dtype=np.int64),
+        targets=np.concatenate(data.targets),
+        target_lengths=np.asarray([len(x) for x in data.targets], dtype=np.int64),
+    )
+    (folder / "meta.json").write_text(json.dumps(data.meta, indent=2, sort_keys=True) + "\n")
+
+
+def _load(folder: Path) -> Pairs:
+    with np.load(folder / "tokens.npz") as npz:
+        sources = np.split(npz["sources"], np.cumsum(npz["source_lengths"])[:-1])
+        targets = np.split(npz["targets"], np.cumsum(npz["target_lengths"])[:-1])
+    meta = json.loads((folder / "meta.json").read_text())
+    return Pairs(list(sources), list(targets), meta)
+
+
+def prepare_pairs(
+    cfg: DataConfig,
+    tokenizer: Any,
+    data_dir: Path,
+    records: Sequence[Mapping[str, Any]],
+    source: dict[str, Any],
+) -> Pairs:
+    """Tokenized pairs: from the cache when it has them, else made and cached."""
+    key = CACHE_PREFIX + cache_key(cfg, source, tokenizer_identity(tokenizer))
+    folder = data_dir / key
+    made: list[Pairs] = []
+
+    def build(tmp: Path) -> None:
+        made.append(tokenize_pairs(records, cfg, tokenizer, source))
+        made[0].meta["cache_key"] = key
+        _save(tmp, made[0])
+
+    build_once(folder, build, is_cached, what=f"the prepared dataset {key}")
+    data = made[0] if made else _load(folder)
+    data.meta.update(cache_hit=not made, cache_path=str(folder))
+    return data
+
+
+class PairDataset(torch.utils.data.Dataset[dict[str, Any]]):
+    def __init__(self, data: Pairs) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data.sources)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": self.data.sources[i], "labels": self.data.targets[i]}
+
+
+def _pad(rows: Sequence[Any], value: int, multiple: int | None) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    if multiple:
+        width = (width + multiple - 1) // multiple * multiple
+    out = torch.full((len(rows), width), value, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(r)
+    return out
+
+
+@dataclass
+class PairCollator:
+    """Right-pads the sources (``input_ids``, ``attention_mask``) and the targets (``labels``,
+    padding ignored by the loss), and counts each side's real tokens and each row's lengths."""
+
+    pad_token_id: int
+    pad_to_multiple_of: int | None = None
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        sources = [f["input_ids"] for f in features]
+        targets = [f["labels"] for f in features]
+        input_ids = _pad(sources, self.pad_token_id, self.pad_to_multiple_of)
+        labels = _pad(targets, IGNORE_INDEX, self.pad_to_multiple_of)
+        mask = torch.zeros_like(input_ids)
+        for i, s in enumerate(sources):
+            mask[i, : len(s)] = 1
+        src = [len(s) for s in sources]
+        tgt = [len(t) for t in targets]
+        return {
+            "input_ids": input_ids,
+            "attention_mask": mask,
+            "labels": labels,
+            REAL_TOKENS: sum(src) + sum(tgt),
+            PADDED_TOKENS: int(input_ids.numel() + labels.numel()),
+            # a row's tokens, both sides: samples are counted from these
+            REAL_LENGTHS: [s + t for s, t in zip(src, tgt, strict=True)],
+            COUNTS: {"source_tokens": sum(src), "target_tokens": sum(tgt)},
+            ROW_DIMS: {"source": src, "target": tgt},
+        }
+
+
+class Seq2SeqLMTask:
+    name = "seq2seq-lm"
+    sample_unit = "pairs"
+    modality = "text"
+    tokenizer_model: str | None = "tiny-t5"
+    #: False: T5's and BART's losses are the mean over the micro-batch's label tokens and
+    #: ignore the item count a trainer passes
+    loss_counts_items = False
+    flop_dims: tuple[str, ...] = ("source", "target")
+
+    def __init__(self) -> None:
+        self._read: tuple[DataConfig, list[dict[str, Any]], dict[str, Any], DataConfig] | None = (
+            None
+        )
+
+    def _records(self, cfg: DataConfig) -> tuple[list[dict[str, Any]], dict[str, Any], DataConfig]:
+        if self._read is None or self._read[0] != cfg:
+            self._read = (cfg, *read_pairs(cfg))
+        return self._read[1], self._read[2], self._read[3]
+
+    def model_class(self) -> Any:
+        from transformers import AutoModelForSeq2SeqLM
+
+        return AutoModelForSeq2SeqLM
+
+    def model_kwargs(self, parsed: ParsedArguments) -> dict[str, Any]:
+        return {}
+
+    def peft_task_type(self) -> str | None:
+        return "SEQ_2_SEQ_LM"
+
+    def head_modules(self, model: Any) -> list[str]:
+        return []
+
+    def prepare(
+        self,
+        parsed: ParsedArguments,
+        processor: Any,
+        data_dir: Path,
+        *,
+        as_given: bool,
+        model_config: Any = None,
+    ) -> TaskData:
+        cfg = parsed.data
+        if cfg.completion_only_loss:
+            raise SpecError(
+                "completion_only_loss does not apply to seq2seq-lm: the loss is on the target"
+            )
+        if processor is None or processor.pad_token_id is None:
+            raise SpecError("seq2seq-lm needs a tokenizer with a pad token")
+        records, source, read_cfg = self._records(cfg)
+        if as_given:
+            data = tokenize_pairs(records, read_cfg, processor, source)
+            data.meta.update(processing="none", cache_hit=None, cache_path=None)
+        else:
+            data = prepare_pairs(read_cfg, processor, data_dir, records, source)
+        if not parsed.evaluation.enabled:
+            return TaskData(examples=data, meta=data.meta)
+        # a pair is a document: the two parts are disjoint pairs
+        n = len(data.sources)
+        train, held = holdout_indices(n, holdout_count(n, parsed.evaluation.holdout))
+        trained, kept = data.take(train), data.take(held)
+        trained.meta["heldout_sequences"] = len(held)
+        return TaskData(examples=trained, meta=trained.meta, eval_examples=kept)
+
+    def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:
+        return PairDataset(data.examples)
+
+    def collator(self, processor: Any, parsed: ParsedArguments) -> Any:
+        return PairCollator(processor.pad_token_id, parsed.pad_to_multiple_of)
+
+    def per_sample_modules(self, model: Any) -> set[int]:
+        return set()
+
+    probe_config: Mapping[str, Any] = {}
+
+    def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
+        meta = torch.device("meta")
+        return {
+            "input_ids": torch.ones((1, lengths["source"]), dtype=torch.long, device=meta),
+            "labels": torch.ones((1, lengths["target"]), dtype=torch.long, device=meta),
+        }
