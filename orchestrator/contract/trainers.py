@@ -70,6 +70,9 @@ class TaskLine:
     """The counts (of ``COUNT_UNITS``) it reports beside tokens and samples."""
     samples_first: bool = False
     """Samples/s is its headline figure next to tokens/s (classification, speech)."""
+    fixed_shape: bool = False
+    """Every micro-batch has one shape whatever the data (images at the model's size): a
+    memory prediction of it is the batch that runs, not a bound."""
 
 
 #: every task, the default first (only the child imports their modules)
@@ -110,6 +113,7 @@ TASK_LINES: tuple[TaskLine, ...] = (
         text=False,
         classifies=True,
         samples_first=True,
+        fixed_shape=True,
     ),
     TaskLine(
         "seq2seq-lm",

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 from orchestrator.contract.devices import GIB
 from orchestrator.contract.gpumemory import MemoryPrediction, MemoryVerdict, gb
+from orchestrator.contract.trainers import task_line
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.plan import Plan
 
@@ -71,8 +72,9 @@ def with_memory(
                 predictions[e.cell_id],
                 capacity,
                 source,
-                # unpacked text pads to its longest row: full-length rows are a bound
-                certain=not (e.max_seq_len is not None and e.packing is False),
+                # unpacked rows pad to the longest: full-length ones are a bound; packed
+                # blocks and a fixed-shape task's batches are what runs
+                certain=e.packing is True or _fixed_shape(e.task),
             ),
         )
         if e.cell_id in predictions
@@ -80,6 +82,11 @@ def with_memory(
         for e in plan.experiments
     )
     return dataclasses.replace(plan, experiments=experiments)
+
+
+def _fixed_shape(task: str) -> bool:
+    line = task_line(task)
+    return line is not None and line.fixed_shape
 
 
 def _predicted_cells(plan: Plan) -> list[Experiment]:

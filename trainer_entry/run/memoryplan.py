@@ -301,22 +301,20 @@ def _optimizer(model: Any, settings: Any) -> Any:
 
 
 def _inputs(cell: _Cell, config: Any) -> dict[str, torch.Tensor]:
-    """A micro-batch of the task's shape: full sequences, every token labelled."""
+    """A micro-batch of the task's shape at its longest (``Task.longest``): full sequences,
+    every token labelled; ``SpecError`` where the task's lengths are the data's alone."""
     batch = int(cell.settings.per_device_train_batch_size)
-    task = cell.task.name
-    if task == "image-classification":
-        from trainer_entry.data.images import image_size
-
-        height, width = image_size(config.image_size)
-        return {
-            "pixel_values": torch.zeros(batch, int(config.num_channels), height, width),
-            "labels": torch.zeros(batch, dtype=torch.long),
-        }
-    length = int(cell.parsed.data.max_seq_len)
-    ids = torch.zeros(batch, length, dtype=torch.long)
-    if task == "seq-classification":
-        return {"input_ids": ids, "labels": torch.zeros(batch, dtype=torch.long)}
-    return {"input_ids": ids, "labels": torch.zeros(batch, length, dtype=torch.long)}
+    lengths = cell.task.longest(cell.parsed, config)
+    if lengths is None:
+        raise SpecError(
+            f"{cell.task.name} with this model has no longest micro-batch before its data is "
+            "read (its lengths are the clips'), so its memory is not predicted"
+        )
+    one = cell.task.probe_batch(config, lengths)
+    return {
+        name: torch.zeros((batch, *value.shape[1:]), dtype=value.dtype)
+        for name, value in one.items()
+    }
 
 
 def _loss(cell: _Cell, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:

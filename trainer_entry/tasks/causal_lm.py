@@ -86,6 +86,9 @@ class CausalLMTask:
     #: the analytic formula counts it (``trainer_entry.measure.flops``)
     flop_dims: tuple[str, ...] = ()
 
+    def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
+        return {"tokens": parsed.data.max_seq_len}
+
     probe_config: Mapping[str, Any] = {}
 
     def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:

@@ -179,6 +179,9 @@ class ImageClassificationTask:
     #: the model's size, so nothing varies
     flop_dims: tuple[str, ...] = ()
 
+    def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
+        return {}  # every image has the model's size
+
     probe_config: Mapping[str, Any] = {}
 
     def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:

@@ -214,6 +214,9 @@ class MaskedLMTask:
     def per_sample_modules(self, model: Any) -> set[int]:
         return set()
 
+    def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
+        return {"tokens": parsed.data.max_seq_len}
+
     probe_config: Mapping[str, Any] = {}
 
     def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:

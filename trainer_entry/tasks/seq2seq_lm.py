@@ -307,6 +307,10 @@ class Seq2SeqLMTask:
     def per_sample_modules(self, model: Any) -> set[int]:
         return set()
 
+    def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
+        length = parsed.data.max_seq_len
+        return {"source": length, "target": length}
+
     probe_config: Mapping[str, Any] = {}
 
     def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:

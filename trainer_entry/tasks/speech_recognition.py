@@ -412,6 +412,12 @@ class SpeechRecognitionTask:
     def per_sample_modules(self, model: Any) -> set[int]:
         return set()
 
+    def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
+        if _is_ctc(model_config):
+            return None  # a CTC model reads whole clips: their lengths are the data's
+        target = min(parsed.data.max_seq_len, int(model_config.max_target_positions))
+        return {"audio": 0, "target": target}  # Whisper reads its window, however long
+
     def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
         meta = torch.device("meta")
         if _is_ctc(model_config):

@@ -102,6 +102,12 @@ class Task(ModelTask, Protocol):
     #: counter counts (wav2vec2's SpecAugment masks by index, which meta cannot run)
     probe_config: Mapping[str, Any]
 
+    def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
+        """Each of ``probe_batch``'s lengths at the longest a micro-batch may have, from the
+        settings alone (``max_seq_len``; ``tokens`` for a task of one sequence); None where
+        only the data says (a CTC model's clips). The memory prediction runs a step of it."""
+        ...
+
     def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
         """One sample's model inputs, labels included, without padding, with the given
         length along each of ``flop_dims``, on the ``meta`` device (FLOPs are counted on it)."""
