@@ -57,6 +57,7 @@ import argparse
 import csv
 import datetime
 import json
+import math
 import os
 import random
 import subprocess
@@ -77,7 +78,35 @@ if str(REPO) not in sys.path:
 #: LoRA as the matrix's LoRA cells and the plain PEFT loop train it
 LORA = {"r": 16, "lora_alpha": 32}
 #: the parts, in the order they run
-PARTS = ("independent figures", "the matrix (family launches)", "fresh launches", "hf-tracker")
+PARTS = (
+    "independent figures",
+    "the matrix (family launches)",
+    "fresh launches",
+    "hf-tracker",
+    "the task families",
+)
+#: one cell per task family besides causal-lm, sized for one GPU (on the CPU smoke, its
+#: tiny model): name -> (model, tiny model, arguments, the count column it must have)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any], str | None]] = {
+    "seq2seq-t5": (
+        "config:t5-large",
+        "tiny-t5",
+        {"task": "seq2seq-lm", "max_seq_len": 512, "per_device_train_batch_size": 16},
+        "source_tokens_per_second_global",
+    ),
+    "masked-lm-bert": (
+        "config:bert-base-uncased",
+        "tiny-bert",
+        {"task": "masked-lm", "max_seq_len": 128, "per_device_train_batch_size": 64},
+        None,
+    ),
+    "speech-whisper": (
+        "config:whisper-small",
+        "tiny-whisper",
+        {"task": "speech-recognition", "max_seq_len": 128, "per_device_train_batch_size": 16},
+        "audio_seconds_per_second_global",
+    ),
+}
 
 
 # ---------------------------------------------------------------------------
@@ -192,6 +221,25 @@ def matrix_yaml(args: argparse.Namespace, dataset: Path, device: str) -> str:
             )
         )
     return frameworks_yaml() + "matrix:\n  packing: [true]\nscenarios:\n" + "".join(cells)
+
+
+def families_yaml(args: argparse.Namespace, device: str) -> str:
+    """One cell per task family (``FAMILIES``), full fine-tuning under DDP, shipped or
+    generated data, activation checkpointing on."""
+    cells = []
+    for name, (model, tiny, arguments, _) in FAMILIES.items():
+        settings = {
+            "model_name_or_path": tiny if device == "cpu" else model,
+            "trainer": "hf",
+            "max_steps": args.steps,
+            "activation_checkpointing": True,
+            **arguments,
+        }
+        if device == "cpu":
+            settings.update(torch_dtype="float32", per_device_train_batch_size=2)
+        settings["effective_batch_size"] = settings["per_device_train_batch_size"]
+        cells.append(scenario(name, device, "ddp", settings))
+    return frameworks_yaml() + "scenarios:\n" + "".join(cells)
 
 
 def child_env() -> dict[str, str]:
@@ -497,6 +545,7 @@ def checks(
     matrix: Runs | None,
     fresh: Runs | None,
     tracker: Runs | None,
+    families: Runs | None = None,
     *,
     on_gpu: bool,
     wall_s: float | None = None,
@@ -510,6 +559,8 @@ def checks(
         out += _matrix_checks(matrix, on_gpu, (independent or {}).get("cuda_context_bytes"))
     if fresh is not None and matrix is not None:
         out += _shared_checks(matrix, fresh, on_gpu)
+    if families is not None:
+        out += _family_checks(families, on_gpu)
     if tracker is not None and matrix is not None:
         fixed = matrix.one("hf-full")
         tracked = tracker.one("hf-full")
@@ -532,6 +583,44 @@ def checks(
                 f"{wall_s:.0f} s",
                 f"<= {limit_s:.0f} s",
                 wall_s <= limit_s,
+            )
+        )
+    return out
+
+
+def _family_checks(families: Runs, on_gpu: bool) -> list[Check]:
+    """Each family's cell: ok, with tokens/s, its own count, FLOPs per token and per sample
+    (counted), a finite loss and, on a GPU, memory and an MFU between 0 and 1."""
+    out: list[Check] = []
+    for name, (_, _, _, count) in FAMILIES.items():
+        row = families.one(name)
+        keys = [
+            "tokens_per_second_per_device",
+            "flops_per_token",
+            "flops_per_sample",
+            "loss_last",
+            *([count] if count else []),
+            *(["mfu", "torch_max_memory_allocated_bytes"] if on_gpu else []),
+        ]
+        missing = _needs({name: row}, *keys)
+        ok = status_of(row) == "ok" and not missing
+        if ok:
+            values = {k: num(row, k) for k in keys}
+            ok = all(v is not None and math.isfinite(v) and v > 0 for v in values.values())
+            if on_gpu:
+                ok = ok and (values["mfu"] or 0) < 1
+        shown = (
+            f"{status_of(row)}; {num(row, 'tokens_per_second_per_device') or 0:,.0f} tokens/s, "
+            f"{num(row, 'flops_per_token') or 0:.3g} FLOPs/token"
+            + (f", MFU {num(row, 'mfu') or 0:.1%}" if on_gpu else "")
+        )
+        out.append(
+            judged(
+                f"{name}: trains, counts and FLOPs",
+                shown,
+                "ok, every figure > 0" + (", MFU < 1" if on_gpu else ""),
+                ok,
+                missing,
             )
         )
     return out
@@ -986,6 +1075,7 @@ def run(args: argparse.Namespace) -> int:
             parts.get("matrix"),
             parts.get("fresh"),
             parts.get("tracker"),
+            parts.get("families"),
             on_gpu=on_gpu,
             wall_s=time.monotonic() - started if index == len(PARTS) else None,
             limit_s=args.limit_s,
@@ -1043,6 +1133,11 @@ def run(args: argparse.Namespace) -> int:
     )
     parts["tracker"] = Runs.read(work / "tracker", code)
     done(PARTS[3])
+
+    (work / "families.yaml").write_text(families_yaml(args, device))
+    code = tunematrix(work, work / "families.yaml", work / "families", "--device", device)
+    parts["families"] = Runs.read(work / "families", code, asked=sorted(FAMILIES))
+    done(PARTS[4])
 
     print(render(parts["table"], header))
     return 1 if any(c.result == "FAIL" for c in parts["table"]) else 0

@@ -212,10 +212,20 @@ def aggregate(rows: pd.DataFrame) -> pd.DataFrame:
         for column in text:
             cells[column] = firsts[column]
     values = ok[figures].apply(pd.to_numeric, errors="coerce")
+    # the new columns are gathered and joined once (one insert each fragments the frame);
+    # a name the frame has is set in place, so the order is as if each were assigned
+    added: dict[str, pd.Series] = {}
+
+    def put(name: str, column: pd.Series) -> None:
+        if name in cells.columns:
+            cells[name] = column
+        else:
+            added[name] = column
+
     grouped = values.groupby(ok["cell_id"], sort=False)
     medians = grouped.median().reindex(cells.index)
     for figure in figures:
-        cells[figure] = medians[figure]
+        put(figure, medians[figure])
     main = spread_figures()
     spread = [m for m in main if m in values.columns]
     if spread:
@@ -227,19 +237,21 @@ def aggregate(rows: pd.DataFrame) -> pd.DataFrame:
         hi = grouped[spread].max().reindex(cells.index)
         for metric in spread:
             cv = std[metric] / mean[metric].abs()
-            cells[f"{metric}_cv"] = cv.where((count[metric] >= 2) & (mean[metric] != 0))
-            cells[f"{metric}_min"] = lo[metric]
-            cells[f"{metric}_max"] = hi[metric]
+            put(f"{metric}_cv", cv.where((count[metric] >= 2) & (mean[metric] != 0)))
+            put(f"{metric}_min", lo[metric])
+            put(f"{metric}_max", hi[metric])
     for metric in main:  # always present, so tables and plots can rely on them
         for column in (metric, f"{metric}_cv", f"{metric}_min", f"{metric}_max"):
-            if column not in cells.columns:
-                cells[column] = math.nan
+            if column not in cells.columns and column not in added:
+                put(column, pd.Series(math.nan, index=cells.index))
     for name in [c.name for c in registry.select(aggregate="first_ok")]:
         if name in ok.columns:
-            cells[name] = ok[name].groupby(ok["cell_id"], sort=False).first().reindex(cells.index)
+            put(name, ok[name].groupby(ok["cell_id"], sort=False).first().reindex(cells.index))
     for name in [c.name for c in registry.select(aggregate="first", key=False)]:
         if name in rows.columns:
-            cells[name] = by_cell[name].first()
+            put(name, by_cell[name].first())
+    if added:
+        cells = pd.concat([cells, pd.DataFrame(added, index=cells.index)], axis=1)
     cells = cells.reset_index()
     return cells.astype(object).where(cells.notna(), None)
 

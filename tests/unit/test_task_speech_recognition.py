@@ -205,3 +205,22 @@ def test_a_ctc_batch_pads_the_samples_and_counts_them_real() -> None:
     assert batch["attention_mask"].sum().item() == 4800
     assert batch[COUNTS] == {"audio_seconds": 0.3, "target_tokens": 3}
     assert batch[ROW_DIMS] == {"audio": [3200, 1600], "target": [2, 1]}
+
+
+@pytest.mark.parametrize(("name", "bins"), [("whisper-small", 80), ("whisper-large-v3", 128)])
+def test_a_built_whisper_gets_the_tiny_extractor_at_its_window(name: str, bins: int) -> None:
+    """config:whisper-* takes tiny-whisper's processor (2 s, 80 bins): made again for the
+    model's 30 s window and its mel bins, or the model would refuse the features."""
+    from transformers import AutoConfig
+
+    from trainer_entry.models.resolve import architecture_config
+    from trainer_entry.tasks.speech_recognition import fitted_extractor
+
+    tiny = _whisper_processor().feature_extractor
+    config = AutoConfig.for_model(**architecture_config(f"config:{name}"))
+    fitted = fitted_extractor(tiny, config)
+    features = fitted([np.zeros(16000, dtype=np.float32)], sampling_rate=16000, return_tensors="pt")
+    assert tuple(features["input_features"].shape) == (1, bins, 2 * config.max_source_positions)
+    assert fitted.n_samples == 30 * 16000
+    # the tiny model's own extractor already fits it: kept as it is
+    assert fitted_extractor(tiny, AutoConfig.from_pretrained(_tiny("tiny-whisper"))) is tiny

@@ -31,6 +31,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.contract.trainers import task_line
+
 #: transformers' causal-LM loss: the logits built whole and upcast to fp32
 FULL_LOGITS = "transformers ForCausalLMLoss (full fp32 logits)"
 #: liger's fused linear cross-entropy: the loss in chunks of the LM head's product
@@ -128,16 +130,29 @@ def overridden_compute_loss(trainer: Any, base: type) -> str | None:
     return None
 
 
+#: the loss a model's forward computes, by transformers' kind of head (``loss_type``)
+_HEADS = {
+    "ForCTC": "CTC over the frames",
+    "ForMaskedLM": "cross-entropy over the masked tokens, full logits",
+    "ForConditionalGeneration": "cross-entropy over the target tokens, full logits",
+}
+
+
 def model_loss(model: Any, task: str) -> str:
     """The model's own loss: what its forward computes when given the labels."""
     base = unwrapped(model)
     name = type(base).__name__
-    if task != CAUSAL_LM:
+    line = task_line(task)
+    if line is not None and line.classifies:
         config = getattr(base, "config", None)
         labels = getattr(config, "num_labels", None)
         problem = getattr(config, "problem_type", None)
         kind = _PROBLEMS.get(str(problem)) or ("MSE" if labels == 1 else "cross-entropy")
         return f"{name}'s own loss ({kind}, {labels} labels)"
+    if task != CAUSAL_LM:
+        # what the forward computes, by the kind of head transformers says the class is
+        kind = _HEADS.get(str(getattr(base, "loss_type", None)), "its forward's")
+        return f"{name}'s own loss ({kind})"
     if liger_forward(base):
         return LIGER_FUSED
     # ``loss_function`` is transformers' (a property of ``PreTrainedModel``): the mapped

@@ -191,6 +191,36 @@ def audio_of(value: Any, folder: Path | None, rate: int, where: str) -> np.ndarr
     )
 
 
+def fitted_extractor(extractor: Any, config: Any) -> Any:
+    """Whisper's feature extractor for ``config``'s window and mel bins.
+
+    A model built here takes ``tiny-whisper``'s processor, whose window is 2 s of 80 mel
+    bins; ``config:whisper-small`` reads 30 s (3000 frames), ``whisper-large-v3`` 128
+    bins. Where they differ, the extractor is made again with the model's (its hop,
+    rate and FFT kept); a checkpoint's own extractor already fits and is kept.
+    """
+    frames = 2 * int(getattr(config, "max_source_positions", 0))
+    bins = int(getattr(config, "num_mel_bins", 0))
+    if not frames or not bins:
+        return extractor
+    if int(extractor.nb_max_frames) == frames and int(extractor.feature_size) == bins:
+        return extractor
+    hop, rate = int(extractor.hop_length), int(extractor.sampling_rate)
+    samples = frames * hop
+    if samples % rate:
+        raise SpecError(
+            f"the model reads {frames} mel frames, which at hop {hop} is not a whole number "
+            f"of seconds at {rate} Hz; set tokenizer_name_or_path to its own processor"
+        )
+    return type(extractor)(
+        feature_size=bins,
+        sampling_rate=rate,
+        hop_length=hop,
+        chunk_length=samples // rate,
+        n_fft=int(extractor.n_fft),
+    )
+
+
 def _is_ctc(config: Any) -> bool:
     return not getattr(config, "is_encoder_decoder", False)
 
@@ -293,6 +323,7 @@ class SpeechRecognitionTask:
         self.ctc = False
         self._window: int | None = None
         self._rate = DEFAULT_RATE
+        self._extractor: Any = None
 
     @property
     def tokenizer_model(self) -> str | None:
@@ -355,6 +386,9 @@ class SpeechRecognitionTask:
                 "(set tokenizer_name_or_path to the model's processor)"
             )
         self.ctc = _is_ctc(model_config)
+        if not self.ctc:
+            extractor = fitted_extractor(extractor, model_config)
+        self._extractor = extractor
         self._rate = int(extractor.sampling_rate)
         self._window = None if self.ctc else int(getattr(extractor, "n_samples", 0)) or None
         limit = cfg.max_seq_len
@@ -407,7 +441,9 @@ class SpeechRecognitionTask:
         return ClipDataset(data.examples)
 
     def collator(self, processor: Any, parsed: ParsedArguments) -> Any:
-        return ClipCollator(processor.feature_extractor, self._rate, self.ctc, self._window)
+        if self._extractor is None:
+            raise RuntimeError("the speech-recognition collator is made after prepare()")
+        return ClipCollator(self._extractor, self._rate, self.ctc, self._window)
 
     def per_sample_modules(self, model: Any) -> set[int]:
         return set()
