@@ -75,12 +75,16 @@ def folders(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
-def _checks(root: Path, *, on_gpu: bool = False, parts: int = 4) -> dict[str, Any]:
+def _checks(root: Path, *, on_gpu: bool = False, parts: int = 5) -> dict[str, Any]:
     independent = json.loads((root / "independent.json").read_text())
-    runs = [acceptance.Runs.read(root / name, 0) for name in ("matrix", "fresh", "tracker")]
+    names = ("matrix", "fresh", "tracker", "families")
+    runs = [
+        acceptance.Runs.read(root / name, 0, asked=sorted(acceptance.FAMILIES) if i == 3 else ())
+        for i, name in enumerate(names)
+    ]
     table = acceptance.checks(
         independent,
-        *(runs[i] if i < parts - 1 else None for i in range(3)),
+        *(runs[i] if i < parts - 1 else None for i in range(4)),
         on_gpu=on_gpu,
     )
     return {c.name: c for c in table}
@@ -153,6 +157,25 @@ def test_a_figure_off_by_more_than_its_tolerance_fails(folders: Path) -> None:
     (folders / "independent.json").write_text(json.dumps(independent))
     hardware = _checks(folders)["hardware_flops_per_token vs FlopCounterMode (recompute)"]
     assert hardware.result == "FAIL" and "checkpointed reentrant" in hardware.measured
+
+
+def test_each_task_family_is_judged_and_a_missing_figure_or_cell_fails(folders: Path) -> None:
+    checks = _checks(folders)
+    names = [f"{name}: trains, counts and FLOPs" for name in acceptance.FAMILIES]
+    assert [checks[n].result for n in names] == ["pass"] * 3
+    # without the part (a run cut off before it), no family check
+    assert not any(n in _checks(folders, parts=4) for n in names)
+    result_path = _run(folders, "families", "seq2seq-t5") / "result.json"
+    result = json.loads(result_path.read_text())
+    result["metrics"]["source_tokens_per_second_global"] = None
+    result_path.write_text(json.dumps(result))
+    shutil.rmtree(_run(folders, "families", "speech-whisper"))
+    checks = _checks(folders)
+    seq2seq = checks["seq2seq-t5: trains, counts and FLOPs"]
+    assert seq2seq.result == "FAIL" and "source_tokens_per_second_global" in seq2seq.measured
+    speech = checks["speech-whisper: trains, counts and FLOPs"]
+    assert speech.result == "FAIL" and "speech-whisper: missing" in speech.measured
+    assert checks["masked-lm-bert: trains, counts and FLOPs"].result == "pass"
 
 
 def test_independent_figures_missing_fail_and_survive_a_cut_off(folders: Path) -> None:
@@ -284,7 +307,7 @@ def test_the_whole_runs_wall_is_held_to_its_window() -> None:
 
 
 def test_every_cell_failing_is_every_check_failing(folders: Path) -> None:
-    for part in ("matrix", "fresh", "tracker"):
+    for part in ("matrix", "fresh", "tracker", "families"):
         for run in (folders / part / "runs").iterdir():
             write_outcome(RunPaths(run), Outcome(status="failed", error="SpecError: no model"))
             (run / "result.json").unlink()
