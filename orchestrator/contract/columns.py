@@ -463,8 +463,8 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="spread",
         better="higher",
         label="samples/s",
-        meaning="samples (rows; images for image tasks) per second over the measured steps, all "
-        "{workers} together",
+        meaning="samples per second over the measured steps, all {workers} together (a "
+        "sequence, an image, a pair, a clip: each task's sample, below where tasks differ)",
     ),
     _child("samples_per_second_per_device", "samples/s", aggregate="spread", better="higher"),
     # the counts a task reports beside tokens and samples (``TaskLine.counts``)

@@ -743,15 +743,20 @@ def throughput_figure(cells: pd.DataFrame) -> Figure | None:
     if values.isna().all():
         return None
     shown, note = _select(cells, values)
+    tasks = shown["task"].dropna().astype(str).nunique() if "task" in shown.columns else 1
+    # a token is each task's own (a transcript's, a source's or target's, a patch)
+    apart = "\ntasks count tokens apart (summary.md's reading guide): compare within one task" * (
+        tasks > 1
+    )
     return bar_figure(
         shown,
         TOKENS_PER_SECOND,
         scale=1.0,
         xlabel=f"measured tokens per second, all {_counted(shown)} (real tokens, median "
-        "over repeats)",
+        "over repeats)" + apart,
         # one repeat, or repeats that agree, draw no whisker, and the label promises none
         whisker_xlabel=f"measured tokens per second, all {_counted(shown)} (real tokens; "
-        "bar: the median over repeats, whisker: their min–max)",
+        "bar: the median over repeats, whisker: their min–max)" + apart,
         title="Throughput per cell" + note,
         whiskers=(f"{TOKENS_PER_SECOND}_min", f"{TOKENS_PER_SECOND}_max"),
     )
