@@ -293,7 +293,7 @@ def _task_settings() -> dict[str, tuple[str, ...]]:
     for line in TASK_LINES:
         own = (
             *line.settings,
-            *(_TEXT_SETTINGS if line.text else ()),
+            *(k for k in (_TEXT_SETTINGS if line.text else ()) if k not in line.not_read),
             *(("label_field",) if line.classifies else ()),
         )
         for key in own:

@@ -31,7 +31,8 @@ TASK_KEY = "task"
 COUNT_UNITS: dict[str, str] = {
     "source_tokens": "real tokens of the encoder's input (the source text)",
     "target_tokens": "real tokens of the decoder's labels (the target text, the transcript)",
-    "audio_seconds": "seconds of real audio (before the model pads or cuts it)",
+    "audio_seconds": "seconds of real audio the model read (not its padding; a clip longer "
+    "than the model's window counts the window)",
     "image_tokens": "positions the images fill in the language model's sequence",
     "text_tokens": "real text tokens of the language model's sequence (images excluded)",
 }
@@ -63,7 +64,10 @@ class TaskLine:
     """The data settings (canonical names) that mean something for this task besides the
     ones every text task reads (``text`` below)."""
     text: bool = True
-    """It reads text: a tokenizer, ``max_seq_len``, ``pad_to_multiple_of``."""
+    """It reads text: ``text_field``, a tokenizer, ``max_seq_len``, ``pad_to_multiple_of``."""
+    not_read: tuple[str, ...] = ()
+    """Of the text settings, those it does not read (refused like any setting of other
+    tasks): seq2seq-lm's text is in ``source_field`` and ``target_field``."""
     classifies: bool = False
     """It learns one class per sample (``label_field``; eval accuracy)."""
     counts: tuple[str, ...] = ()
@@ -122,6 +126,7 @@ TASK_LINES: tuple[TaskLine, ...] = (
         "counted apart",
         sample="pairs",
         settings=("source_field", "target_field"),
+        not_read=("text_field",),
         counts=("source_tokens", "target_tokens"),
     ),
     TaskLine(
@@ -138,6 +143,7 @@ TASK_LINES: tuple[TaskLine, ...] = (
         token="a real (not padding) token of the transcript; audio is counted in seconds apart",
         sample="clips",
         settings=("audio_field",),
+        not_read=("pad_to_multiple_of",),
         counts=("audio_seconds",),
         samples_first=True,
     ),

@@ -163,3 +163,16 @@ def test_on_a_causal_lm_the_count_agrees_with_the_formula() -> None:
         "model.layers",
         "lm_head",
     }
+
+
+def test_every_count_has_its_column_in_the_result() -> None:
+    """A count a task reports (COUNT_UNITS) is a field of the typed record and a declared
+    column: a result with it validates, and the tables show it."""
+    from orchestrator.contract import columns
+    from orchestrator.contract.result import ChildMetrics
+    from orchestrator.contract.trainers import COUNT_UNITS, TASK_LINES, count_column
+
+    for count in COUNT_UNITS:
+        assert count_column(count) in ChildMetrics.model_fields
+        assert columns.find(count_column(count)) is not None
+    assert {c for line in TASK_LINES for c in line.counts} <= set(COUNT_UNITS)

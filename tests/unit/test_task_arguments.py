@@ -31,6 +31,10 @@ from trainer_entry.spec_errors import SpecError
 
 #: every task that reads text, as the refusals list them
 _TEXT = ", ".join(TEXT_TASKS)
+#: the text tasks less the one that reads its text from other fields (seq2seq-lm's
+#: source_field and target_field) and the one that pads no text (speech's audio)
+_TEXT_FIELD = ", ".join(t for t in TEXT_TASKS if t != "seq2seq-lm")
+_PADDED = ", ".join(t for t in TEXT_TASKS if t != "speech-recognition")
 
 REPO = Path(__file__).resolve().parents[2]
 #: SFTConfig's own settings, as a test stands them in
@@ -87,16 +91,10 @@ def _check(
             "image-classification",
             _TEXT,
         ),
-        (
-            "dataset_text_field",
-            "image-classification",
-            _TEXT,
-        ),
-        (
-            "pad_to_multiple_of",
-            "image-classification",
-            _TEXT,
-        ),
+        ("dataset_text_field", "image-classification", _TEXT_FIELD),
+        ("dataset_text_field", "seq2seq-lm", _TEXT_FIELD),
+        ("pad_to_multiple_of", "image-classification", _PADDED),
+        ("pad_to_multiple_of", "speech-recognition", _PADDED),
         (
             "tokenizer_name_or_path",
             "image-classification",

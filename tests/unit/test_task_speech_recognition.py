@@ -153,6 +153,12 @@ def test_audio_is_read_from_a_wav_a_list_or_an_array_dict(tmp_path: Path) -> Non
     assert at16.shape == (16000,) and np.allclose(at16[::2], tone, atol=1e-3)
     assert audio_of([0.0] * 160, None, 16000, "r").shape == (160,)
     assert audio_of({"array": [0.0] * 80, "sampling_rate": 8000}, None, 16000, "r").shape == (160,)
+
+    class Decoded:  # what a datasets Audio column decodes to: answers the same keys
+        def __getitem__(self, key: str) -> object:
+            return {"array": np.zeros(80), "sampling_rate": 8000}[key]
+
+    assert audio_of(Decoded(), None, 16000, "r").shape == (160,)
     assert resampled(np.ones(3, dtype=np.float32), 16000, 16000).shape == (3,)
     with pytest.raises(SpecError, match="audio file not found"):
         audio_of("missing.wav", tmp_path, 16000, "record 3")

@@ -27,6 +27,16 @@ REAL_TOKENS, PADDED_TOKENS, REAL_LENGTHS = "num_real_tokens", "num_padded_tokens
 COUNTS, ROW_DIMS = "num_counts", "row_dims"
 
 
+def input_dtype(model_config: Any) -> torch.dtype | None:
+    """The floating dtype of the model's weights, from its config: what a task feeds
+    floating inputs (pixels, audio features) in, since a convolution takes its input as
+    it is given (no autocast without mixed precision); None when the config says none."""
+    dtype = getattr(model_config, "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+
+
 class SequenceDataset(torch.utils.data.Dataset[dict[str, np.ndarray]]):
     def __init__(self, data: PreparedData) -> None:
         self.data = data

@@ -17,7 +17,7 @@ from typing import Any
 from orchestrator.contract.modelnames import hub_offline
 from trainer_entry import ASSETS
 from trainer_entry.settings.parsed import DataConfig
-from trainer_entry.spec_errors import SpecError
+from trainer_entry.spec_errors import SpecError, first_line
 
 #: the dataset a scenario without one trains on (and the tiny model's tokenizer is trained on)
 SHIPPED_DATASET = ASSETS / "instructions.jsonl"
@@ -102,7 +102,13 @@ def load_records(cfg: DataConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]
     else:
         assert name is not None  # no name: the shipped file, local
         ds = load_hub_dataset(name, cfg)
-        records = [dict(r) for r in ds]
+        try:
+            records = [dict(r) for r in ds]
+        except ImportError as exc:  # a column decoded by a package not installed (audio)
+            raise SpecError(
+                f"dataset '{name}': reading its records needs a package that is not installed: "
+                f"{first_line(exc)}"
+            ) from None
         identity = {
             "name": name,
             "split": cfg.split,

@@ -131,21 +131,33 @@ def probe_lengths(typical: Mapping[str, float]) -> list[dict[str, int]]:
 def _solve(
     points: Sequence[Mapping[str, int]], counts: Sequence[float], keys: Sequence[str]
 ) -> tuple[dict[str, float], float]:
-    """Least-squares coefficients of ``keys`` through ``counts``, and the worst relative miss."""
+    """Least-squares coefficients of ``keys`` through ``counts``, and the worst relative miss
+    of those coefficients (as returned) on any probe.
+
+    The columns are scaled to one before solving (a length in audio samples squares to
+    10⁹), and a term is dropped as the solve's rounding only where its largest
+    contribution to any probe is a billionth of the largest count or less: a small
+    coefficient of a large term (attention per sample², about 1 FLOP) is kept.
+    """
     a = torch.tensor([[_terms(p)[k] for k in keys] for p in points], dtype=torch.float64)
     y = torch.tensor(list(counts), dtype=torch.float64)
-    solution = torch.linalg.lstsq(a, y.unsqueeze(1)).solution.squeeze(1)
-    fitted = a @ solution
+    scale = a.abs().amax(dim=0).clamp(min=1.0)
+    solution = torch.linalg.lstsq(a / scale, y.unsqueeze(1)).solution.squeeze(1) / scale
+    largest = float(y.abs().max()) if len(y) else 1.0
+    contribution = (solution.abs() * a.abs().amax(dim=0)).tolist()
+    kept = torch.tensor(
+        [
+            0.0 if c <= largest * 1e-9 else float(v)
+            for c, v in zip(contribution, solution, strict=True)
+        ],
+        dtype=torch.float64,
+    )
+    fitted = a @ kept
     miss = max(
         (abs(float(f) - float(t)) / abs(float(t)) for f, t in zip(fitted, y, strict=True) if t),
         default=0.0,
     )
-    # a coefficient of a few FLOPs is rounding of the solve, not a term of the model
-    scale = float(y.abs().max()) if len(y) else 1.0
-    return {
-        k: (0.0 if abs(float(v)) * 1e3 < scale * 1e-9 else float(v))
-        for k, v in zip(keys, solution, strict=True)
-    }, miss
+    return {k: float(v) for k, v in zip(keys, kept, strict=True)}, miss
 
 
 class _OnesOnMeta(torch.utils._python_dispatch.TorchDispatchMode):
@@ -265,9 +277,14 @@ def meta_clone(
     config = copy.deepcopy(inner.config)
     for key, value in (overrides or {}).items():
         setattr(config, key, value)
+    # eager attention: its products are plain matrix products the counter sees (a fused
+    # kernel's, flash-attn's, it may not); the FLOPs are the same
+    _eager(config)
     try:
+        # the class itself, not ``_from_config``: under ZeRO-3 that would partition the
+        # copy across ranks (a collective only this rank enters)
         with torch.device("meta"):
-            clone = type(inner)._from_config(config)
+            clone = type(inner)(config)
     except Exception as exc:
         raise FlopsUnavailable(
             f"the model could not be built again to count its FLOPs ({type(exc).__name__}: {exc})"
@@ -303,6 +320,26 @@ def meta_clone(
             target.enable_input_require_grads()
     clone.train()
     return clone
+
+
+def _eager(config: Any) -> None:
+    """``config`` and the configs nested in it (a tower's, a decoder's) set to eager attention."""
+    seen: set[int] = set()
+
+    def visit(c: Any) -> None:
+        if id(c) in seen or not hasattr(c, "to_dict"):
+            return
+        seen.add(id(c))
+        if hasattr(c, "_attn_implementation"):
+            try:
+                c._attn_implementation = "eager"
+            except (AttributeError, ValueError):
+                pass
+        for value in vars(c).values():
+            if hasattr(value, "to_dict") and hasattr(value, "_attn_implementation"):
+                visit(value)
+
+    visit(config)
 
 
 def _plain(name: str) -> str:
@@ -421,8 +458,15 @@ def _count_point(
     lengths: Mapping[str, int],
     parts: Mapping[str, torch.nn.Module],
 ) -> _Count:
+    dtype = next((p.dtype for p in clone.parameters() if p.is_floating_point()), None)
     try:
-        counted = _count_once(clone, probe_batch(lengths), parts, _loss)
+        batch = {
+            name: value.to(dtype)
+            if dtype is not None and isinstance(value, torch.Tensor) and value.is_floating_point()
+            else value
+            for name, value in probe_batch(lengths).items()
+        }
+        counted = _count_once(clone, batch, parts, _loss)
     except FlopsUnavailable:
         raise
     except Exception as exc:

@@ -122,7 +122,7 @@ def flops_figures(
         start = metrics.get("warmup_steps_excluded", 0)
     if task is not None and task.flop_dims:
         per_token, hardware, sample_flops, record, notes = counted_flops_figures(
-            model, task, ranks, start, steps
+            model, task, ranks, start, steps, asked=settings.activation_checkpointing
         )
     else:
         per_token, hardware, record, notes, estimate = formula_flops_figures(
@@ -196,11 +196,13 @@ def formula_flops_figures(
 
 
 def counted_flops_figures(
-    model: Any, task: Task, ranks: list[RankStats], start: int, steps: int
+    model: Any, task: Task, ranks: list[RankStats], start: int, steps: int, *, asked: bool = False
 ) -> tuple[float | None, float | None, float | None, dict[str, Any], list[str]]:
     """(model and hardware FLOPs per token, model FLOPs per sample, the ``flops`` record,
     notes) of a task whose FLOPs are counted (``trainer_entry.measure.counted``), over
-    the real lengths of the rows fed in steps ``start`` to ``steps``."""
+    the real lengths of the rows fed in steps ``start`` to ``steps``. ``asked``: the run
+    asked for activation checkpointing; where no block is set up the way the count
+    reproduces (transformers'), what it reran is not known: no hardware figure."""
     rows = sum(sum(r.step_rows[start:steps]) for r in ranks)
     tokens = sum(sum(r.step_tokens[start:steps]) for r in ranks)
     keys = {k for r in ranks for k in r.step_moments}
@@ -235,6 +237,13 @@ def counted_flops_figures(
         else None
     )
     notes = [f"no hardware_flops_per_token: {counted.hardware_note}"] if hardware is None else []
+    if asked and recomputes is None:
+        hardware = None
+        notes.append(
+            "no hardware_flops_per_token: activation checkpointing was asked for, but no block "
+            "of the model is set up as transformers sets it (a recompute of its own, "
+            "DeepSpeed's): what it ran again is not counted"
+        )
     record.update(
         method="counted",
         mean_lengths=typical,
@@ -335,8 +344,11 @@ def build_result(
         recomputed=recompute[0],
         unseen=recompute[1],
     )
+    # a counted task's FLOPs come from its config on the meta device, not the shards
     shape_problem = (
-        partitioned_flops_problem(model) if engine and engine.params_partitioned else None
+        partitioned_flops_problem(model)
+        if engine and engine.params_partitioned and not task.flop_dims
+        else None
     )
     if shape_problem:
         # ZeRO-3 left these weights empty on this rank: their FLOPs would read as 0

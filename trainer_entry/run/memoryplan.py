@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from orchestrator.contract.gpumemory import TERMS as MEMORY_TERMS
+from trainer_entry.data.collate import input_dtype
 from trainer_entry.measure.livebytes import LiveBytes
 from trainer_entry.spec_errors import SpecError
 
@@ -311,8 +312,12 @@ def _inputs(cell: _Cell, config: Any) -> dict[str, torch.Tensor]:
             "read (its lengths are the clips'), so its memory is not predicted"
         )
     one = cell.task.probe_batch(config, lengths)
+    floats = input_dtype(config)  # pixels and audio features are fed in the weights' dtype
     return {
-        name: torch.zeros((batch, *value.shape[1:]), dtype=value.dtype)
+        name: torch.zeros(
+            (batch, *value.shape[1:]),
+            dtype=floats if floats is not None and value.is_floating_point() else value.dtype,
+        )
         for name, value in one.items()
     }
 

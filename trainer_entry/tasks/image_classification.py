@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from trainer_entry.data.collate import input_dtype
 from trainer_entry.data.holdout import holdout_count, holdout_indices
 from trainer_entry.data.images import (
     ImageCollator,
@@ -132,10 +133,7 @@ class ImageClassificationTask:
         # the first image now: a field that is no image fails here, in one line
         first = ImageDataset(examples)[0]["pixel_values"]
         assert first.shape == (channels, *size)
-        dtype = getattr(model_config, "dtype", None)
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype.removeprefix("torch."), None)
-        self._dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+        self._dtype = input_dtype(model_config)
         self._positions = positions
         n = len(source)
         meta: dict[str, Any] = {

@@ -30,7 +30,6 @@ length; split by part (encoder, head).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -185,18 +184,20 @@ class MaskedLMTask:
                 f"a text is {longest} tokens long but the model has {limit} positions "
                 f"(max_position_embeddings); set max_seq_len to {limit} or less"
             )
-        self._expected_masked(data, cfg.mlm_probability)
+        specials = int(processor.num_special_tokens_to_add())
+        self._expected_masked(data, cfg.mlm_probability, specials)
         if parsed.evaluation.enabled:  # one text is one document
             train, held = split_sequences(data, parsed.evaluation.holdout)
-            self._expected_masked(train, cfg.mlm_probability)
+            self._expected_masked(train, cfg.mlm_probability, specials)
             return TaskData(examples=train, meta=train.meta, eval_examples=held)
         return TaskData(examples=data, meta=data.meta)
 
     @staticmethod
-    def _expected_masked(data: ClassifiedTexts, share: float) -> None:
-        """``label_tokens``: about ``share`` of the tokens, at least one per text."""
-        expected = sum(max(1, math.floor(share * len(x))) for x in data.input_ids)
-        data.meta["label_tokens"] = int(expected)
+    def _expected_masked(data: ClassifiedTexts, share: float, specials: int) -> None:
+        """``label_tokens``: the expected number masked: ``share`` of each text's words (its
+        tokens less the special ones, which are never masked), at least one per text."""
+        expected = sum(max(1.0, share * max(0, len(x) - specials)) for x in data.input_ids)
+        data.meta["label_tokens"] = round(expected)
 
     def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:
         return MaskedTextDataset(data.examples)

@@ -103,11 +103,11 @@ def read_pairs(cfg: DataConfig) -> tuple[list[dict[str, Any]], dict[str, Any], D
     return records, source, cfg
 
 
-def _tokenize(texts: list[str], tokenizer: Any, limit: int) -> tuple[list[np.ndarray], int]:
-    """Each text with the tokenizer's special tokens, cut to ``limit`` (how many were cut)."""
+def _tokenize(texts: list[str], tokenizer: Any, limit: int) -> tuple[list[np.ndarray], set[int]]:
+    """Each text with the tokenizer's special tokens, cut to ``limit`` (and which were cut)."""
     encoded = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=limit)
     full = tokenizer(texts, add_special_tokens=True)["input_ids"]
-    cut = sum(1 for ids in full if len(ids) > limit)
+    cut = {i for i, ids in enumerate(full) if len(ids) > limit}
     return [np.asarray(ids, dtype=np.int64) for ids in encoded["input_ids"]], cut
 
 
@@ -132,7 +132,8 @@ def tokenize_pairs(
         "source": source,
         "examples": len(records),
         "max_seq_len": cfg.max_seq_len,
-        "examples_truncated": max(src_cut, tgt_cut),
+        # pairs with either side cut
+        "examples_truncated": len(src_cut | tgt_cut),
         "examples_dropped": len(records) - len(kept),
         **_counts(sources_kept, targets_kept),
     }
@@ -283,6 +284,13 @@ class Seq2SeqLMTask:
             )
         if processor is None or processor.pad_token_id is None:
             raise SpecError("seq2seq-lm needs a tokenizer with a pad token")
+        limit = getattr(model_config, "max_position_embeddings", None)
+        if isinstance(limit, int) and cfg.max_seq_len > limit:
+            # learned positions (BART's): a longer side would index past them mid-training
+            raise SpecError(
+                f"max_seq_len {cfg.max_seq_len} is longer than the model's {limit} positions "
+                f"(max_position_embeddings); set max_seq_len to {limit} or less"
+            )
         records, source, read_cfg = self._records(cfg)
         if as_given:
             data = tokenize_pairs(records, read_cfg, processor, source)

@@ -52,7 +52,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer_entry.data.collate import COUNTS, PADDED_TOKENS, REAL_LENGTHS, REAL_TOKENS, ROW_DIMS
+from trainer_entry.data.collate import (
+    COUNTS,
+    PADDED_TOKENS,
+    REAL_LENGTHS,
+    REAL_TOKENS,
+    ROW_DIMS,
+    input_dtype,
+)
 from trainer_entry.data.formats import IGNORE_INDEX
 from trainer_entry.data.holdout import holdout_count, holdout_indices
 from trainer_entry.data.sources import load_records
@@ -70,6 +77,8 @@ SECONDS_PER_CHARACTER, SHORTEST_S, LONGEST_S = 0.05, 0.5, 12.0
 TRANSCRIPT_CHARACTERS = 60
 #: the rate a list of samples without one is taken at
 DEFAULT_RATE = 16000
+#: Whisper's start of a transcript, which its labels go without
+START_TOKEN = "<|startoftranscript|>"
 
 
 @dataclass
@@ -82,24 +91,28 @@ class Clips:
     rate: int
     meta: dict[str, Any]
 
+    #: the samples the model reads of a clip (Whisper's window); None: all
+    window: int | None = None
+
     def take(self, indices: Sequence[int]) -> Clips:
         audio = [self.audio[i] for i in indices]
         targets = [self.targets[i] for i in indices]
-        return Clips(audio, targets, self.rate, {**self.meta, **_counts(audio, targets, self.rate)})
+        counts = _counts(audio, targets, self.rate, self.window)
+        return Clips(audio, targets, self.rate, {**self.meta, **counts}, self.window)
 
 
 def _counts(
-    audio: Sequence[np.ndarray], targets: Sequence[np.ndarray], rate: int
+    audio: Sequence[np.ndarray], targets: Sequence[np.ndarray], rate: int, window: int | None
 ) -> dict[str, Any]:
+    """The data record's counts: clips, transcript tokens, and the seconds of audio the
+    model reads of them (a clip cut to Whisper's window counts the window)."""
     tokens = int(sum(len(t) for t in targets))
+    read = sum(min(len(a), window) if window else len(a) for a in audio)
     return {
         "sequences": len(audio),
         "tokens": tokens,
         "label_tokens": tokens,
-        "counts": {
-            "audio_seconds": float(sum(len(a) for a in audio)) / rate,
-            "target_tokens": tokens,
-        },
+        "counts": {"audio_seconds": float(read) / rate, "target_tokens": tokens},
     }
 
 
@@ -166,6 +179,22 @@ def resampled(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
     return np.asarray(np.interp(new, old, samples), dtype=np.float32)
 
 
+def _decoded(value: Any) -> tuple[Any, int] | None:
+    """(samples, rate) of a ``{"array", "sampling_rate"}`` dict, or of what a datasets
+    ``Audio`` column decodes to (an object answering the same keys); None for others."""
+    if isinstance(value, str | list | np.ndarray) or not hasattr(value, "__getitem__"):
+        return None
+    try:
+        array = value["array"]
+    except (KeyError, TypeError, IndexError):
+        return None
+    try:
+        found = int(value["sampling_rate"] or DEFAULT_RATE)
+    except (KeyError, TypeError, IndexError):
+        found = DEFAULT_RATE
+    return array, found
+
+
 def audio_of(value: Any, folder: Path | None, rate: int, where: str) -> np.ndarray:
     """One record's audio at ``rate``: a ``.wav`` path (relative to ``folder``), a list of
     samples (16 kHz), a ``{"array", "sampling_rate"}`` dict, or a generated clip's key."""
@@ -180,9 +209,10 @@ def audio_of(value: Any, folder: Path | None, rate: int, where: str) -> np.ndarr
             raise SpecError(f"{where}: audio file not found: {path}")
         samples, found = read_wav(path)
         return resampled(samples, found, rate)
-    if isinstance(value, Mapping) and "array" in value:
-        found = int(value.get("sampling_rate") or DEFAULT_RATE)
-        return resampled(np.asarray(value["array"], dtype=np.float32).reshape(-1), found, rate)
+    decoded = _decoded(value)
+    if decoded is not None:
+        array, found = decoded
+        return resampled(np.asarray(array, dtype=np.float32).reshape(-1), found, rate)
     if isinstance(value, list | np.ndarray) and len(value) > 0:
         return resampled(np.asarray(value, dtype=np.float32).reshape(-1), DEFAULT_RATE, rate)
     raise SpecError(
@@ -273,6 +303,8 @@ class ClipCollator:
     ctc: bool
     #: the samples the model reads of a clip (Whisper's window); None: all
     window: int | None
+    #: the model's weights' dtype, which the features are fed in (None: as made)
+    dtype: torch.dtype | None = None
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         audio = [f["audio"] for f in features]
@@ -291,6 +323,11 @@ class ClipCollator:
         else:
             made = self.feature_extractor(audio, sampling_rate=self.rate, return_tensors="pt")
             inputs = {"input_features": made["input_features"]}
+        if self.dtype is not None:
+            # a convolution reads the features first: in the weights' dtype
+            inputs = {
+                k: v.to(self.dtype) if v.is_floating_point() else v for k, v in inputs.items()
+            }
         width = max(len(t) for t in targets)
         labels = torch.full((len(targets), width), IGNORE_INDEX, dtype=torch.long)
         for row, t in enumerate(targets):
@@ -324,6 +361,7 @@ class SpeechRecognitionTask:
         self._window: int | None = None
         self._rate = DEFAULT_RATE
         self._extractor: Any = None
+        self._dtype: torch.dtype | None = None
 
     @property
     def tokenizer_model(self) -> str | None:
@@ -389,6 +427,7 @@ class SpeechRecognitionTask:
         if not self.ctc:
             extractor = fitted_extractor(extractor, model_config)
         self._extractor = extractor
+        self._dtype = input_dtype(model_config)
         self._rate = int(extractor.sampling_rate)
         self._window = None if self.ctc else int(getattr(extractor, "n_samples", 0)) or None
         limit = cfg.max_seq_len
@@ -398,7 +437,11 @@ class SpeechRecognitionTask:
         audio: list[np.ndarray] = []
         targets: list[np.ndarray] = []
         cut = dropped = 0
-        start = getattr(model_config, "decoder_start_token_id", None)
+        # the start token the model puts before the labels itself: its own, and the
+        # tokenizer's (a built model's ids are not the tiny processor's)
+        starts = {getattr(model_config, "decoder_start_token_id", None)}
+        starts.add(tokenizer.convert_tokens_to_ids(START_TOKEN))
+        starts.discard(getattr(tokenizer, "unk_token_id", None))
         for i, (value, text) in enumerate(pairs):
             if not text.strip():
                 dropped += 1
@@ -407,7 +450,7 @@ class SpeechRecognitionTask:
                 value = {**value, "text": text}
             samples = audio_of(value, folder, self._rate, f"record {i}")
             ids = list(tokenizer(text)["input_ids"])
-            if not self.ctc and ids and ids[0] == start:
+            if not self.ctc and ids and ids[0] in starts:
                 ids = ids[1:]  # the model puts its start token before the labels itself
             if len(ids) > limit:
                 cut += 1
@@ -426,9 +469,9 @@ class SpeechRecognitionTask:
             "cache_key": None,
             "cache_hit": None,
             "cache_path": None,
-            **_counts(audio, targets, self._rate),
+            **_counts(audio, targets, self._rate, self._window),
         }
-        clips = Clips(audio, targets, self._rate, meta)
+        clips = Clips(audio, targets, self._rate, meta, self._window)
         if not parsed.evaluation.enabled:
             return TaskData(examples=clips, meta=meta)
         n = len(audio)
@@ -443,7 +486,7 @@ class SpeechRecognitionTask:
     def collator(self, processor: Any, parsed: ParsedArguments) -> Any:
         if self._extractor is None:
             raise RuntimeError("the speech-recognition collator is made after prepare()")
-        return ClipCollator(self._extractor, self._rate, self.ctc, self._window)
+        return ClipCollator(self._extractor, self._rate, self.ctc, self._window, self._dtype)
 
     def per_sample_modules(self, model: Any) -> set[int]:
         return set()
