@@ -21,6 +21,7 @@ from orchestrator.contract.result import (
     timestamp,
 )
 from orchestrator.contract.spec import RunSpec
+from orchestrator.contract.trainers import COUNT_UNITS, count_column
 from trainer_entry.backends import get_backend
 from trainer_entry.backends.trainer_protocol import TrainerBackend, TrainSettings
 from trainer_entry.measure.counted import CountedFlops, count_flops, per_row_mean
@@ -448,6 +449,10 @@ def window_figures(
         ranks, parsed.measure.warmup_steps_excluded, devices=devices, profiled=profile.profiled
     )
     metrics.update(profile.columns())
+    # the counts a task reports beside tokens: every row has each column, None where its
+    # task counts no such thing
+    for count in COUNT_UNITS:
+        metrics.setdefault(count_column(count), None)
     # how long it measured (a fixed max_steps or steady state) and how it stopped
     measure_columns, measure_notes = measure_figures(spec, steady, metrics)
     metrics.update(measure_columns)
