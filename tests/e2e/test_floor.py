@@ -117,3 +117,73 @@ def test_the_tiny_matrix_runs_end_to_end_at_the_floors(tmp_path: Path) -> None:
 
         if "activation_checkpointing" not in init_fields(TrainingArguments):
             assert "activation_checkpointing is passed as gradient_checkpointing" in notes
+
+
+def _family(
+    name: str, task: str, models: str, target_modules: str, processes: str, extra: str = ""
+) -> str:
+    return f"""\
+  - name: {name}
+    device: cpu
+    framework_config: [ddp]
+    num_gpus: {processes}
+    arguments:
+      task: {task}
+      model_name_or_path: {models}
+      torch_dtype: float32
+      learning_rate: 1e-3
+      max_steps: 6
+      max_seq_len: 64
+      eval: true
+      target_modules: {target_modules}{extra}
+    sweep:
+      peft_method: [none, lora]
+"""
+
+
+FAMILIES = (
+    f"frameworks:\n  ddp: {{accelerate_config: {REPO / 'accelerate-ddp.yaml'}}}\n"
+    "matrix:\n  effective_batch_size: [4]\nscenarios:\n"
+    + _family("seq2seq", "seq2seq-lm", "tiny-t5", "[q, v]", "[1, 2]")
+    + _family("masked", "masked-lm", "tiny-bert", "[query, value]", "[1]")
+    + _family(
+        "speech",
+        "speech-recognition",
+        "[tiny-whisper, tiny-wav2vec2]",
+        "[q_proj, v_proj]",
+        "[1]",
+        "\n      dataset_kwargs: {num_clips: 48}",
+    )
+)
+#: what each family's rows must have beside tokens/s
+FAMILY_COUNTS = {
+    "seq2seq-lm": ("source_tokens_per_second_global", "target_tokens_per_second_global"),
+    "masked-lm": (),
+    "speech-recognition": ("audio_seconds_per_second_global",),
+}
+
+
+def test_the_task_families_run_end_to_end_at_the_floors(tmp_path: Path) -> None:
+    """seq2seq-lm (1 and 2 processes), masked-lm and speech-recognition (Whisper and CTC),
+    full and LoRA, with eval on, through run_benchmarks.sh: every cell ok with its
+    counts, counted FLOPs and an eval loss."""
+    (tmp_path / "scenarios.yaml").write_text(FAMILIES)
+    done = subprocess.run(
+        ["bash", str(REPO / "run_benchmarks.sh"), "1 2", "results", "scenarios.yaml"],
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    with (tmp_path / "results" / "raw_summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 10
+    assert {r["status"] for r in rows} == {"ok"}, [(r["experiment_id"], r["error"]) for r in rows]
+    for row in rows:
+        for column in ("tokens_per_second_global", "flops_per_token", "flops_per_sample"):
+            assert float(row[column]) > 0, (row["experiment_id"], column)
+        for column in FAMILY_COUNTS[row["task"]]:
+            assert float(row[column]) > 0, (row["experiment_id"], column)
+        assert float(row["eval_loss"]) > 0, row["experiment_id"]

@@ -1,8 +1,9 @@
 """A local folder holding only a ``config.json``: an architecture, built with random weights.
 
-For each task family the folder of its tiny model's config alone loads through the
-project's loader with that family's tiny tokenizer, and the check before launch says
-what it will do with it.
+For each task family the folder of a tiny model's config alone loads through the
+project's loader with that family's tiny tokenizer (speech: the processor of the
+config's kind, Whisper's or wav2vec2's), and the check before launch says what it will
+do with it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,14 @@ def test_a_folder_with_weights_or_an_adapter_is_not_one(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("task", "tiny", "tokenizer"),
-    [("seq2seq-lm", "tiny-t5", "tiny-t5"), ("masked-lm", "tiny-bert", "tiny-bert")],
+    [
+        ("seq2seq-lm", "tiny-t5", "tiny-t5"),
+        ("seq2seq-lm", "tiny-bart", "tiny-t5"),
+        ("masked-lm", "tiny-bert", "tiny-bert"),
+        # speech: the processor (features and tokenizer) of the config's family
+        ("speech-recognition", "tiny-whisper", "tiny-whisper"),
+        ("speech-recognition", "tiny-wav2vec2", "tiny-wav2vec2"),
+    ],
 )
 def test_it_trains_with_the_familys_tiny_tokenizer(
     tmp_path: Path, task: str, tiny: str, tokenizer: str
@@ -59,4 +67,5 @@ def test_it_trains_with_the_familys_tiny_tokenizer(
         task=get_task(task),
     )
     assert loaded.info["kind"] == "config"
-    assert Path(loaded.tokenizer.name_or_path).resolve() == _tiny(tokenizer).resolve()
+    inner = getattr(loaded.tokenizer, "tokenizer", loaded.tokenizer)  # a processor's
+    assert Path(inner.name_or_path).resolve() == _tiny(tokenizer).resolve()

@@ -71,7 +71,7 @@ def test_the_model_files_are_those_of_save_pretrained(tmp_path) -> None:
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     (tmp_path / "ours").mkdir()
-    tiny._save_model(model, tmp_path / "ours")
+    tiny.save_model(model, tmp_path / "ours")
     model.save_pretrained(tmp_path / "theirs")
     assert _digest(tmp_path / "ours") == _digest(tmp_path / "theirs")
     assert set(_digest(tmp_path / "ours")) == {

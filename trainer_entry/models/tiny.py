@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.layout import cache_root
+from trainer_entry import ASSETS
 from trainer_entry.buildonce import build_once
 from trainer_entry.data.formats import INSTRUCT_PROMPT, INSTRUCT_PROMPT_NO_INPUT
 from trainer_entry.data.sources import SHIPPED_DATASET
@@ -108,6 +109,31 @@ def is_complete(folder: Path) -> bool:
     return marked_complete(folder, _key())
 
 
+def recipe_key(recipe: dict[str, Any], files: tuple[Path, ...] = ()) -> str:
+    """A tiny model's cache key: a hash of its recipe and of the files it is trained on."""
+    h = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
+    for path in files:
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+#: the texts the other tiny models' tokenizers are trained on: the review set, then the
+#: instruction set (part of their cache keys)
+SHIPPED_TEXTS = (ASSETS / "reviews.jsonl", SHIPPED_DATASET)
+
+
+def shipped_texts() -> Iterator[str]:
+    """``SHIPPED_TEXTS``' texts: each review, then each instruction record's fields joined."""
+    reviews, instructions = SHIPPED_TEXTS
+    with reviews.open(encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)["text"]
+    with instructions.open(encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            yield " ".join(str(record.get(k) or "") for k in ("instruction", "input", "output"))
+
+
 def ensure_tiny() -> Path:
     """The folder of the tiny model and tokenizer, building it on first use."""
     # ``build`` looked up at call time: tests replace it
@@ -165,21 +191,27 @@ def build(folder: Path) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_RECIPE["seed"])
         model = LlamaForCausalLM(config)
-    _save_model(model, folder)
+    save_model(model, folder)
 
 
-def _save_model(model: Any, folder: Path) -> None:
+def save_model(model: Any, folder: Path) -> None:
     """Write what ``model.save_pretrained(folder)`` writes, the same bytes, on any rank.
 
     With a process group up, transformers' ``save_pretrained`` writes the
     config and the weights on rank 0 only (the tokenizer's on every rank);
-    whichever rank of a job builds the tiny model, it must come out whole.
+    whichever rank of a job builds the tiny model, it must come out whole. A model
+    that generates has its generation config written too; weights tied to another
+    (a T5's shared embedding, Whisper's output projection) are saved once, under the
+    name they are tied to, as ``save_pretrained`` saves them: safetensors stores no
+    aliases.
     """
     from safetensors.torch import save_file
 
     model.config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(folder)
-    model.generation_config.save_pretrained(folder)
-    weights = {name: t.contiguous() for name, t in model.state_dict().items()}
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    weights = {name: t.contiguous() for name, t in model.state_dict().items() if name not in tied}
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})

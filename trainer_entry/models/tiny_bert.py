@@ -20,22 +20,25 @@ many processes ask (``trainer_entry.buildonce``).
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.layout import cache_root
 from trainer_entry import ASSETS
-from trainer_entry.data.sources import SHIPPED_DATASET
-from trainer_entry.models.tiny import ensure_built, marked_complete
+from trainer_entry.models.tiny import (
+    SHIPPED_TEXTS,
+    ensure_built,
+    marked_complete,
+    recipe_key,
+    save_model,
+    shipped_texts,
+)
 
 TINY_BERT_NAME = "tiny-bert"
 #: the labelled review set the seq-classification task trains on by default
 REVIEWS = ASSETS / "reviews.jsonl"
 #: what the tokenizer is trained on (part of the cache key)
-TEXTS = (REVIEWS, SHIPPED_DATASET)
+TEXTS = SHIPPED_TEXTS
 
 # The recipe. Changing any of it changes the cache key.
 _RECIPE: dict[str, Any] = {
@@ -60,10 +63,7 @@ BUILT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_
 
 
 def _key() -> str:
-    h = hashlib.sha256(json.dumps(_RECIPE, sort_keys=True).encode())
-    for path in TEXTS:
-        h.update(path.read_bytes())
-    return h.hexdigest()[:12]
+    return recipe_key(_RECIPE, TEXTS)
 
 
 def tiny_bert_path() -> Path:
@@ -81,20 +81,9 @@ def ensure_tiny_bert() -> Path:
     return ensure_built(TINY_BERT_NAME, _key(), build, BUILT_FILES)
 
 
-def _training_texts() -> Iterator[str]:
-    with REVIEWS.open(encoding="utf-8") as f:
-        for line in f:
-            yield json.loads(line)["text"]
-    with SHIPPED_DATASET.open(encoding="utf-8") as f:
-        for line in f:
-            record = json.loads(line)
-            yield " ".join(str(record.get(k) or "") for k in ("instruction", "input", "output"))
-
-
 def build(folder: Path) -> None:
     """Train the tokenizer, initialise the encoder, save both to ``folder``."""
     import torch
-    from safetensors.torch import save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
@@ -109,7 +98,7 @@ def build(folder: Path) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_training_texts(), trainer=trainer)
+    tok.train_from_iterator(shipped_texts(), trainer=trainer)
     cls_id, sep_id = tok.token_to_id(cls), tok.token_to_id(sep)
     tok.post_processor = processors.TemplateProcessing(
         single=f"{cls} $A {sep}",
@@ -133,11 +122,6 @@ def build(folder: Path) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_RECIPE["seed"])
         model = BertModel(config)
-    # Written directly rather than by save_pretrained, which writes the config and
-    # the weights on rank 0 only when a process group is up: whichever rank of a
-    # job builds the model, it must come out whole.
-    config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    config.architectures = [type(model).__name__]
-    config.save_pretrained(folder)
-    weights = {name: t.contiguous() for name, t in model.state_dict().items()}
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    # save_pretrained writes the config and weights on rank 0 only under a process
+    # group: whichever rank builds the model, it must come out whole
+    save_model(model, folder)

@@ -27,20 +27,22 @@ many processes ask (``trainer_entry.buildonce``).
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.layout import cache_root
-from trainer_entry import ASSETS
-from trainer_entry.data.sources import SHIPPED_DATASET
-from trainer_entry.models.tiny import ensure_built, marked_complete
+from trainer_entry.models.tiny import (
+    SHIPPED_TEXTS,
+    ensure_built,
+    marked_complete,
+    recipe_key,
+    save_model,
+    shipped_texts,
+)
 
 TINY_T5_NAME = "tiny-t5"
 #: what the tokenizer is trained on (part of the cache key)
-TEXTS = (ASSETS / "reviews.jsonl", SHIPPED_DATASET)
+TEXTS = SHIPPED_TEXTS
 
 # The recipe. Changing any of it changes the cache key.
 _RECIPE: dict[str, Any] = {
@@ -76,10 +78,7 @@ BUILT_FILES = (
 
 
 def _key() -> str:
-    h = hashlib.sha256(json.dumps(_RECIPE, sort_keys=True).encode())
-    for path in TEXTS:
-        h.update(path.read_bytes())
-    return h.hexdigest()[:12]
+    return recipe_key(_RECIPE, TEXTS)
 
 
 def tiny_t5_path() -> Path:
@@ -97,21 +96,9 @@ def ensure_tiny_t5() -> Path:
     return ensure_built(TINY_T5_NAME, _key(), build, BUILT_FILES)
 
 
-def _training_texts() -> Iterator[str]:
-    reviews, instructions = TEXTS
-    with reviews.open(encoding="utf-8") as f:
-        for line in f:
-            yield json.loads(line)["text"]
-    with instructions.open(encoding="utf-8") as f:
-        for line in f:
-            record = json.loads(line)
-            yield " ".join(str(record.get(k) or "") for k in ("instruction", "input", "output"))
-
-
 def build(folder: Path) -> None:
     """Train the tokenizer, initialise the model, save both to ``folder``."""
     import torch
-    from safetensors.torch import save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
 
@@ -126,7 +113,7 @@ def build(folder: Path) -> None:
         special_tokens=_RECIPE["special_tokens"],
         show_progress=False,
     )
-    tok.train_from_iterator(_training_texts(), trainer=trainer)
+    tok.train_from_iterator(shipped_texts(), trainer=trainer)
     eos_id = tok.token_to_id(eos)
     # Like T5's tokenizer: an EOS after every encoded text, no BOS (and no token
     # types: T5 has none).
@@ -154,15 +141,6 @@ def build(folder: Path) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_RECIPE["seed"])
         model = T5ForConditionalGeneration(config)
-    # Written directly rather than by save_pretrained, which writes the config and
-    # the weights on rank 0 only when a process group is up: whichever rank of a
-    # job builds the model, it must come out whole. The tied copies of the shared
-    # embedding (the encoder's, the decoder's, the head) are left out, as
-    # save_pretrained leaves them out: safetensors stores no aliases.
-    model.config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    model.config.architectures = [type(model).__name__]
-    model.config.save_pretrained(folder)
-    model.generation_config.save_pretrained(folder)
-    tied = model.all_tied_weights_keys
-    weights = {n: t.contiguous() for n, t in model.state_dict().items() if n not in tied}
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    # save_pretrained writes the config and weights on rank 0 only under a process
+    # group: whichever rank builds the model, it must come out whole
+    save_model(model, folder)

@@ -32,20 +32,23 @@ published whole (``trainer_entry.buildonce``) and taken only with its
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.layout import cache_root
-from trainer_entry import ASSETS
-from trainer_entry.data.sources import SHIPPED_DATASET
-from trainer_entry.models.tiny import ensure_built, marked_complete
+from trainer_entry.models.tiny import (
+    SHIPPED_TEXTS,
+    ensure_built,
+    marked_complete,
+    recipe_key,
+    save_model,
+    shipped_texts,
+)
 
 TINY_WAV2VEC2_NAME = "tiny-wav2vec2"
 #: whose characters make the vocabulary (part of the cache key)
-TEXTS = (ASSETS / "reviews.jsonl", SHIPPED_DATASET)
+TEXTS = SHIPPED_TEXTS
 
 # The recipe. Changing any of it changes the cache key.
 _RECIPE: dict[str, Any] = {
@@ -91,10 +94,7 @@ BUILT_FILES = (
 
 
 def _key() -> str:
-    h = hashlib.sha256(json.dumps(_RECIPE, sort_keys=True).encode())
-    for path in TEXTS:
-        h.update(path.read_bytes())
-    return h.hexdigest()[:12]
+    return recipe_key(_RECIPE, TEXTS)
 
 
 def tiny_wav2vec2_path() -> Path:
@@ -113,21 +113,10 @@ def ensure_tiny_wav2vec2() -> Path:
     return ensure_built(TINY_WAV2VEC2_NAME, _key(), lambda folder: build(folder), BUILT_FILES)
 
 
-def _texts() -> Iterator[str]:
-    reviews, instructions = TEXTS
-    with reviews.open(encoding="utf-8") as f:
-        for line in f:
-            yield json.loads(line)["text"]
-    with instructions.open(encoding="utf-8") as f:
-        for line in f:
-            record = json.loads(line)
-            yield " ".join(str(record.get(k) or "") for k in ("instruction", "input", "output"))
-
-
 def vocabulary() -> dict[str, int]:
     """The CTC vocabulary: the special tokens, the word delimiter, then the characters of
     the shipped texts, lowercased, in code-point order."""
-    characters = {c for text in _texts() for c in text.lower() if not c.isspace()}
+    characters = {c for text in shipped_texts() for c in text.lower() if not c.isspace()}
     tokens = [*_RECIPE["special_tokens"], _RECIPE["word_delimiter"], *sorted(characters)]
     return {token: i for i, token in enumerate(tokens)}
 
@@ -136,7 +125,6 @@ def build(folder: Path) -> None:
     """Write the vocabulary, initialise the model, save both and the feature extractor to
     ``folder``."""
     import torch
-    from safetensors.torch import save_file
     from transformers import (
         Wav2Vec2Config,
         Wav2Vec2CTCTokenizer,
@@ -173,11 +161,6 @@ def build(folder: Path) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_RECIPE["seed"])
         model = Wav2Vec2ForCTC(config)
-    # Written directly rather than by save_pretrained, which writes the config and
-    # the weights on rank 0 only when a process group is up: whichever rank of a
-    # job builds the model, it must come out whole.
-    config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    config.architectures = [type(model).__name__]
-    config.save_pretrained(folder)
-    weights = {name: t.contiguous() for name, t in model.state_dict().items()}
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    # save_pretrained writes the config and weights on rank 0 only under a process
+    # group: whichever rank builds the model, it must come out whole
+    save_model(model, folder)

@@ -31,20 +31,22 @@ published whole (``trainer_entry.buildonce``) and taken only with its
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.layout import cache_root
-from trainer_entry import ASSETS
-from trainer_entry.data.sources import SHIPPED_DATASET
-from trainer_entry.models.tiny import ensure_built, marked_complete
+from trainer_entry.models.tiny import (
+    SHIPPED_TEXTS,
+    ensure_built,
+    marked_complete,
+    recipe_key,
+    save_model,
+    shipped_texts,
+)
 
 TINY_WHISPER_NAME = "tiny-whisper"
 #: what the tokenizer is trained on (part of the cache key)
-TEXTS = (ASSETS / "reviews.jsonl", SHIPPED_DATASET)
+TEXTS = SHIPPED_TEXTS
 
 # The recipe. Changing any of it changes the cache key.
 _RECIPE: dict[str, Any] = {
@@ -90,10 +92,7 @@ BUILT_FILES = (
 
 
 def _key() -> str:
-    h = hashlib.sha256(json.dumps(_RECIPE, sort_keys=True).encode())
-    for path in TEXTS:
-        h.update(path.read_bytes())
-    return h.hexdigest()[:12]
+    return recipe_key(_RECIPE, TEXTS)
 
 
 def tiny_whisper_path() -> Path:
@@ -110,17 +109,6 @@ def ensure_tiny_whisper() -> Path:
     """The folder of the tiny Whisper and its processor, building it on first use."""
     # ``build`` looked up at call time: tests replace it
     return ensure_built(TINY_WHISPER_NAME, _key(), lambda folder: build(folder), BUILT_FILES)
-
-
-def _training_texts() -> Iterator[str]:
-    reviews, instructions = TEXTS
-    with reviews.open(encoding="utf-8") as f:
-        for line in f:
-            yield json.loads(line)["text"]
-    with instructions.open(encoding="utf-8") as f:
-        for line in f:
-            record = json.loads(line)
-            yield " ".join(str(record.get(k) or "") for k in ("instruction", "input", "output"))
 
 
 def build(folder: Path) -> None:
@@ -147,7 +135,7 @@ def build(folder: Path) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_training_texts(), trainer=trainer)
+    tok.train_from_iterator(shipped_texts(), trainer=trainer)
     special_ids = [(t, tok.token_to_id(t)) for t in _RECIPE["special_tokens"]]
     # Like WhisperTokenizer without a language or task: the prefix, the text, the end.
     tok.post_processor = processors.TemplateProcessing(
@@ -179,23 +167,4 @@ def build(folder: Path) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_RECIPE["seed"])
         model = WhisperForConditionalGeneration(config)
-    _save_model(model, folder)
-
-
-def _save_model(model: Any, folder: Path) -> None:
-    """Write what ``model.save_pretrained(folder)`` writes, the same bytes, on any rank.
-
-    With a process group up, ``save_pretrained`` writes the config and the weights on
-    rank 0 only; whichever rank of a job builds the model, it must come out whole. The
-    output projection is tied to the decoder's embeddings: saved once, under the
-    embeddings' name, as ``save_pretrained`` saves it.
-    """
-    from safetensors.torch import save_file
-
-    model.config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    model.config.architectures = [type(model).__name__]
-    model.config.save_pretrained(folder)
-    model.generation_config.save_pretrained(folder)
-    tied = model.all_tied_weights_keys
-    weights = {name: t.contiguous() for name, t in model.state_dict().items() if name not in tied}
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_model(model, folder)
