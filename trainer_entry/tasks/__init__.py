@@ -2,9 +2,9 @@
 
 A scenario picks one with the ``task`` argument (default ``causal-lm``). Each
 task is one module implementing ``trainer_entry.tasks.task_protocol.Task``,
-declared by one line in ``orchestrator.contract.trainers.TASK_IMPLEMENTATIONS``,
-which names the module rather than importing it; the planner reads the same
-line, and which trainer backends run each task.
+declared by one ``TaskLine`` in ``orchestrator.contract.trainers.TASK_LINES``,
+which names the module rather than importing it; the planner and the report read
+the same line, and which trainer backends run each task.
 """
 
 from __future__ import annotations
