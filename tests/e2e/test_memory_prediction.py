@@ -262,3 +262,91 @@ def test_prediction_holds_against_the_real_step(
     totals = [s["Total"] for s in measured.steps[1:]]
     assert max(totals) - min(totals) <= 0.01 * max(totals), line
     assert abs(ratio - 1) <= TOLERANCE, line
+
+
+#: the other task families at their longest batch: every side and transcript longer than
+#: max_seq_len (cut to it), so every micro-batch is the full-length one predicted
+FAMILY_LENGTH = 64
+FAMILY_SCENARIOS = """\
+matrix:
+  effective_batch_size: [4]
+  max_seq_len: [64]
+  repeats: 1
+scenarios:
+  - name: seq2seq
+    device: cpu
+    arguments: {{task: seq2seq-lm, model_name_or_path: tiny-t5, dataset: {pairs}, max_steps: 3}}
+    sweep: {{activation_checkpointing: [false, true]}}
+  - name: masked
+    device: cpu
+    arguments: {{task: masked-lm, model_name_or_path: tiny-bert, dataset: {texts}, max_steps: 3}}
+    sweep: {{activation_checkpointing: [false, true]}}
+  - name: speech
+    device: cpu
+    arguments: {{task: speech-recognition, model_name_or_path: tiny-whisper, dataset: {clips},
+                max_steps: 3}}
+    sweep: {{activation_checkpointing: [false, true]}}
+"""
+FAMILY_CASES = [
+    (family, checkpointing)
+    for family in ("seq2seq", "masked", "speech")
+    for checkpointing in (False, True)
+]
+
+
+@pytest.fixture(scope="module")
+def family_cells(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[tuple[str, bool], dict[str, Any]]:
+    import json
+
+    folder = tmp_path_factory.mktemp("family-memory")
+    long = " ".join(["alpha beta gamma delta"] * 60)
+    pairs, texts, clips = (folder / n for n in ("pairs.jsonl", "texts.jsonl", "clips.jsonl"))
+    pairs.write_text(
+        "".join(json.dumps({"source": long, "target": long}) + "\n" for _ in range(64))
+    )
+    texts.write_text("".join(json.dumps({"text": long}) + "\n" for _ in range(64)))
+    audio = [0.01 * (j % 13) for j in range(16000)]
+    clips.write_text("".join(json.dumps({"audio": audio, "text": long}) + "\n" for _ in range(16)))
+    (folder / "scenarios.yaml").write_text(
+        FAMILY_SCENARIOS.format(pairs=pairs, texts=texts, clips=clips), encoding="utf-8"
+    )
+    (folder / "defaults.yaml").write_text("", encoding="utf-8")
+    plan = api.plan(folder / "scenarios.yaml", defaults=folder / "defaults.yaml", device="cpu")
+    out = {
+        (e.scenario, bool(e.arguments["activation_checkpointing"])): e.spec()
+        for e in plan.experiments
+    }
+    assert sorted(out) == sorted(FAMILY_CASES)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("family", "checkpointing"),
+    [
+        pytest.param("seq2seq", True, id="seq2seq-ac"),
+        *(
+            pytest.param(
+                *case, id=f"floor-{case[0]}-{'ac' if case[1] else 'noac'}", marks=pytest.mark.floor
+            )
+            for case in FAMILY_CASES
+        ),
+    ],
+)
+def test_a_familys_prediction_holds_at_its_longest_batch(
+    family_cells: dict[tuple[str, bool], dict[str, Any]],
+    tmp_path: Path,
+    family: str,
+    checkpointing: bool,
+) -> None:
+    """seq2seq-lm, masked-lm and Whisper, predicted at the task's longest micro-batch
+    (``Task.longest``) and trained on data whose every batch is that long."""
+    spec = RunSpec(**family_cells[(family, checkpointing)]).resolve(tmp_path)
+    predicted = predict(spec)
+    measured = measure(spec)
+    assert len(measured.steps) == STEPS
+    peak = measured.steady["Total"]
+    ratio = predicted.peak_bytes / peak
+    print(f"{family}/ac={checkpointing}: measured {peak} B, predicted {predicted.peak_bytes} B")
+    assert abs(ratio - 1) <= TOLERANCE, (ratio, predicted.terms, measured.steady)

@@ -350,6 +350,22 @@ def _replaced(owner: Any, values: Mapping[str, Any]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _layers_kept() -> Iterator[None]:
+    """LayerDrop's draw (``torch.rand([]) < layerdrop``, Whisper's encoder in transformers
+    5.17) answered as the number 1.0: a fake draw cannot be compared, and 1.0 keeps every
+    layer, the step's fullest memory (no layer is dropped at ``layerdrop`` 0 anyway). A
+    draw of any other shape is torch's."""
+    original = torch.rand
+
+    def rand(*size: Any, **kwargs: Any) -> Any:
+        shape = size[0] if len(size) == 1 and isinstance(size[0], list | tuple) else size
+        return 1.0 if tuple(shape) == () else original(*size, **kwargs)
+
+    with _replaced(torch, {"rand": rand}):
+        yield
+
+
+@contextlib.contextmanager
 def _gpu_attention(on_gpu: bool) -> Iterator[None]:
     """SDPA as a GPU runs it: with a mask, the memory-efficient kernel (which keeps no
     scores); without one, the CPU's flash kernel already saves what CUDA's does."""
@@ -570,6 +586,7 @@ class Predictor:
             _gpu_attention(cell.on_gpu),
             _gpu_loss_kernels(cell.on_gpu and cell.parsed.backend == "sft") as kernels,
             _unpacked(),
+            _layers_kept(),
             live,
         ):
             try:
