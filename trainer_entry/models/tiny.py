@@ -148,24 +148,42 @@ def _training_texts() -> Iterator[str]:
             yield template.format(**record) + record["output"]
 
 
-def build(folder: Path) -> None:
-    """Train the tokenizer, initialise the model, save both to ``folder``."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+def byte_level_bpe(
+    texts: Iterator[str],
+    special_tokens: list[str],
+    vocab_size: int,
+    *,
+    unk: str | None = None,
+    prefix_space: bool = False,
+) -> Any:
+    """A byte-level BPE tokenizer (``tokenizers.Tokenizer``) trained on ``texts``: the
+    special tokens first, in their order (ids 0, 1, …), then the merges of pairs seen
+    twice or more; ``unk`` its unknown token, ``prefix_space`` a space put before the
+    first word (BERT's, not GPT's). The caller adds its post-processor."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    pad, bos, eos = _RECIPE["special_tokens"]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok = Tokenizer(models.BPE(unk_token=unk) if unk is not None else models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=_RECIPE["vocab_size"],
+        vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=_RECIPE["special_tokens"],
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_training_texts(), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def build(folder: Path) -> None:
+    """Train the tokenizer, initialise the model, save both to ``folder``."""
+    import torch
+    from tokenizers import processors
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    pad, bos, eos = _RECIPE["special_tokens"]
+    tok = byte_level_bpe(_training_texts(), _RECIPE["special_tokens"], _RECIPE["vocab_size"])
     bos_id = tok.token_to_id(bos)
     # Like Llama's tokenizer: a BOS before every encoded text.
     tok.post_processor = processors.TemplateProcessing(

@@ -29,6 +29,7 @@ from typing import Any
 from orchestrator.contract.layout import cache_root
 from trainer_entry.models.tiny import (
     SHIPPED_TEXTS,
+    byte_level_bpe,
     ensure_built,
     marked_complete,
     recipe_key,
@@ -92,21 +93,11 @@ def ensure_tiny_bart() -> Path:
 def build(folder: Path) -> None:
     """Train the tokenizer, initialise the model, save both to ``folder``."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
     from transformers import BartConfig, BartForConditionalGeneration, PreTrainedTokenizerFast
 
     bos, pad, eos, unk, mask = _RECIPE["special_tokens"]
-    tok = Tokenizer(models.BPE(unk_token=unk))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=_RECIPE["vocab_size"],
-        min_frequency=2,
-        special_tokens=_RECIPE["special_tokens"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(shipped_texts(), trainer=trainer)
+    tok = byte_level_bpe(shipped_texts(), _RECIPE["special_tokens"], _RECIPE["vocab_size"], unk=unk)
     bos_id, eos_id = tok.token_to_id(bos), tok.token_to_id(eos)
     # Like BART's tokenizer (RoBERTa's): <s> text </s>, a pair <s> a </s> </s> b </s>.
     tok.post_processor = processors.TemplateProcessing(

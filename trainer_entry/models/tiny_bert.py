@@ -27,6 +27,7 @@ from orchestrator.contract.layout import cache_root
 from trainer_entry import ASSETS
 from trainer_entry.models.tiny import (
     SHIPPED_TEXTS,
+    byte_level_bpe,
     ensure_built,
     marked_complete,
     recipe_key,
@@ -84,21 +85,17 @@ def ensure_tiny_bert() -> Path:
 def build(folder: Path) -> None:
     """Train the tokenizer, initialise the encoder, save both to ``folder``."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
     pad, unk, cls, sep, mask = _RECIPE["special_tokens"]
-    tok = Tokenizer(models.BPE(unk_token=unk))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=_RECIPE["vocab_size"],
-        min_frequency=2,
-        special_tokens=_RECIPE["special_tokens"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+    tok = byte_level_bpe(
+        shipped_texts(),
+        _RECIPE["special_tokens"],
+        _RECIPE["vocab_size"],
+        unk=unk,
+        prefix_space=True,
     )
-    tok.train_from_iterator(shipped_texts(), trainer=trainer)
     cls_id, sep_id = tok.token_to_id(cls), tok.token_to_id(sep)
     tok.post_processor = processors.TemplateProcessing(
         single=f"{cls} $A {sep}",

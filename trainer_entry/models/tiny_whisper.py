@@ -37,6 +37,7 @@ from typing import Any
 from orchestrator.contract.layout import cache_root
 from trainer_entry.models.tiny import (
     SHIPPED_TEXTS,
+    byte_level_bpe,
     ensure_built,
     marked_complete,
     recipe_key,
@@ -115,7 +116,7 @@ def build(folder: Path) -> None:
     """Train the tokenizer, initialise the model, save both and the feature extractor to
     ``folder``."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
     from transformers import (
         PreTrainedTokenizerFast,
         WhisperConfig,
@@ -125,17 +126,7 @@ def build(folder: Path) -> None:
     )
 
     eot, sot, no_timestamps = _RECIPE["special_tokens"]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=_RECIPE["vocab_size"],
-        min_frequency=2,
-        special_tokens=_RECIPE["special_tokens"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(shipped_texts(), trainer=trainer)
+    tok = byte_level_bpe(shipped_texts(), _RECIPE["special_tokens"], _RECIPE["vocab_size"])
     special_ids = [(t, tok.token_to_id(t)) for t in _RECIPE["special_tokens"]]
     # Like WhisperTokenizer without a language or task: the prefix, the text, the end.
     tok.post_processor = processors.TemplateProcessing(
