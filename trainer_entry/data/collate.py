@@ -90,10 +90,24 @@ class Collator:
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         batch = padded_batch(features, self.pad_token_id, self.pad_to_multiple_of)
-        labels = torch.full(batch["input_ids"].shape, IGNORE_INDEX, dtype=torch.long)
-        for row, (f, length) in enumerate(zip(features, batch[REAL_LENGTHS], strict=True)):
-            labels[row, :length] = torch.as_tensor(f["labels"])
+        # a row's labels are as long as its ids: the same width
+        labels = pad_rows([f["labels"] for f in features], IGNORE_INDEX, self.pad_to_multiple_of)
         return {**batch, "labels": labels}
+
+
+def pad_rows(
+    rows: Sequence[Any], value: int, pad_to_multiple_of: int | None = None
+) -> torch.Tensor:
+    """``rows`` (token ids or labels) right-padded with ``value`` into one long tensor, as
+    wide as the longest (rounded up to a multiple of ``pad_to_multiple_of`` when set)."""
+    width = max(len(r) for r in rows)
+    if pad_to_multiple_of:
+        m = pad_to_multiple_of
+        width = (width + m - 1) // m * m
+    out = torch.full((len(rows), width), value, dtype=torch.long)
+    for row, r in enumerate(rows):
+        out[row, : len(r)] = torch.as_tensor(r)
+    return out
 
 
 def padded_batch(
@@ -102,16 +116,9 @@ def padded_batch(
     """``input_ids`` right-padded (to a multiple of ``pad_to_multiple_of`` when set), their
     ``attention_mask``, and the three counts: real tokens, the rectangle, each row's length."""
     lengths = [len(f["input_ids"]) for f in features]
-    width = max(lengths)
-    if pad_to_multiple_of:
-        m = pad_to_multiple_of
-        width = (width + m - 1) // m * m
-    n = len(features)
-    input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((n, width), dtype=torch.long)
-    for row, (f, length) in enumerate(zip(features, lengths, strict=True)):
-        input_ids[row, :length] = torch.as_tensor(f["input_ids"])
-        attention[row, :length] = 1
+    input_ids = pad_rows([f["input_ids"] for f in features], pad_token_id, pad_to_multiple_of)
+    n, width = input_ids.shape
+    attention = (torch.arange(width) < torch.as_tensor(lengths)[:, None]).long()
     return {
         "input_ids": input_ids,
         "attention_mask": attention,

@@ -43,7 +43,15 @@ import torch
 
 from trainer_entry.buildonce import build_once
 from trainer_entry.data.cache import cache_key, is_cached
-from trainer_entry.data.collate import COUNTS, PADDED_TOKENS, REAL_LENGTHS, REAL_TOKENS, ROW_DIMS
+from trainer_entry.data.collate import (
+    COUNTS,
+    PADDED_TOKENS,
+    REAL_LENGTHS,
+    REAL_TOKENS,
+    ROW_DIMS,
+    pad_rows,
+    padded_batch,
+)
 from trainer_entry.data.formats import IGNORE_INDEX, field
 from trainer_entry.data.holdout import holdout_count, holdout_indices
 from trainer_entry.data.sources import SHIPPED_DATASET, load_records
@@ -193,16 +201,6 @@ class PairDataset(torch.utils.data.Dataset[dict[str, Any]]):
         return {"input_ids": self.data.sources[i], "labels": self.data.targets[i]}
 
 
-def _pad(rows: Sequence[Any], value: int, multiple: int | None) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    if multiple:
-        width = (width + multiple - 1) // multiple * multiple
-    out = torch.full((len(rows), width), value, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.as_tensor(r)
-    return out
-
-
 @dataclass
 class PairCollator:
     """Right-pads the sources (``input_ids``, ``attention_mask``) and the targets (``labels``,
@@ -212,21 +210,17 @@ class PairCollator:
     pad_to_multiple_of: int | None = None
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        sources = [f["input_ids"] for f in features]
+        sources = padded_batch(features, self.pad_token_id, self.pad_to_multiple_of)
         targets = [f["labels"] for f in features]
-        input_ids = _pad(sources, self.pad_token_id, self.pad_to_multiple_of)
-        labels = _pad(targets, IGNORE_INDEX, self.pad_to_multiple_of)
-        mask = torch.zeros_like(input_ids)
-        for i, s in enumerate(sources):
-            mask[i, : len(s)] = 1
-        src = [len(s) for s in sources]
+        labels = pad_rows(targets, IGNORE_INDEX, self.pad_to_multiple_of)
+        src = sources[REAL_LENGTHS]
         tgt = [len(t) for t in targets]
         return {
-            "input_ids": input_ids,
-            "attention_mask": mask,
+            "input_ids": sources["input_ids"],
+            "attention_mask": sources["attention_mask"],
             "labels": labels,
             REAL_TOKENS: sum(src) + sum(tgt),
-            PADDED_TOKENS: int(input_ids.numel() + labels.numel()),
+            PADDED_TOKENS: sources[PADDED_TOKENS] + int(labels.numel()),
             # a row's tokens, both sides: samples are counted from these
             REAL_LENGTHS: [s + t for s, t in zip(src, tgt, strict=True)],
             COUNTS: {"source_tokens": sum(src), "target_tokens": sum(tgt)},

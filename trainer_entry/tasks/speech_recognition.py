@@ -59,6 +59,7 @@ from trainer_entry.data.collate import (
     REAL_TOKENS,
     ROW_DIMS,
     input_dtype,
+    pad_rows,
 )
 from trainer_entry.data.formats import IGNORE_INDEX
 from trainer_entry.data.holdout import holdout_count, holdout_indices
@@ -328,10 +329,7 @@ class ClipCollator:
             inputs = {
                 k: v.to(self.dtype) if v.is_floating_point() else v for k, v in inputs.items()
             }
-        width = max(len(t) for t in targets)
-        labels = torch.full((len(targets), width), IGNORE_INDEX, dtype=torch.long)
-        for row, t in enumerate(targets):
-            labels[row, : len(t)] = torch.as_tensor(t)
+        labels = pad_rows(targets, IGNORE_INDEX)
         fed = [min(len(a), self.window) if self.window else len(a) for a in audio]
         lengths = [len(t) for t in targets]
         return {
