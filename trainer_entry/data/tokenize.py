@@ -97,6 +97,23 @@ def tokenize_record(
     return ids, labels
 
 
+def cut_texts(
+    texts: Sequence[str], tokenizer: Any, limit: int
+) -> tuple[list[np.ndarray], set[int]]:
+    """(each text's ids with the tokenizer's special tokens, cut to ``limit`` by the
+    tokenizer, which keeps them; the indices of the texts that were cut). Every text is
+    tokenized once; only those found too long are tokenized again, cut."""
+    encoded = [list(x) for x in tokenizer(list(texts), add_special_tokens=True)["input_ids"]]
+    long = [i for i, ids in enumerate(encoded) if len(ids) > limit]
+    if long:
+        cut = tokenizer(
+            [texts[i] for i in long], add_special_tokens=True, truncation=True, max_length=limit
+        )["input_ids"]
+        for i, ids in zip(long, cut, strict=True):
+            encoded[i] = list(ids)
+    return [np.asarray(ids, dtype=np.int64) for ids in encoded], set(long)
+
+
 def tokenizer_identity(tokenizer: Any) -> str:
     """A hash of everything about a tokenizer that changes its output."""
     h = hashlib.sha256()

@@ -55,7 +55,7 @@ from trainer_entry.data.collate import (
 from trainer_entry.data.formats import IGNORE_INDEX, field
 from trainer_entry.data.holdout import holdout_count, holdout_indices
 from trainer_entry.data.sources import SHIPPED_DATASET, load_records
-from trainer_entry.data.tokenize import tokenizer_identity
+from trainer_entry.data.tokenize import cut_texts, tokenizer_identity
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.spec_errors import SpecError
 from trainer_entry.tasks.task_protocol import TaskData
@@ -111,14 +111,6 @@ def read_pairs(cfg: DataConfig) -> tuple[list[dict[str, Any]], dict[str, Any], D
     return records, source, cfg
 
 
-def _tokenize(texts: list[str], tokenizer: Any, limit: int) -> tuple[list[np.ndarray], set[int]]:
-    """Each text with the tokenizer's special tokens, cut to ``limit`` (and which were cut)."""
-    encoded = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=limit)
-    full = tokenizer(texts, add_special_tokens=True)["input_ids"]
-    cut = {i for i, ids in enumerate(full) if len(ids) > limit}
-    return [np.asarray(ids, dtype=np.int64) for ids in encoded["input_ids"]], cut
-
-
 def tokenize_pairs(
     records: Sequence[Mapping[str, Any]], cfg: DataConfig, tokenizer: Any, source: dict[str, Any]
 ) -> Pairs:
@@ -131,8 +123,8 @@ def tokenize_pairs(
     ]
     if not whole:
         raise SpecError("no record has both a source and a target text")
-    src, src_cut = _tokenize([sources[i] for i in whole], tokenizer, cfg.max_seq_len)
-    tgt, tgt_cut = _tokenize([targets[i] for i in whole], tokenizer, cfg.max_seq_len)
+    src, src_cut = cut_texts([sources[i] for i in whole], tokenizer, cfg.max_seq_len)
+    tgt, tgt_cut = cut_texts([targets[i] for i in whole], tokenizer, cfg.max_seq_len)
     kept = list(zip(src, tgt, strict=True))
     sources_kept = [s for s, _ in kept]
     targets_kept = [t for _, t in kept]

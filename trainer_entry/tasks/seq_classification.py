@@ -52,7 +52,7 @@ from trainer_entry.data.collate import padded_batch
 from trainer_entry.data.formats import field
 from trainer_entry.data.holdout import split_sequences
 from trainer_entry.data.sources import load_records
-from trainer_entry.data.tokenize import tokenizer_identity
+from trainer_entry.data.tokenize import cut_texts, tokenizer_identity
 from trainer_entry.models.tiny_bert import REVIEWS
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.spec_errors import SpecError
@@ -135,18 +135,8 @@ def tokenize_texts(
             f"max_seq_len {cfg.max_seq_len} leaves no room for text: the tokenizer adds "
             f"{special} special tokens to every sequence"
         )
-    encoded = [list(x) for x in tokenizer(texts, add_special_tokens=True)["input_ids"]]
-    long = [i for i, ids in enumerate(encoded) if len(ids) > cfg.max_seq_len]
-    if long:
-        cut = tokenizer(
-            [texts[i] for i in long],
-            add_special_tokens=True,
-            truncation=True,
-            max_length=cfg.max_seq_len,
-        )["input_ids"]
-        for i, ids in zip(long, cut, strict=True):
-            encoded[i] = list(ids)
-    return [np.asarray(ids, dtype=np.int64) for ids in encoded], len(long)
+    ids, cut = cut_texts(texts, tokenizer, cfg.max_seq_len)
+    return ids, len(cut)
 
 
 def _finish(
