@@ -27,6 +27,15 @@ def real(batch: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def counted_step(model: Any, inputs: Mapping[str, Any]) -> float:
+    """The FLOPs ``FlopCounterMode`` counts in one training step of ``model`` on ``inputs``
+    (real tensors), forward and backward; the gradients are cleared after it."""
+    with FlopCounterMode(display=False) as counter:
+        model(**inputs).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
+
+
 def counted_over_reference(
     task: Any,
     model: Any,
@@ -56,9 +65,5 @@ def counted_over_reference(
         inputs = real(task.probe_batch(model.config, lengths))
         if "labels" not in inputs and labels is not None:
             inputs["labels"] = labels(lengths)
-        with FlopCounterMode(display=False) as counter:
-            out = model(**inputs)
-            out.loss.backward()
-        reference += counter.get_total_flops()
-        model.zero_grad(set_to_none=True)
+        reference += counted_step(model, inputs)
     return figure / reference

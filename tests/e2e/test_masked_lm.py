@@ -12,9 +12,8 @@ import math
 from collections import Counter
 
 import pytest
-from countedcheck import real
+from countedcheck import counted_step, real
 from test_child import run_child
-from torch.utils.flop_counter import FlopCounterMode
 
 from trainer_entry.models.tiny_bert import REVIEWS, ensure_tiny_bert
 from trainer_entry.tasks.masked_lm import MaskedLMTask
@@ -57,10 +56,7 @@ def test_every_review_once_gives_the_counts_and_the_flops(tmp_path) -> None:
     task, reference = MaskedLMTask(), 0
     # a step's FLOPs depend on the length alone: counted once per length, times its texts
     for length, texts in Counter(lengths).items():
-        with FlopCounterMode(display=False) as counter:
-            model(**real(task.probe_batch(None, {"tokens": length}))).loss.backward()
-        reference += texts * counter.get_total_flops()
-        model.zero_grad(set_to_none=True)
+        reference += texts * counted_step(model, real(task.probe_batch(None, {"tokens": length})))
     assert m["flops_per_token"] == pytest.approx(reference / sum(lengths), rel=0.10)
     assert result["flops"]["method"] == "counted"
     assert all(math.isfinite(v) for _, v in result["loss_history"])

@@ -12,9 +12,8 @@ import json
 
 import pytest
 import torch
-from countedcheck import real
+from countedcheck import counted_step, real
 from test_child import run_child
-from torch.utils.flop_counter import FlopCounterMode
 
 from trainer_entry.models.tiny_bart import ensure_tiny_bart
 from trainer_entry.tasks.seq2seq_lm import Seq2SeqLMTask
@@ -48,12 +47,9 @@ def _reference_flops(pairs: list[tuple[int, int]], lora_modules: list[str]) -> f
     task = Seq2SeqLMTask()
     total = 0
     for source, target in pairs:
-        with FlopCounterMode(display=False) as counter:
-            model(
-                **real(task.probe_batch(None, {"source": source, "target": target}))
-            ).loss.backward()
-        total += counter.get_total_flops()
-        model.zero_grad(set_to_none=True)
+        total += counted_step(
+            model, real(task.probe_batch(None, {"source": source, "target": target}))
+        )
     return float(total)
 
 
