@@ -64,21 +64,29 @@ def test_the_floors_are_what_is_installed() -> None:
     }, installed
 
 
-def test_the_tiny_matrix_runs_end_to_end_at_the_floors(tmp_path: Path) -> None:
-    (tmp_path / "scenarios.yaml").write_text(SCENARIOS)
+def _run_matrix(
+    tmp_path: Path, scenarios: str, *, timeout: int
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, str]]]:
+    """``scenarios`` run through ``run_benchmarks.sh`` on 1 and 2 processes, as a user runs
+    it: the finished process (exit 0) and raw_summary.csv's rows."""
+    (tmp_path / "scenarios.yaml").write_text(scenarios)
     done = subprocess.run(
         ["bash", str(REPO / "run_benchmarks.sh"), "1 2", "results", "scenarios.yaml"],
         cwd=tmp_path,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable},
         capture_output=True,
         text=True,
-        timeout=1200,
+        timeout=timeout,
     )
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    with (tmp_path / "results" / "raw_summary.csv").open() as f:
+        return done, list(csv.DictReader(f))
+
+
+def test_the_tiny_matrix_runs_end_to_end_at_the_floors(tmp_path: Path) -> None:
+    done, rows = _run_matrix(tmp_path, SCENARIOS, timeout=1200)
     # the check before launch ran, against the floors
     assert "checked 8 cell(s) against" in done.stdout
-    with (tmp_path / "results" / "raw_summary.csv").open() as f:
-        rows = list(csv.DictReader(f))
     assert len(rows) == 8
     cells = {(r["trainer"], r["peft_method"] or "none", r["num_gpus"]) for r in rows}
     assert cells == {(t, p, n) for t in ("sft", "hf") for p in ("none", "lora") for n in ("1", "2")}
@@ -167,18 +175,7 @@ def test_the_task_families_run_end_to_end_at_the_floors(tmp_path: Path) -> None:
     """seq2seq-lm (1 and 2 processes), masked-lm and speech-recognition (Whisper and CTC),
     full and LoRA, with eval on, through run_benchmarks.sh: every cell ok with its
     counts, counted FLOPs and an eval loss."""
-    (tmp_path / "scenarios.yaml").write_text(FAMILIES)
-    done = subprocess.run(
-        ["bash", str(REPO / "run_benchmarks.sh"), "1 2", "results", "scenarios.yaml"],
-        cwd=tmp_path,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    with (tmp_path / "results" / "raw_summary.csv").open() as f:
-        rows = list(csv.DictReader(f))
+    _, rows = _run_matrix(tmp_path, FAMILIES, timeout=1500)
     assert len(rows) == 10
     assert {r["status"] for r in rows} == {"ok"}, [(r["experiment_id"], r["error"]) for r in rows]
     for row in rows:
