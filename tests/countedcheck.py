@@ -19,12 +19,18 @@ from trainer_entry.measure.counted import CountedFlops, count_flops
 from trainer_entry.measure.steps import length_moments
 
 
-def real(batch: Mapping[str, Any]) -> dict[str, Any]:
-    """A probe's meta tensors made real: ones of the same shape and dtype on the CPU."""
-    return {
+def real(batch: Mapping[str, Any], marks: Mapping[str, tuple[int, int]] = {}) -> dict[str, Any]:
+    """A probe's meta tensors made real: ones of the same shape and dtype on the CPU.
+
+    ``marks``: input -> (how many leading positions, the id they hold): the values a
+    meta probe sets and cannot keep (a vision-language probe's image positions)."""
+    out = {
         k: torch.ones(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) else v
         for k, v in batch.items()
     }
+    for name, (count, value) in marks.items():
+        out[name][..., :count] = value
+    return out
 
 
 def counted_step(model: Any, inputs: Mapping[str, Any]) -> float:
@@ -43,11 +49,13 @@ def counted_over_reference(
     *,
     checkpointing: bool = False,
     labels: Callable[[Mapping[str, int]], torch.Tensor] | None = None,
+    marks: Callable[[Mapping[str, int]], Mapping[str, tuple[int, int]]] | None = None,
 ) -> float:
     """The run's counted FLOPs for ``rows`` over the counter's sum of one step per row.
 
     ``labels``: the labels the reference trains on where the probe has none (a CTC
-    model's probe backpropagates its logits' mean; the reference runs its real loss)."""
+    model's probe backpropagates its logits' mean; the reference runs its real loss).
+    ``marks``: a row's leading positions that hold an id (``real``)."""
     dims = task.flop_dims
     typical = {d: sum(r[d] for r in rows) / len(rows) for d in dims}
     counted = count_flops(
@@ -62,7 +70,7 @@ def counted_over_reference(
     figure = CountedFlops.total(coefficients, len(rows), moments)
     reference = 0
     for lengths in rows:
-        inputs = real(task.probe_batch(model.config, lengths))
+        inputs = real(task.probe_batch(model.config, lengths), marks(lengths) if marks else {})
         if "labels" not in inputs and labels is not None:
             inputs["labels"] = labels(lengths)
         reference += counted_step(model, inputs)

@@ -23,6 +23,7 @@ TINY_MODEL_NAMES = (
     "tiny-bart",
     "tiny-whisper",
     "tiny-wav2vec2",
+    "tiny-vlm",
 )
 EXAMPLE = "python:my_models.factory:build"
 

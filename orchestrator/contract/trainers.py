@@ -147,6 +147,16 @@ TASK_LINES: tuple[TaskLine, ...] = (
         counts=("audio_seconds",),
         samples_first=True,
     ),
+    TaskLine(
+        "vision-language",
+        "trainer_entry.tasks.vision_language:VisionLanguageTask",
+        token="a real (not padding) position of the language model's sequence, an image's or "
+        "the text's; each kind is also counted apart",
+        sample="conversations",
+        settings=("image_field", "messages_field"),
+        not_read=("text_field", "pad_to_multiple_of"),
+        counts=("image_tokens", "text_tokens"),
+    ),
 )
 #: every task, the default first -> ``module:Class`` of its ``Task``
 TASK_IMPLEMENTATIONS: dict[str, str] = {t.name: t.implementation for t in TASK_LINES}
@@ -190,7 +200,7 @@ class Trainer:
 TRAINERS: tuple[Trainer, ...] = (
     Trainer(
         "sft",
-        ("causal-lm",),
+        ("causal-lm", "vision-language"),
         "trainer_entry.backends.sft:SFTTrainerBackend",
         library="TRL",
         needs="trl",

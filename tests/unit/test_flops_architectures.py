@@ -123,6 +123,8 @@ CHECKED_BY_TASK = {
     "bart": "seq2seq-lm",
     "whisper": "speech-recognition",
     "wav2vec2": "speech-recognition",
+    "llava": "vision-language",
+    "qwen2_vl": "vision-language",
 }
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +70,7 @@ from trainer_entry.settings import installed
 from trainer_entry.settings.installed import Owner, Refused, in_installed_names
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.spec_errors import SpecError, first_line
-from trainer_entry.tasks.task_protocol import Task, TaskData
+from trainer_entry.tasks.task_protocol import BatchedByTRL, Task, TaskData
 
 # TRL prepares its dataset with datasets' map: no loading bars in stderr.log
 datasets.disable_progress_bars()
@@ -191,6 +192,9 @@ def sft_kwargs(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> dict[str
         "packing": strategy is not None,
         "completion_only_loss": cfg.completion_only_loss,
         **controlled_arguments(spec, parsed, on_gpu),
+        # the rows reach the collator whole, as under hf: TRL's vision collator reads the
+        # images and turns of rows it is given by index
+        "remove_unused_columns": False,
     }
     if parsed.pad_to_multiple_of is not None:
         kwargs["pad_to_multiple_of"] = parsed.pad_to_multiple_of
@@ -265,18 +269,23 @@ def describe(
         meta["examples_dropped"] = len(before) - len(dataset)
 
 
+def text_counts(batch: Mapping[str, Any], features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What a batch of TRL's language-modeling collator fed (``count_collated``)."""
+    counts = count_collated(batch, features)
+    return {REAL_TOKENS: counts.real, PADDED_TOKENS: counts.padded, REAL_LENGTHS: counts.lengths}
+
+
 @dataclass
 class CountingCollator:
-    """TRL's collator, with what each batch fed added (``trainer_entry.data.collate``)."""
+    """TRL's collator, with what each batch fed added (``trainer_entry.data.collate``):
+    ``count`` reads it from the batch and the examples it was made of."""
 
     inner: Any
+    count: Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]]], dict[str, Any]] = text_counts
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         batch = dict(self.inner(features))
-        counts = count_collated(batch, features)
-        batch[REAL_TOKENS] = counts.real
-        batch[PADDED_TOKENS] = counts.padded
-        batch[REAL_LENGTHS] = counts.lengths
+        batch.update(self.count(batch, features))
         return batch
 
 
@@ -286,11 +295,18 @@ class BenchSFTTrainer(SFTTrainer):
     #: the collator TRL chose, wrapped (``SFTTrainer``'s attribute)
     data_collator: Any
 
-    def __init__(self, *args: Any, hooks: StepHooks | None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        hooks: StepHooks | None,
+        count: Callable[[Mapping[str, Any], Sequence[Mapping[str, Any]]], dict[str, Any]]
+        | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._hooks = hooks
         # after TRL chose its collator (it refuses one given under padding-free)
-        self.data_collator = CountingCollator(self.data_collator)
+        self.data_collator = CountingCollator(self.data_collator, count or text_counts)
 
     def training_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         if REAL_TOKENS not in inputs:
@@ -342,18 +358,26 @@ class SFTTrainerBackend(TrainerBackend):
         hooks: StepHooks | None,
     ) -> TrainerRun:
         config: SFTConfig = settings.native
-        prepared: PreparedData = data.examples
+        batched = task if isinstance(task, BatchedByTRL) else None
         try:
             trainer = BenchSFTTrainer(
                 model=model,
                 args=config,
-                train_dataset=sft_dataset(prepared, parsed.data.completion_only_loss),
+                # a task of images and conversations: its examples as they are, which TRL's
+                # vision collator processes batch by batch
+                train_dataset=batched.trl_dataset(data)
+                if batched
+                else sft_dataset(data.examples, parsed.data.completion_only_loss),
                 **processing_class(SFTTrainer, tokenizer),
                 callbacks=[MeasureCallback(hooks)] if hooks is not None else [],
                 hooks=hooks,
+                count=batched.count_batch if batched else None,
             )
         except ValueError as exc:  # TRL's checks of its arguments against the model and data
             raise SpecError(f"trainer sft: {first_line(exc)}") from None
+        if batched:
+            return SFTTrainerRun(trainer)
+        prepared: PreparedData = data.examples
         max_length = installed.read(config, "max_length")
         strategy = trl_packing(parsed)
         describe(
@@ -375,6 +399,8 @@ class SFTTrainerBackend(TrainerBackend):
 
     def eval_dataset(self, task: Task, data: TaskData, parsed: ParsedArguments) -> Any:
         """TRL prepares (truncates, packs) the held-out set as it did the training set."""
+        if isinstance(task, BatchedByTRL):
+            return task.trl_dataset(TaskData(examples=data.eval_examples, meta={}))
         return sft_dataset(data.eval_examples, parsed.data.completion_only_loss)
 
     def flops_notes(self, model: Any, flops_per_token: float, parsed: ParsedArguments) -> list[str]:

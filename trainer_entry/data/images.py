@@ -369,7 +369,7 @@ def open_images(cfg: DataConfig) -> ImageSource:
 # ---------------------------------------------------------------------------
 
 
-def _decoded(image: Any) -> Any:
+def decoded_image(image: Any) -> Any:
     """A path, or a datasets image record (``bytes``/``path``), opened as a PIL image."""
     from PIL import Image
 
@@ -395,7 +395,7 @@ def to_pixels(image: Any, size: Size | None, channels: int, *, normalise: bool) 
     """
     from PIL import Image
 
-    image = _decoded(image)
+    image = decoded_image(image)
     if isinstance(image, Image.Image):
         if image.mode not in ("L", "RGB", "RGBA"):
             image = image.convert("RGBA" if "A" in image.getbands() else "RGB")

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+#: the modalities whose models come with a processor (``AutoProcessor``: a feature or
+#: image processor with the tokenizer) rather than a tokenizer alone
+PROCESSOR_MODALITIES = ("audio", "image-text")
+
 
 class ModelTask(Protocol):
     #: the task's name, as a scenario writes it
     name: str
-    #: ``text``: a tokenizer comes with the model; ``image``: pixels, no tokenizer
+    #: ``text``: a tokenizer comes with the model; ``image``: pixels, no tokenizer; one of
+    #: ``PROCESSOR_MODALITIES`` (``audio``, ``image-text``): a processor
     modality: str
     #: the embedded tiny model whose tokenizer a model built here (``config:``,
     #: ``python:``) takes unless the scenario names one; None: no tokenizer

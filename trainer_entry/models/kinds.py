@@ -27,6 +27,7 @@ TINY_MODELS: dict[str, str] = {
     "tiny-bart": "trainer_entry.models.tiny_bart:ensure_tiny_bart",
     "tiny-whisper": "trainer_entry.models.tiny_whisper:ensure_tiny_whisper",
     "tiny-wav2vec2": "trainer_entry.models.tiny_wav2vec2:ensure_tiny_wav2vec2",
+    "tiny-vlm": "trainer_entry.models.tiny_vlm:ensure_tiny_vlm",
 }
 
 #: ``config:<name>`` builds a shipped architecture, ``config:<path>`` any config.json

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from orchestrator.contract.modelnames import hub_offline
-from trainer_entry.models.for_task import ModelTask
+from trainer_entry.models.for_task import PROCESSOR_MODALITIES, ModelTask
 from trainer_entry.models.kinds import CONFIG_PREFIX, TINY_MODELS, model_kind
 from trainer_entry.models.resolve import ARCHITECTURES as ARCHITECTURES
 from trainer_entry.models.resolve import architecture_config, shipped_architectures
@@ -235,11 +235,12 @@ def load_model(
         raise _model_error(name, exc) from None
     if given_tokenizer is not None:
         tokenizer = _fit_tokenizer(given_tokenizer, model)
-    elif task.modality in ("text", "audio"):
+    elif task.modality in ("text", *PROCESSOR_MODALITIES):
         # a model built here (config:, python:) takes the task's tiny model's tokenizer (an
-        # audio task: its processor, the feature extractor with the tokenizer)
+        # audio or image-text task: its processor, the feature or image processor with the
+        # tokenizer)
         tokenizer_name = tokenizer_name or str(tiny_model_path(task.tokenizer_model or TINY_NAME))
-        if task.modality == "audio":
+        if task.modality in PROCESSOR_MODALITIES:
             from transformers import AutoProcessor
 
             tokenizer = _load_tokenizer(tokenizer_name, cfg, model, AutoProcessor)

@@ -231,5 +231,14 @@ def save_model(model: Any, folder: Path) -> None:
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(folder)
     tied = getattr(model, "all_tied_weights_keys", None) or {}
-    weights = {name: t.contiguous() for name, t in model.state_dict().items() if name not in tied}
+    state = {name: t for name, t in model.state_dict().items() if name not in tied}
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # a release that saves the modules' own names
+        pass
+    else:
+        # the checkpoint names save_pretrained writes where the modules' differ (LLaVA's
+        # language_model.model.*), which every transformers 5 loads
+        state = revert_weight_conversion(model, state)
+    weights = {name: t.contiguous() for name, t in state.items()}
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})

@@ -125,6 +125,14 @@ def flops_figures(
         per_token, hardware, sample_flops, record, notes = counted_flops_figures(
             model, task, ranks, start, steps, asked=settings.activation_checkpointing
         )
+        if hardware is not None and backend.reruns(model):
+            # the count runs the model's own head; the backend's (TRL's fused LM head) runs
+            # again in the backward, on the positions it learns from
+            hardware = None
+            notes.append(
+                "no hardware_flops_per_token: the trainer's LM head runs its product again "
+                "in the backward on the positions it learns from, which the count does not run"
+            )
     else:
         per_token, hardware, record, notes, estimate = formula_flops_figures(
             model, ranks, parsed, start, steps, recomputed, per_sample, unseen

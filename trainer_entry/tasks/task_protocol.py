@@ -19,10 +19,10 @@ for every task.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from trainer_entry.models.for_task import ModelTask
 
@@ -111,4 +111,23 @@ class Task(ModelTask, Protocol):
     def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
         """One sample's model inputs, labels included, without padding, with the given
         length along each of ``flop_dims``, on the ``meta`` device (FLOPs are counted on it)."""
+        ...
+
+
+@runtime_checkable
+class BatchedByTRL(Protocol):
+    """A task whose examples TRL's own collator batches under ``sft`` (its vision collator:
+    images with conversations), rather than the tokenized sequences of causal-LM: the
+    backend takes the examples as ``trl_dataset`` gives them and counts each batch with
+    ``count_batch``."""
+
+    def trl_dataset(self, data: TaskData) -> Any:
+        """The examples of ``data`` as the ``datasets.Dataset`` TRL takes."""
+        ...
+
+    def count_batch(
+        self, batch: Mapping[str, Any], features: Sequence[Mapping[str, Any]]
+    ) -> dict[str, Any]:
+        """What a batch (made of the examples ``features``) fed, as the task's own collator
+        counts it (``trainer_entry.data.collate``'s keys)."""
         ...

@@ -1,10 +1,10 @@
-"""The embedded speech models, and the shipped speech architectures.
+"""The embedded speech and vision-language models, and the shipped architectures of their kinds.
 
-``tiny-whisper`` and ``tiny-wav2vec2``: each builds offline into the cache, loads
-back with its Auto classes, learns from a batch with labels (a finite loss), and
-builds the same bytes twice, its weights those ``save_pretrained`` writes. The
-shipped Whisper and wav2vec 2.0 architectures build on the meta device at their
-published sizes.
+``tiny-whisper``, ``tiny-wav2vec2`` and ``tiny-vlm``: each builds offline into the
+cache, loads back with its Auto classes, learns from a batch with labels (a finite
+loss), and builds the same bytes twice, its weights those ``save_pretrained`` writes. The
+shipped Whisper, wav2vec 2.0, LLaVA and Qwen2-VL architectures build on the meta device
+at their published sizes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer_entry.models import tiny_wav2vec2, tiny_whisper
+from trainer_entry.models import tiny_vlm, tiny_wav2vec2, tiny_whisper
 from trainer_entry.models.tiny import COMPLETE
 
 
@@ -137,10 +137,51 @@ def test_tiny_wav2vec2_builds_loads_and_learns(cache, tmp_path) -> None:
     _weights_of_save_pretrained(model, path, tmp_path)
 
 
+def test_tiny_vlm_builds_loads_and_learns(cache, tmp_path) -> None:
+    from transformers import AutoModelForImageTextToText, AutoProcessor, LlavaProcessor
+
+    path = tiny_vlm.ensure_tiny_vlm()
+    assert path == tiny_vlm.tiny_vlm_path() and path.parent == cache
+    assert tiny_vlm.is_complete(path) and path.name.startswith("tiny-vlm-")
+
+    processor = AutoProcessor.from_pretrained(path)
+    assert isinstance(processor, LlavaProcessor)
+    model = AutoModelForImageTextToText.from_pretrained(path)
+    config = model.config
+    image = processor.tokenizer.convert_tokens_to_ids("<image>")
+    assert image == config.image_token_index == processor.image_token_id == 1024
+    assert len(processor.tokenizer) == config.text_config.vocab_size == 1025
+
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which shape?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "A circle."}]},
+    ]
+    prompt = processor.apply_chat_template(messages)
+    assert prompt.count("<image>") == 1
+    pictures = (np.random.default_rng(0).random((2, 48, 40, 3)) * 255).astype(np.uint8)
+    batch = processor(
+        images=list(pictures), text=[prompt, "<image>\nshort"], padding=True, return_tensors="pt"
+    )
+    assert batch["pixel_values"].shape == (2, 3, 32, 32)
+    assert (batch["input_ids"] == image).sum(1).tolist() == [64, 64]
+    ignored = (batch["attention_mask"] == 0) | (batch["input_ids"] == image)
+    labels = batch["input_ids"].masked_fill(ignored, -100)
+    loss = model(**batch, labels=labels).loss
+    assert math.isfinite(loss.item())
+    loss.backward()
+
+    tiny_vlm.build(tmp_path / "again")
+    assert _digest(tmp_path / "again") == _digest(path)
+    _weights_of_save_pretrained(model, path, tmp_path)
+
+
+#: shipped architecture -> (its Auto class, its published parameter count)
 PUBLISHED = {
     "whisper-small": ("AutoModelForSpeechSeq2Seq", 242e6),
     "whisper-large-v3": ("AutoModelForSpeechSeq2Seq", 1.55e9),
     "wav2vec2-base": ("AutoModelForCTC", 94.4e6),
+    "llava-1.5-7b": ("AutoModelForImageTextToText", 7.06e9),
+    "qwen2-vl-7b": ("AutoModelForImageTextToText", 8.29e9),
 }
 
 
