@@ -15,8 +15,9 @@ the table is written as each part ends, so a run cut off keeps every check that 
    (``--launch cell``), to hold each to its own launch.
 4. **MEMORY_LOGGING=hf-tracker** on the full fine-tuning cell: what it costs.
 5. **The task families** (``FAMILIES``): one cell each of seq2seq-lm (``config:t5-large``),
-   masked-lm (``config:bert-base-uncased``) and speech-recognition
-   (``config:whisper-small``), random weights on the shipped or generated data.
+   masked-lm (``config:bert-base-uncased``), speech-recognition (``config:whisper-small``)
+   and vision-language (``config:llava-1.5-7b``, LoRA under TRL's trainer), random weights
+   on the shipped or generated data.
 
 Every check fails on a missing row, a status other than ``ok`` or a missing figure;
 only the rows marked ``reported`` may read n/a. With ``--cpu-smoke`` (a few steps of the
@@ -38,7 +39,7 @@ the GPU-only checks are left out; everything else is judged. The checks (``check
 - a shared launch against each cell's own: tokens/s, torch's reserved peak and NVML's
   peak within 2%, equal loss curves;
 - each task family's cell ok, with tokens/s, its own count (source tokens/s, audio
-  seconds/s), counted FLOPs per token and per sample, a finite loss, memory and an MFU
+  seconds/s, image tokens/s), counted FLOPs per token and per sample, a finite loss, memory and an MFU
   under 1 (their FLOPs are held to FlopCounterMode by the unit tests);
 - where the wall time went: each row's phases all recorded, its training phase (the
   child's instants) equal to its step clock's steps (2% or 50 ms); a fresh cell's
@@ -111,6 +112,20 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], str | None]] = {
         "tiny-whisper",
         {"task": "speech-recognition", "max_seq_len": 128, "per_device_train_batch_size": 16},
         "audio_seconds_per_second_global",
+    ),
+    # TRL's trainer, LoRA: a 7B model's full fine-tuning (AdamW) needs more than one GPU
+    "vision-llava": (
+        "config:llava-1.5-7b",
+        "tiny-vlm",
+        {
+            "task": "vision-language",
+            "trainer": "sft",
+            "peft_method": "lora",
+            "target_modules": ["q_proj", "v_proj"],
+            "max_seq_len": 1024,
+            "per_device_train_batch_size": 8,
+        },
+        "image_tokens_per_second_global",
     ),
 }
 
@@ -230,8 +245,8 @@ def matrix_yaml(args: argparse.Namespace, dataset: Path, device: str) -> str:
 
 
 def families_yaml(args: argparse.Namespace, device: str) -> str:
-    """One cell per task family (``FAMILIES``), full fine-tuning under DDP, shipped or
-    generated data, activation checkpointing on."""
+    """One cell per task family (``FAMILIES``), under DDP, shipped or generated data,
+    activation checkpointing on; full fine-tuning by ``hf`` unless the family says."""
     cells = []
     for name, (model, tiny, arguments, _) in FAMILIES.items():
         settings = {

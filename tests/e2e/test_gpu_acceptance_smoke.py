@@ -75,7 +75,7 @@ def test_a_smoke_run_whose_every_cell_fails_exits_1(tmp_path: Path) -> None:
     rows = [line for line in text.splitlines() if line.startswith("| ") and "| ---" not in line]
     # the task families part trains its own models, not --model: its cells still pass
     families = [row for row in rows if ": trains, counts and FLOPs |" in row]
-    assert len(families) == 3 and all(row.endswith("| pass |") for row in families), text
+    assert len(families) == 4 and all(row.endswith("| pass |") for row in families), text
     results = [row.rsplit("|", 2)[1].strip() for row in rows if row not in families]
     results = [r for r in results if r != "result"]
     assert results and "pass" not in results

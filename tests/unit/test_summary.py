@@ -231,3 +231,38 @@ def test_packed_runs_are_said_in_one_paragraph() -> None:
     (line, blank) = packed_note(pd.DataFrame({"run_mode": ["packed", "alone", "packed"]}))
     assert line.startswith("**Packed**: 2 of 3 experiment(s) ran beside other jobs")
     assert "not an exclusive machine's" in line and blank == ""
+
+
+def test_a_folder_of_every_task_says_each_ones_token_sample_and_counts(tmp_path: Path) -> None:
+    """One cell of each declared task in one folder: each table shows its task's samples/s
+    where they come first, and its own counts; the reading guide says each task's token
+    and sample once."""
+    from orchestrator.contract import columns as registry
+    from orchestrator.contract.trainers import TASK_LINES, count_column
+
+    root = tmp_path / "results"
+    for i, line in enumerate(TASK_LINES):
+        run = write_run(
+            root,
+            f"s{i}",
+            scenario=f"s{i}",
+            num_gpus=1,
+            extra_arguments={"task": line.name, "trainer": "hf"},
+        )
+        counts = {count_column(c): 100.0 + j for j, c in enumerate(line.counts)}
+        _add_figures(
+            run, samples_per_second_global=12.0, samples_per_second_per_device=12.0, **counts
+        )
+    report = build_report(root, CostSettings())
+    markdown = summary_markdown(report, root, CostSettings())
+    assert len(TASK_LINES) == 7
+    for i, line in enumerate(TASK_LINES):
+        said = f"- For {line.name}, samples/s counts {line.sample}, and a token is {line.token}."
+        assert markdown.count(said) == 1
+        (row,) = _table(markdown, f"s{i}")
+        assert (row.get(f"{line.sample}/s") == "12") == line.samples_first, (line.name, row)
+        for j, count in enumerate(line.counts):
+            assert row[registry.get(count_column(count)).header] == f"{100 + j:,}", line.name
+        others = {c for other in TASK_LINES if other is not line for c in other.counts}
+        for count in others - set(line.counts):
+            assert registry.get(count_column(count)).header not in row, (line.name, count)

@@ -31,10 +31,11 @@ from trainer_entry.spec_errors import SpecError
 
 #: every task that reads text, as the refusals list them
 _TEXT = ", ".join(TEXT_TASKS)
-#: the text tasks less the one that reads its text from other fields (seq2seq-lm's
-#: source_field and target_field) and the one that pads no text (speech's audio)
-_TEXT_FIELD = ", ".join(t for t in TEXT_TASKS if t != "seq2seq-lm")
-_PADDED = ", ".join(t for t in TEXT_TASKS if t != "speech-recognition")
+#: the text tasks less those that read their text from other fields (seq2seq-lm's
+#: source_field and target_field, vision-language's messages) and those that pad no
+#: text to a multiple (speech's audio, vision-language's conversations)
+_TEXT_FIELD = ", ".join(t for t in TEXT_TASKS if t not in ("seq2seq-lm", "vision-language"))
+_PADDED = ", ".join(t for t in TEXT_TASKS if t not in ("speech-recognition", "vision-language"))
 
 REPO = Path(__file__).resolve().parents[2]
 #: SFTConfig's own settings, as a test stands them in
@@ -101,8 +102,8 @@ def _check(
             _TEXT,
         ),
         ("label_field", "causal-lm", "seq-classification, image-classification"),
-        ("image_field", "seq-classification", "image-classification"),
-        ("dataset_image_field", "causal-lm", "image-classification"),
+        ("image_field", "seq-classification", "image-classification, vision-language"),
+        ("dataset_image_field", "causal-lm", "image-classification, vision-language"),
     ],
 )
 def test_a_setting_of_other_tasks_is_refused(key: str, task: str, tasks: str) -> None:
