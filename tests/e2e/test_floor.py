@@ -128,7 +128,13 @@ def test_the_tiny_matrix_runs_end_to_end_at_the_floors(tmp_path: Path) -> None:
 
 
 def _family(
-    name: str, task: str, models: str, target_modules: str, processes: str, extra: str = ""
+    name: str,
+    task: str,
+    models: str,
+    target_modules: str,
+    processes: str,
+    extra: str = "",
+    length: int = 64,
 ) -> str:
     return f"""\
   - name: {name}
@@ -141,7 +147,7 @@ def _family(
       torch_dtype: float32
       learning_rate: 1e-3
       max_steps: 6
-      max_seq_len: 64
+      max_seq_len: {length}
       eval: true
       target_modules: {target_modules}{extra}
     sweep:
@@ -162,21 +168,33 @@ FAMILIES = (
         "[1]",
         "\n      dataset_kwargs: {num_clips: 48}",
     )
+    # its default trainer, TRL's, with its vision collator; 64 image positions a picture
+    + _family(
+        "vision",
+        "vision-language",
+        "tiny-vlm",
+        "[q_proj, v_proj]",
+        "[1]",
+        "\n      dataset_kwargs: {num_images: 48, size: 32}",
+        length=160,
+    )
 )
 #: what each family's rows must have beside tokens/s
 FAMILY_COUNTS = {
     "seq2seq-lm": ("source_tokens_per_second_global", "target_tokens_per_second_global"),
     "masked-lm": (),
     "speech-recognition": ("audio_seconds_per_second_global",),
+    "vision-language": ("image_tokens_per_second_global", "text_tokens_per_second_global"),
 }
 
 
+@pytest.mark.timeout(1800)  # twelve cells, one at a time: longer than a test's default
 def test_the_task_families_run_end_to_end_at_the_floors(tmp_path: Path) -> None:
-    """seq2seq-lm (1 and 2 processes), masked-lm and speech-recognition (Whisper and CTC),
-    full and LoRA, with eval on, through run_benchmarks.sh: every cell ok with its
-    counts, counted FLOPs and an eval loss."""
-    _, rows = _run_matrix(tmp_path, FAMILIES, timeout=1500)
-    assert len(rows) == 10
+    """seq2seq-lm (1 and 2 processes), masked-lm, speech-recognition (Whisper and CTC) and
+    vision-language (TRL's trainer), full and LoRA, with eval on, through
+    run_benchmarks.sh: every cell ok with its counts, counted FLOPs and an eval loss."""
+    _, rows = _run_matrix(tmp_path, FAMILIES, timeout=1800)
+    assert len(rows) == 12
     assert {r["status"] for r in rows} == {"ok"}, [(r["experiment_id"], r["error"]) for r in rows]
     for row in rows:
         for column in ("tokens_per_second_global", "flops_per_token", "flops_per_sample"):

@@ -286,47 +286,12 @@ scenarios:
     arguments: {{task: speech-recognition, model_name_or_path: tiny-whisper, dataset: {clips},
                 max_steps: 3}}
     sweep: {{activation_checkpointing: [false, true]}}
-  - name: vision
-    device: cpu
-    arguments: {{task: vision-language, model_name_or_path: tiny-vlm, dataset: {pictures},
-                max_steps: 3}}
-    sweep: {{activation_checkpointing: [false, true]}}
 """
 FAMILY_CASES = [
     (family, checkpointing)
-    for family in ("seq2seq", "masked", "speech", "vision")
+    for family in ("seq2seq", "masked", "speech")
     for checkpointing in (False, True)
 ]
-
-
-def _full_conversations(folder: Path) -> Path:
-    """Conversations of one picture each whose every one fills max_seq_len exactly (a
-    conversation is never cut): the text grows a word at a time until it does."""
-    import json
-
-    from PIL import Image
-    from transformers import AutoProcessor
-
-    from trainer_entry.models.tiny_vlm import ensure_tiny_vlm
-    from trainer_entry.tasks.vision_language import conversation, processed
-
-    processor = AutoProcessor.from_pretrained(ensure_tiny_vlm())
-    image = Image.new("RGB", (40, 30), (200, 40, 90))
-    image.save(folder / "picture.png")
-    for words in range(1, FAMILY_LENGTH):
-        turns = [
-            {"role": "user", "content": "Say it."},
-            {"role": "assistant", "content": " ".join(["alpha"] * words)},
-        ]
-        one = processed(processor, [{"images": [image], "messages": conversation(turns, 1, "")}])
-        if int(one["attention_mask"].sum()) == FAMILY_LENGTH:
-            break
-    else:
-        raise AssertionError(f"no conversation of exactly {FAMILY_LENGTH} positions")
-    path = folder / "pictures.jsonl"
-    record = json.dumps({"image": "picture.png", "messages": turns})
-    path.write_text("".join(record + "\n" for _ in range(16)))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -345,10 +310,7 @@ def family_cells(
     audio = [0.01 * (j % 13) for j in range(16000)]
     clips.write_text("".join(json.dumps({"audio": audio, "text": long}) + "\n" for _ in range(16)))
     (folder / "scenarios.yaml").write_text(
-        FAMILY_SCENARIOS.format(
-            pairs=pairs, texts=texts, clips=clips, pictures=_full_conversations(folder)
-        ),
-        encoding="utf-8",
+        FAMILY_SCENARIOS.format(pairs=pairs, texts=texts, clips=clips), encoding="utf-8"
     )
     (folder / "defaults.yaml").write_text("", encoding="utf-8")
     plan = api.plan(folder / "scenarios.yaml", defaults=folder / "defaults.yaml", device="cpu")
@@ -364,7 +326,6 @@ def family_cells(
     ("family", "checkpointing"),
     [
         pytest.param("seq2seq", True, id="seq2seq-ac"),
-        pytest.param("vision", False, id="vision-noac"),
         *(
             pytest.param(
                 *case, id=f"floor-{case[0]}-{'ac' if case[1] else 'noac'}", marks=pytest.mark.floor
@@ -379,9 +340,8 @@ def test_a_familys_prediction_holds_at_its_longest_batch(
     family: str,
     checkpointing: bool,
 ) -> None:
-    """seq2seq-lm, masked-lm, Whisper and the LLaVA-style model (under sft, its default
-    trainer), predicted at the task's longest micro-batch (``Task.longest``) and trained
-    on data whose every batch is that long."""
+    """seq2seq-lm, masked-lm and Whisper, predicted at the task's longest micro-batch
+    (``Task.longest``) and trained on data whose every batch is that long."""
     spec = RunSpec(**family_cells[(family, checkpointing)]).resolve(tmp_path)
     predicted = predict(spec)
     measured = measure(spec)

@@ -274,3 +274,20 @@ def test_a_built_llava_gets_the_tiny_processor_at_its_size() -> None:
 
 def test_sft_and_hf_train_it() -> None:
     assert task_backends("vision-language") == ("sft", "hf")
+
+
+def test_its_memory_is_not_predicted_and_the_prediction_says_why(tmp_path: Path) -> None:
+    from orchestrator import api
+    from orchestrator.contract.spec import RunSpec
+    from trainer_entry.run.memoryplan import predict
+
+    (tmp_path / "scenarios.yaml").write_text(
+        "scenarios:\n  - name: vl\n    device: cpu\n    arguments: {task: vision-language, "
+        "model_name_or_path: tiny-vlm, max_steps: 2, max_seq_len: 160}\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "defaults.yaml").write_text("", encoding="utf-8")
+    plan = api.plan(tmp_path / "scenarios.yaml", defaults=tmp_path / "defaults.yaml", device="cpu")
+    spec = RunSpec(**plan.experiments[0].spec()).resolve(tmp_path)
+    with pytest.raises(SpecError, match="finds its image positions by the values of the token ids"):
+        predict(spec)

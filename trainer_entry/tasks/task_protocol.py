@@ -105,7 +105,8 @@ class Task(ModelTask, Protocol):
     def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
         """Each of ``probe_batch``'s lengths at the longest a micro-batch may have, from the
         settings alone (``max_seq_len``; ``tokens`` for a task of one sequence); None where
-        only the data says (a CTC model's clips). The memory prediction runs a step of it."""
+        only the data says (a CTC model's clips). The memory prediction runs a step of it on
+        fake tensors; ``SpecError`` saying why where that step cannot run."""
         ...
 
     def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:

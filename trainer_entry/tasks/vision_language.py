@@ -40,6 +40,10 @@ images all have one size (LLaVA's processor resizes them); split by part
 (vision tower, projector, language model, head). Qwen2-VL's tower reads each
 image's grid, which the meta device cannot: no figure, with a note.
 
+**Memory.** Measured as for every task; not predicted before launch: the model
+finds its image positions by the ids' values, which the predicted step (on fake
+tensors) does not have.
+
 **Not taken.** Packing (a conversation and its images are one sample),
 ``completion_only_loss`` and ``pad_to_multiple_of``.
 """
@@ -561,11 +565,12 @@ class VisionLanguageTask:
         return set()
 
     def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
-        per_image = tokens_per_image(model_config)
-        if per_image is None:
-            return None  # each image's positions follow its size: only the data says
-        # one image per conversation, the rest of max_seq_len text
-        return {"images": 1, "text": max(1, parsed.data.max_seq_len - per_image)}
+        # the model finds its image positions by the ids' values (and checks their number
+        # against the tower's output), which a step on fake tensors does not have
+        raise SpecError(
+            "a vision-language model finds its image positions by the values of the token "
+            "ids, which the step on fake tensors does not have, so its memory is not predicted"
+        )
 
     def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
         per_image = tokens_per_image(model_config)
