@@ -2,7 +2,7 @@
 
 For each task family the folder of a tiny model's config alone loads through the
 project's loader with that family's tiny tokenizer (speech: the processor of the
-config's kind, Whisper's or wav2vec2's), and the check before launch says what it will
+config's kind, Whisper's or wav2vec2's; vision-language: tiny-vlm's processor), and the check before launch says what it will
 do with it.
 """
 
@@ -50,6 +50,8 @@ def test_a_folder_with_weights_or_an_adapter_is_not_one(tmp_path: Path) -> None:
         # speech: the processor (features and tokenizer) of the config's family
         ("speech-recognition", "tiny-whisper", "tiny-whisper"),
         ("speech-recognition", "tiny-wav2vec2", "tiny-wav2vec2"),
+        # vision-language: the tiny VLM's processor (image processor, tokenizer, template)
+        ("vision-language", "tiny-vlm", "tiny-vlm"),
     ],
 )
 def test_it_trains_with_the_familys_tiny_tokenizer(

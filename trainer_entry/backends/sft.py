@@ -70,6 +70,7 @@ from trainer_entry.settings import installed
 from trainer_entry.settings.installed import Owner, Refused, in_installed_names
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.spec_errors import SpecError, first_line
+from trainer_entry.tasks import get_task
 from trainer_entry.tasks.task_protocol import BatchedByTRL, Task, TaskData
 
 # TRL prepares its dataset with datasets' map: no loading bars in stderr.log
@@ -192,10 +193,10 @@ def sft_kwargs(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> dict[str
         "packing": strategy is not None,
         "completion_only_loss": cfg.completion_only_loss,
         **controlled_arguments(spec, parsed, on_gpu),
-        # the rows reach the collator whole, as under hf: TRL's vision collator reads the
-        # images and turns of rows it is given by index
-        "remove_unused_columns": False,
     }
+    if isinstance(get_task(parsed.task), BatchedByTRL):
+        # the rows reach TRL's vision collator whole (their images and turns, read by index)
+        kwargs["remove_unused_columns"] = False
     if parsed.pad_to_multiple_of is not None:
         kwargs["pad_to_multiple_of"] = parsed.pad_to_multiple_of
     ours = in_installed_names(kwargs, installed_fields(), _owner, parsed.notes, why=_newer)
