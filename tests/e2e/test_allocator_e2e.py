@@ -14,7 +14,7 @@ from test_run import REPO, rows, tunematrix
 
 from orchestrator.config.allocator import find_library
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 DEFAULTS = "max_steps: 3\nlogging_steps: 1\nreport_to: none\nsave_strategy: 'no'\nseed: 42\n"
 SCENARIOS = f"""\

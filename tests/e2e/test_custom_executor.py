@@ -25,7 +25,7 @@ from orchestrator.executors.base import (
 )
 from orchestrator.job.execute import Placement, run_experiment
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 

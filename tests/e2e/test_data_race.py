@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_tiny_race import child_env, finish, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 # One preparer: import everything first, say ready, wait for the start file, then prepare.
 CHILD = """\

@@ -21,6 +21,7 @@ from test_run import REPO, tunematrix
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.long,
     pytest.mark.skipif(
         importlib.util.find_spec("deepspeed") is None,
         reason="deepspeed is not installed (pip install 'tunematrix[deepspeed]')",

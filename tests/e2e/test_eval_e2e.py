@@ -12,7 +12,7 @@ import pytest
 from test_child import run_child
 from test_run import REPO, tunematrix
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 MAX_STEPS = 5
 BATCH = 4

@@ -15,7 +15,7 @@ from test_child import run_child
 
 from orchestrator.contract import columns as registry
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 
 def _positions() -> int:

@@ -25,7 +25,7 @@ import memcgroup
 import pytest
 from test_run import REPO, assert_phases_add_up, env, processes_mentioning, rows, tunematrix
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 DEFAULTS = "max_steps: 4\nlogging_steps: 1\nreport_to: none\nsave_strategy: 'no'\nseed: 42\n"
 

@@ -18,7 +18,7 @@ from test_child import run_child
 from trainer_entry.models.tiny_bert import REVIEWS, ensure_tiny_bert
 from trainer_entry.tasks.masked_lm import MaskedLMTask
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 MAX_SEQ_LEN = 64
 

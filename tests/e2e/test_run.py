@@ -216,6 +216,7 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
             assert sampled == pytest.approx(rank["peak_rss_bytes"], rel=0.15), (rank, sampled)
 
 
+@pytest.mark.long
 def test_failure_resume_and_a_second_run(tmp_path) -> None:
     (tmp_path / "defaults.yaml").write_text(DEFAULTS)
     # a fault only training finds (the check before launch reads no data)
@@ -287,6 +288,7 @@ def test_failure_resume_and_a_second_run(tmp_path) -> None:
     assert [r["status"] for r in rows(results)] == ["ok"]
 
 
+@pytest.mark.long
 def test_timeout_kills_the_whole_group(tmp_path) -> None:
     (tmp_path / "defaults.yaml").write_text(DEFAULTS)
     (tmp_path / "scenarios.yaml").write_text(
@@ -327,6 +329,7 @@ def test_timeout_kills_the_whole_group(tmp_path) -> None:
         assert line.group(1) == "  " + row["error"]
 
 
+@pytest.mark.long
 def test_ctrl_c_keeps_finished_rows_and_leaves_no_orphan(tmp_path) -> None:
     (tmp_path / "defaults.yaml").write_text(DEFAULTS)
     (tmp_path / "scenarios.yaml").write_text(

@@ -18,7 +18,7 @@ from test_child import run_child
 from trainer_entry.models.tiny_bart import ensure_tiny_bart
 from trainer_entry.tasks.seq2seq_lm import Seq2SeqLMTask
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 PAIRS = 48
 

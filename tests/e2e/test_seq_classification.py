@@ -16,7 +16,7 @@ from test_child import run_child
 
 from trainer_entry.models.tiny_bert import REVIEWS, ensure_tiny_bert
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 MAX_SEQ_LEN = 96
 

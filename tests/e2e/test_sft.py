@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_child import prepared_lengths, run_child, write_records
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 pytest.importorskip("trl")
 
 

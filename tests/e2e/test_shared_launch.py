@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_child import child_argv, child_env, run_in_own_group
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 TINY = {"model_name_or_path": "tiny-llama", "max_seq_len": 64, "max_steps": 4, "logging_steps": 1}
 

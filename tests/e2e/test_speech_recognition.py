@@ -22,7 +22,7 @@ from test_child import run_child
 from trainer_entry.models.tiny_whisper import ensure_tiny_whisper
 from trainer_entry.tasks.speech_recognition import SpeechRecognitionTask
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 CLIPS, RATE = 16, 8000
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 

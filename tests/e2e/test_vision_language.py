@@ -22,7 +22,7 @@ from test_child import run_child
 from trainer_entry.models.tiny_vlm import ensure_tiny_vlm
 from trainer_entry.tasks.vision_language import VisionLanguageTask, conversation, processed
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 CONVERSATIONS = 16
 

@@ -549,9 +549,7 @@ class VisionLanguageTask:
             read = [rows[i] for i in batch["index"]]
             return {key: [r[key] for r in read] for key in ("images", "messages")}
 
-        return datasets.Dataset.from_dict({"index": list(range(len(rows)))}).with_transform(
-            decoded
-        )
+        return datasets.Dataset.from_dict({"index": list(range(len(rows)))}).with_transform(decoded)
 
     def count_batch(
         self, batch: Mapping[str, Any], features: Sequence[Mapping[str, Any]]
