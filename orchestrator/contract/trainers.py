@@ -77,6 +77,10 @@ class TaskLine:
     fixed_shape: bool = False
     """Every micro-batch has one shape whatever the data (images at the model's size): a
     memory prediction of it is the batch that runs, not a bound."""
+    unused_parameters: bool = False
+    """Some trained parameters take no part in a step's loss (a vision tower's layers past
+    the one the projector reads): DDP must look for them (``ddp_find_unused_parameters``),
+    as TRL sets it for such models, unless the scenario says otherwise."""
 
 
 #: every task, the default first (only the child imports their modules)
@@ -156,6 +160,7 @@ TASK_LINES: tuple[TaskLine, ...] = (
         settings=("image_field", "messages_field"),
         not_read=("text_field", "pad_to_multiple_of"),
         counts=("image_tokens", "text_tokens"),
+        unused_parameters=True,
     ),
 )
 #: every task, the default first -> ``module:Class`` of its ``Task``

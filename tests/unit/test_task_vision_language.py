@@ -291,3 +291,26 @@ def test_its_memory_is_not_predicted_and_the_prediction_says_why(tmp_path: Path)
     spec = RunSpec(**plan.experiments[0].spec()).resolve(tmp_path)
     with pytest.raises(SpecError, match="finds its image positions by the values of the token ids"):
         predict(spec)
+
+
+def test_ddp_looks_for_its_unused_parameters_as_trl_does_unless_told() -> None:
+    """The tower's layers past the one the projector reads (and its last norm) take no part
+    in the loss: DDP fails at its second step unless it looks for them. hf sets it as TRL's
+    SFTTrainer does; not under reentrant checkpointing (the scenario's own value is laid over
+    it by ``training_kwargs``)."""
+    from trainer_entry.backends.hf import unused_parameters_default
+
+    def parsed(task: str, **training):
+        return SimpleNamespace(task=task, training=training)
+
+    assert unused_parameters_default(parsed("vision-language")) == {
+        "ddp_find_unused_parameters": True
+    }
+    assert unused_parameters_default(parsed("causal-lm")) == {}
+    reentrant = {"use_reentrant": True}
+    assert (
+        unused_parameters_default(
+            parsed("vision-language", gradient_checkpointing_kwargs=reentrant)
+        )
+        == {}
+    )

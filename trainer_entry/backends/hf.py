@@ -9,6 +9,7 @@ from transformers.utils import logging as hf_logging
 
 from orchestrator.contract.applicability import training_fields, training_fields_version
 from orchestrator.contract.spec import RunSpec
+from orchestrator.contract.trainers import task_line
 from trainer_entry.backends import losses
 from trainer_entry.backends.trainer_protocol import TrainerBackend, TrainOutput, TrainSettings
 from trainer_entry.data.collate import pop_counts
@@ -86,11 +87,27 @@ def newer_field(key: str) -> str:
     return f" (transformers {training_fields_version()}'s does)"
 
 
+def unused_parameters_default(parsed: ParsedArguments) -> dict[str, Any]:
+    """``ddp_find_unused_parameters: true`` for a task some of whose trained parameters
+    take no part in the loss (``TaskLine.unused_parameters``), as TRL's ``SFTTrainer``
+    sets it for vision-language models: DDP fails at the second step without it. Not
+    under reentrant checkpointing, which fails with it (the scenario's own value wins)."""
+    line = task_line(parsed.task)
+    checkpointing = {
+        **(parsed.training.get("gradient_checkpointing_kwargs") or {}),
+        **(parsed.training.get("activation_checkpointing_kwargs") or {}),
+    }
+    if line is None or not line.unused_parameters or checkpointing.get("use_reentrant"):
+        return {}
+    return {"ddp_find_unused_parameters": True}
+
+
 def training_kwargs(spec: RunSpec, parsed: ParsedArguments, on_gpu: bool) -> dict[str, Any]:
     """The keyword arguments of a run's ``TrainingArguments``, in the installed names: the
     scenario's, with what tunematrix controls (``SettingError`` for a setting it lacks)."""
     kwargs: dict[str, Any] = {
         **RUN_DEFAULTS,
+        **unused_parameters_default(parsed),
         **parsed.training,
         **controlled_arguments(spec, parsed, on_gpu),
         "remove_unused_columns": False,
