@@ -386,3 +386,44 @@ def test_eval_figures_are_the_columns_a_run_without_eval_leaves_empty() -> None:
     figures = eval_figures({"eval_loss": 1.0}, task="causal-lm", samples=3, runtime_s=0.5).figures
     assert tuple(figures) == EVAL_FIGURES
     assert figures["perplexity"] == pytest.approx(math.e)
+
+
+@pytest.mark.parametrize(
+    ("task", "model", "count"),
+    [("seq2seq-lm", "tiny-t5", "sequences"), ("speech-recognition", "tiny-whisper", "sequences")],
+)
+def test_a_tasks_examples_are_held_out_whole_and_disjoint(
+    task: str, model: str, count: str, tmp_path: Path
+) -> None:
+    """seq2seq's pairs and speech's clips (vision-language's conversations alike, in its e2e
+    test) go through one ``with_holdout``: the trained and held-out parts are disjoint,
+    together the whole set, chosen by ``holdout_indices``, each part's counts its own."""
+    from transformers import AutoConfig, AutoProcessor, AutoTokenizer
+
+    from trainer_entry.models.load import tiny_model_path
+    from trainer_entry.settings.parsed import DataConfig
+    from trainer_entry.tasks import get_task
+
+    folder = tiny_model_path(model)
+    loader = AutoProcessor if task == "speech-recognition" else AutoTokenizer
+    processor = loader.from_pretrained(folder)
+    config = AutoConfig.from_pretrained(folder)
+    runner = get_task(task)
+    data_cfg = DataConfig(dataset_kwargs={"num_clips": 20} if task == "speech-recognition" else {})
+
+    def prepared(evaluation: bool):
+        parsed = SimpleNamespace(
+            data=data_cfg,
+            evaluation=SimpleNamespace(enabled=evaluation, holdout=0.25),
+            model=SimpleNamespace(name=model),
+        )
+        return runner.prepare(parsed, processor, tmp_path, as_given=True, model_config=config)
+
+    whole = prepared(False)
+    split = prepared(True)
+    total = whole.meta[count]
+    train, held = holdout_indices(total, holdout_count(total, 0.25))
+    assert split.meta[count] == len(train) and split.eval_examples.meta[count] == len(held)
+    assert split.meta["heldout_sequences"] == len(held)
+    assert split.meta["tokens"] + split.eval_examples.meta["tokens"] == whole.meta["tokens"]
+    assert whole.eval_examples is None and "heldout_sequences" not in whole.meta

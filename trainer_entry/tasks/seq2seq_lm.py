@@ -53,12 +53,11 @@ from trainer_entry.data.collate import (
     padded_batch,
 )
 from trainer_entry.data.formats import IGNORE_INDEX, field
-from trainer_entry.data.holdout import holdout_count, holdout_indices
 from trainer_entry.data.sources import SHIPPED_DATASET, load_records
 from trainer_entry.data.tokenize import cut_texts, tokenizer_identity
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.spec_errors import SpecError
-from trainer_entry.tasks.task_protocol import TaskData
+from trainer_entry.tasks.task_protocol import TaskData, with_holdout
 
 #: the cache folder's prefix; a change of the layout below changes it
 CACHE_PREFIX = "s2s1-"
@@ -283,14 +282,8 @@ class Seq2SeqLMTask:
             data.meta.update(processing="none", cache_hit=None, cache_path=None)
         else:
             data = prepare_pairs(read_cfg, processor, data_dir, records, source)
-        if not parsed.evaluation.enabled:
-            return TaskData(examples=data, meta=data.meta)
-        # a pair is a document: the two parts are disjoint pairs
-        n = len(data.sources)
-        train, held = holdout_indices(n, holdout_count(n, parsed.evaluation.holdout))
-        trained, kept = data.take(train), data.take(held)
-        trained.meta["heldout_sequences"] = len(held)
-        return TaskData(examples=trained, meta=trained.meta, eval_examples=kept)
+        # each example is a document: the two parts are disjoint
+        return with_holdout(data, len(data.sources), parsed)
 
     def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:
         return PairDataset(data.examples)

@@ -62,12 +62,11 @@ from trainer_entry.data.collate import (
     pad_rows,
 )
 from trainer_entry.data.formats import IGNORE_INDEX
-from trainer_entry.data.holdout import holdout_count, holdout_indices
 from trainer_entry.data.sources import load_records
 from trainer_entry.models.tiny_bert import REVIEWS
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.spec_errors import SpecError
-from trainer_entry.tasks.task_protocol import TaskData
+from trainer_entry.tasks.task_protocol import TaskData, with_holdout
 
 #: the generated set's name (``dataset: synthetic-speech``, or no dataset at all)
 SYNTHETIC = "synthetic-speech"
@@ -470,13 +469,8 @@ class SpeechRecognitionTask:
             **_counts(audio, targets, self._rate, self._window),
         }
         clips = Clips(audio, targets, self._rate, meta, self._window)
-        if not parsed.evaluation.enabled:
-            return TaskData(examples=clips, meta=meta)
-        n = len(audio)
-        train, held = holdout_indices(n, holdout_count(n, parsed.evaluation.holdout))
-        trained, kept = clips.take(train), clips.take(held)
-        trained.meta["heldout_sequences"] = len(held)
-        return TaskData(examples=trained, meta=trained.meta, eval_examples=kept)
+        # each example is a document: the two parts are disjoint
+        return with_holdout(clips, len(audio), parsed)
 
     def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:
         return ClipDataset(data.examples)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from trainer_entry.data.holdout import holdout_count, holdout_indices
 from trainer_entry.models.for_task import ModelTask
 
 if TYPE_CHECKING:
@@ -45,6 +46,27 @@ class TaskData:
     #: the held-out examples of ``eval: true`` (of ``examples``' type), never trained on;
     #: None without eval (``trainer_entry.data.holdout``)
     eval_examples: Any = None
+
+
+class Examples(Protocol):
+    """Prepared examples that can be split: what the preparation did (``meta``), and the
+    examples at some positions (their counts in the new one's ``meta``)."""
+
+    meta: dict[str, Any]
+
+    def take(self, indices: Sequence[int]) -> Any: ...
+
+
+def with_holdout(data: Examples, size: int, parsed: ParsedArguments) -> TaskData:
+    """``data`` (``size`` examples, each a document) as a task's ``TaskData``: whole, or under
+    ``eval: true`` its trained and held-out parts, disjoint examples chosen as
+    ``trainer_entry.data.holdout`` chooses them for every task."""
+    if not parsed.evaluation.enabled:
+        return TaskData(examples=data, meta=data.meta)
+    train, held = holdout_indices(size, holdout_count(size, parsed.evaluation.holdout))
+    trained, kept = data.take(train), data.take(held)
+    trained.meta["heldout_sequences"] = len(held)
+    return TaskData(examples=trained, meta=trained.meta, eval_examples=kept)
 
 
 class Task(ModelTask, Protocol):

@@ -68,7 +68,6 @@ from trainer_entry.data.collate import (
     input_dtype,
 )
 from trainer_entry.data.formats import IGNORE_INDEX
-from trainer_entry.data.holdout import holdout_count, holdout_indices
 from trainer_entry.data.images import (
     SYNTHETIC_CLASSES,
     SYNTHETIC_NAME,
@@ -80,7 +79,7 @@ from trainer_entry.measure.flops import FlopsUnavailable
 from trainer_entry.models.kinds import model_kind
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.spec_errors import SpecError
-from trainer_entry.tasks.task_protocol import TaskData
+from trainer_entry.tasks.task_protocol import TaskData, with_holdout
 
 #: the generated set's version (part of its identity): a change to the texts changes it
 SYNTHETIC_VERSION = 1
@@ -522,13 +521,8 @@ class VisionLanguageTask:
             "cache_path": None,
             **data.counts(),
         }
-        if not parsed.evaluation.enabled:
-            return TaskData(examples=data, meta=data.meta)
-        n = len(messages)
-        train, held = holdout_indices(n, holdout_count(n, parsed.evaluation.holdout))
-        trained, kept = data.take(train), data.take(held)
-        trained.meta["heldout_sequences"] = len(held)
-        return TaskData(examples=trained, meta=trained.meta, eval_examples=kept)
+        # each example is a document: the two parts are disjoint
+        return with_holdout(data, len(messages), parsed)
 
     def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:
         return ConversationDataset(data.examples)
