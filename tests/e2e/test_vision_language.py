@@ -20,7 +20,7 @@ from countedcheck import counted_step, real
 from test_child import run_child
 
 from trainer_entry.models.tiny_vlm import ensure_tiny_vlm
-from trainer_entry.tasks.vision_language import VisionLanguageTask, conversation, processed
+from trainer_entry.tasks.vision_language import VisionLanguageTask
 
 pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
@@ -77,16 +77,27 @@ def test_hf_under_ddp_counts_image_and_text_positions(tmp_path) -> None:
     assert result["status"] == "ok", result.get("error")
     assert (result["task"], result["sample_unit"]) == ("vision-language", "conversations")
     assert result["model"]["architecture"] == "LlavaForConditionalGeneration"
-    # the processor's own count of each conversation's positions
+    # the processor's own count of each conversation's positions, the image part written
+    # here as a user of the processor writes it (not through the task's code)
     processor = AutoProcessor.from_pretrained(ensure_tiny_vlm())
     rows = []
     for i, r in enumerate(records):
+        (question, answer) = r["messages"]
+        messages = [
+            {
+                "role": "user",
+                "content": [{"type": "image"}, {"type": "text", "text": question["content"]}],
+            },
+            {"role": "assistant", "content": [{"type": "text", "text": answer["content"]}]},
+        ]
+        text = processor.apply_chat_template(messages, tokenize=False)
         with Image.open(tmp_path / r["image"]) as image:
-            feature = {
-                "images": [image.convert("RGB")],
-                "messages": conversation(r["messages"], 1, "r"),
-            }
-        batch = processed(processor, [feature])
+            batch = processor(
+                images=[image.convert("RGB")],
+                text=[text],
+                add_special_tokens=False,
+                return_tensors="pt",
+            )
         total = int(batch["attention_mask"].sum())
         images = int((batch["input_ids"] == processor.image_token_id).sum())
         rows.append({"images": 1, "text": total - images, "image_positions": images, "i": i})

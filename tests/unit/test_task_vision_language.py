@@ -116,7 +116,7 @@ def test_counted_flops_match_the_flop_counter(name: str, mode: str) -> None:
         checkpointing=mode == "checkpointed",
         marks=lambda lengths: {"input_ids": (lengths["images"] * per_image, config.image_token_id)},
     )
-    assert ratio == pytest.approx(1.0, rel=0.10)
+    # exact: within the 10% and far closer
     assert ratio == pytest.approx(1.0, rel=1e-6)
 
 
@@ -190,6 +190,65 @@ def test_a_conversation_gets_its_image_parts_and_a_mismatch_is_refused() -> None
         conversation([{"role": "user", "content": [{"type": "video"}]}], 0, "r")
 
 
+def test_images_go_where_the_text_says_or_before_the_first_user_turn() -> None:
+    # LLaVA's own layout writes the image token in the text
+    turns = conversation([{"role": "user", "content": "<image>\nWhat?"}], 1, "r", "<image>")
+    assert turns[0]["content"] == [{"type": "image"}, {"type": "text", "text": "\nWhat?"}]
+    # TRL's: before the first user turn, not into a system prompt
+    turns = conversation(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What?"}],
+        1,
+        "r",
+        "<image>",
+    )
+    assert turns[0]["content"] == [{"type": "text", "text": "Be brief."}]
+    assert turns[1]["content"] == [{"type": "image"}, {"type": "text", "text": "What?"}]
+
+
+def test_a_record_without_images_is_a_text_only_conversation(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.jsonl"
+    (tmp_path / "a.png").write_bytes(b"")
+    records = [
+        {"image": "a.png", "messages": [{"role": "user", "content": "Look."}]},
+        {"messages": [{"role": "user", "content": "No picture here."}]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    read, _ = _records(DataConfig(dataset=str(path)), "<image>")
+    assert [len(images) for images, _ in read] == [1, 0]
+    assert read[1][1][0]["content"] == [{"type": "text", "text": "No picture here."}]
+
+
+def test_a_hub_datasets_images_stay_undecoded_until_fed() -> None:
+    import datasets
+    from PIL import Image
+
+    from trainer_entry.tasks.vision_language import picture, undecoded
+
+    pictures = [_image(i) for i in range(2)]
+    ds = datasets.Dataset.from_dict({"image": pictures, "images": [[p] for p in pictures]})
+    for column in ("image", "images"):
+        row = undecoded(ds, column)[0][column]
+        stored = row[0] if column == "images" else row
+        assert set(stored) == {"bytes", "path"}  # the file's bytes, not a picture
+        assert isinstance(picture(stored), Image.Image) and picture(stored).size == (48, 40)
+
+
+def test_a_built_qwen2_vl_without_its_processor_is_refused_before_training() -> None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(**architecture_config("config:qwen2-vl-7b"))
+    parsed = SimpleNamespace(
+        data=DataConfig(),
+        evaluation=SimpleNamespace(enabled=False),
+        model=SimpleNamespace(name="config:qwen2-vl-7b", tokenizer=None),
+        backend="sft",
+    )
+    with pytest.raises(SpecError, match="set tokenizer_name_or_path to a folder holding"):
+        VisionLanguageTask().prepare(
+            parsed, _processor(), Path("."), as_given=False, model_config=config
+        )
+
+
 def test_the_generated_set_is_fixed_and_names_what_each_picture_shows() -> None:
     cfg = DataConfig(dataset_kwargs={"num_images": 12, "seed": 3, "size": 16})
     first, identity = _records(cfg)
@@ -222,11 +281,12 @@ def _write_records(folder: Path) -> Path:
     return path
 
 
-def _parsed(**data):
+def _parsed(backend: str = "hf", evaluation: bool = False, **data):
     return SimpleNamespace(
         data=DataConfig(**data),
-        evaluation=SimpleNamespace(enabled=False),
-        model=SimpleNamespace(name="tiny-vlm"),
+        evaluation=SimpleNamespace(enabled=evaluation, holdout=2),
+        model=SimpleNamespace(name="tiny-vlm", tokenizer=None),
+        backend=backend,
     )
 
 
@@ -249,9 +309,35 @@ def test_a_users_images_and_conversations_are_read_and_the_long_ones_dropped(
     assert kept == 6 - meta["examples_dropped"]
     assert meta["counts"]["image_tokens"] == 64 * kept
     assert meta["tokens"] == meta["counts"]["image_tokens"] + meta["counts"]["text_tokens"]
+    # the loss is on the text under hf; on every real position under sft (TRL's collator)
+    assert meta["label_tokens"] == meta["counts"]["text_tokens"]
+    fields = {"dataset": str(path), "image_field": "picture", "messages_field": "turns"}
+    whole = task.prepare(
+        _parsed(**fields), _processor(), tmp_path, as_given=False, model_config=config
+    ).meta
+    held = task.prepare(
+        _parsed(evaluation=True, **fields),
+        _processor(),
+        tmp_path,
+        as_given=False,
+        model_config=config,
+    )
+    trained, kept = held.meta, held.eval_examples.meta
+    assert kept["sequences"] == 2 and trained["sequences"] == 6 - 2 == whole["sequences"] - 2
+    # each part's labels are its own text positions
+    assert trained["label_tokens"] == trained["counts"]["text_tokens"]
+    assert trained["label_tokens"] + kept["label_tokens"] == whole["counts"]["text_tokens"]
+    sft = task.prepare(
+        _parsed(backend="sft", **fields),
+        _processor(),
+        tmp_path,
+        as_given=False,
+        model_config=config,
+    )
+    assert sft.meta["label_tokens"] == sft.meta["tokens"]
     row = task.dataset(data)[0]
     assert row["images"][0].mode == "RGB" and row["messages"][0]["content"][0] == {"type": "image"}
-    with pytest.raises(SpecError, match="record 1 has no field 'image'"):
+    with pytest.raises(SpecError, match="no record has the field 'image' \\(image_field\\)"):
         bad = _parsed(dataset=str(path), messages_field="turns")
         task.prepare(bad, _processor(), tmp_path, as_given=False, model_config=config)
     with pytest.raises(SpecError, match="every conversation is longer than max_seq_len 40"):

@@ -21,10 +21,12 @@ JSONL/JSON file or hub dataset whose records hold the images in
 them, a datasets image, ``images`` for TRL's layout) and the conversation in
 ``messages_field`` (default ``messages``: ``role``/``content`` turns, a
 content a string or a list of ``{"type": "image"}`` and ``{"type": "text",
-"text": …}`` parts). A conversation without image parts gets one per image at
-the start of its first turn. Images are decoded and processed as each batch is
-fed (nothing is cached), so the step time includes them, as a user's training
-pays them. A conversation longer than ``max_seq_len`` is dropped, never cut
+"text": …}`` parts; a text may write the processor's image token where an
+image goes, LLaVA's own layout). A conversation without image parts gets one
+per image at the start of its first user turn, as TRL puts them; a record
+without the image field is text-only. Images are decoded and processed as each
+batch is fed (nothing is cached; a hub dataset's image column is read
+undecoded), so the step time includes them, as a user's training pays them. A conversation longer than ``max_seq_len`` is dropped, never cut
 (a cut through an image's tokens cannot train); the data record counts them.
 
 **Counts.** A sample is a conversation with its images. A token is a real (not
@@ -112,6 +114,9 @@ class Conversations:
     image_tokens: list[int]
     text_tokens: list[int]
     meta: dict[str, Any]
+    #: the loss is on the image positions too (TRL's vision collator masks padding alone);
+    #: else on the text (this task's collator, under hf)
+    images_learnt: bool = False
 
     def take(self, indices: Sequence[int]) -> Conversations:
         picked = Conversations(
@@ -120,6 +125,7 @@ class Conversations:
             [self.image_tokens[i] for i in indices],
             [self.text_tokens[i] for i in indices],
             {},
+            self.images_learnt,
         )
         picked.meta = {**self.meta, **picked.counts()}
         return picked
@@ -129,6 +135,7 @@ class Conversations:
         return {
             "sequences": len(self.messages),
             "tokens": images + text,
+            "label_tokens": images + text if self.images_learnt else text,
             "counts": {"image_tokens": images, "text_tokens": text},
         }
 
@@ -171,19 +178,31 @@ def _synthetic(cfg: DataConfig) -> tuple[list[tuple[list[Any], list[Any]]], dict
     return examples, identity
 
 
-def _parts(content: Any, where: str) -> list[dict[str, Any]]:
+def _text_parts(text: str, image_token: str) -> list[dict[str, Any]]:
+    """A text as parts: an image part where it writes the image token (LLaVA's own layout,
+    ``"<image>\\nWhat is …"``), the text around it."""
+    parts: list[dict[str, Any]] = []
+    for i, piece in enumerate(text.split(image_token) if image_token else [text]):
+        if i:
+            parts.append({"type": "image"})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def _parts(content: Any, where: str, image_token: str) -> list[dict[str, Any]]:
     """A turn's content as a list of image and text parts."""
     if isinstance(content, str):
-        return [{"type": "text", "text": content}]
+        return _text_parts(content, image_token)
     if not isinstance(content, list):
         raise SpecError(f"{where}: a turn's content is a string or a list of parts")
-    parts = []
+    parts: list[dict[str, Any]] = []
     for part in content:
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind == "image":
             parts.append({"type": "image"})
         elif kind == "text" and isinstance(part.get("text"), str):
-            parts.append({"type": "text", "text": part["text"]})
+            parts.extend(_text_parts(part["text"], image_token))
         else:
             raise SpecError(
                 f"{where}: a content part is {{'type': 'image'}} or {{'type': 'text', 'text': …}}, "
@@ -192,19 +211,24 @@ def _parts(content: Any, where: str) -> list[dict[str, Any]]:
     return parts
 
 
-def conversation(messages: Any, images: int, where: str) -> list[dict[str, Any]]:
-    """``messages`` with every content a list of parts, and one image part per image: a
-    conversation without any gets them at the start of its first turn."""
+def conversation(
+    messages: Any, images: int, where: str, image_token: str = ""
+) -> list[dict[str, Any]]:
+    """``messages`` with every content a list of parts, and one image part per image: an
+    ``image_token`` written in a text is an image part; a conversation without any gets
+    them at the start of its first user turn (as TRL puts them)."""
     if not isinstance(messages, list) or not messages:
         raise SpecError(f"{where}: the conversation is a list of role/content turns")
     turns: list[dict[str, Any]] = []
     for turn in messages:
         if not isinstance(turn, Mapping) or "role" not in turn or "content" not in turn:
             raise SpecError(f"{where}: every turn has a role and a content")
-        turns.append({"role": str(turn["role"]), "content": _parts(turn["content"], where)})
+        content = _parts(turn["content"], where, image_token)
+        turns.append({"role": str(turn["role"]), "content": content})
     shown = sum(p["type"] == "image" for t in turns for p in t["content"])
     if shown == 0 and images:
-        turns[0]["content"] = [{"type": "image"}] * images + turns[0]["content"]
+        first = next((t for t in turns if t["role"] == "user"), turns[0])
+        first["content"] = [{"type": "image"}] * images + first["content"]
     elif shown != images:
         raise SpecError(
             f"{where}: the conversation shows {shown} images but the record has {images}"
@@ -218,8 +242,27 @@ def _record_images(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
-def _records(cfg: DataConfig) -> tuple[list[tuple[list[Any], list[Any]]], dict[str, Any]]:
-    """(images, messages) of every record, and the source's identity."""
+def undecoded(ds: Any, column: str) -> Any:
+    """A ``datasets`` dataset whose image column (an image, or a list of them) yields its
+    bytes or path rather than a decoded picture: each image is decoded when its batch is
+    fed (``picture``), so the set's images are never all in memory at once."""
+    import datasets
+
+    features: Any = getattr(ds, "features", None) or {}
+    feature = features.get(column)
+    if isinstance(feature, datasets.Image):
+        return ds.cast_column(column, datasets.Image(decode=False))
+    inner = getattr(feature, "feature", None)
+    if isinstance(inner, datasets.Image):
+        return ds.cast_column(column, type(feature)(datasets.Image(decode=False)))
+    return ds
+
+
+def _records(
+    cfg: DataConfig, image_token: str = ""
+) -> tuple[list[tuple[list[Any], list[Any]]], dict[str, Any]]:
+    """(images, messages) of every record, and the source's identity. ``image_token``: the
+    processor's, which a text may write where an image goes."""
     name = cfg.dataset
     if name in (None, SYNTHETIC_NAME):
         return _synthetic(cfg)
@@ -235,28 +278,34 @@ def _records(cfg: DataConfig) -> tuple[list[tuple[list[Any], list[Any]]], dict[s
         }
         folder: Path | None = path.parent
     else:
-        records = load_hub_dataset(name, cfg, besides=f" or {SYNTHETIC_NAME}")
+        hub = load_hub_dataset(name, cfg, besides=f" or {SYNTHETIC_NAME}")
         identity = {
             "name": name,
             "split": cfg.split,
-            "fingerprint": getattr(records, "_fingerprint", None),
+            "fingerprint": getattr(hub, "_fingerprint", None),
         }
+        records = undecoded(hub, cfg.image_field)
         folder = None
+    if not any(isinstance(r, Mapping) and cfg.image_field in r for r in records):
+        raise SpecError(
+            f"dataset {name}: no record has the field '{cfg.image_field}' (image_field)"
+        )
     out = []
     for n, record in enumerate(records, 1):
         where = f"dataset {name}: record {n}"
         if not isinstance(record, Mapping):
             raise SpecError(f"{where} is not an object with fields")
-        for key, what in ((cfg.image_field, "image_field"), (cfg.messages_field, "messages_field")):
-            if key not in record:
-                raise SpecError(
-                    f"{where} has no field '{key}' ({what}); its fields: "
-                    f"{', '.join(sorted(map(str, record)))}"
-                )
-        images = _record_images(record[cfg.image_field])
+        if cfg.messages_field not in record:
+            raise SpecError(
+                f"{where} has no field '{cfg.messages_field}' (messages_field); its fields: "
+                f"{', '.join(sorted(map(str, record)))}"
+            )
+        # a record without images (a text-only turn of a mixed set) has none
+        images = _record_images(record.get(cfg.image_field))
         if folder is not None:
             images = [folder / Path(x).expanduser() if isinstance(x, str) else x for x in images]
-        out.append((images, conversation(record[cfg.messages_field], len(images), where)))
+        turns = conversation(record[cfg.messages_field], len(images), where, image_token)
+        out.append((images, turns))
     if not out:
         raise SpecError(f"dataset {name} has no records")
     return out, identity
@@ -414,8 +463,9 @@ class VisionLanguageTask:
     sample_unit = "conversations"
     modality = "image-text"
     tokenizer_model: str | None = "tiny-vlm"
-    #: False: the language model's loss is a mean over the micro-batch's label tokens
-    loss_counts_items = False
+    #: the language model's loss (transformers' ForCausalLMLoss) sums over the label tokens
+    #: and divides by the item count the trainer passes, as a causal LM's does
+    loss_counts_items = True
     flop_dims: tuple[str, ...] = ("images", "text")
     probe_config: Mapping[str, Any] = {}
 
@@ -460,6 +510,13 @@ class VisionLanguageTask:
                 "vision-language needs a processor with an image processor and a tokenizer "
                 "(set tokenizer_name_or_path to the model's processor)"
             )
+        built = model_kind(parsed.model.name) == "config"
+        if built and parsed.model.tokenizer is None and tokens_per_image(model_config) is None:
+            raise SpecError(
+                f"a {getattr(model_config, 'model_type', '?')} model's image positions follow "
+                "each image's size, which tiny-vlm's processor does not know: set "
+                "tokenizer_name_or_path to a folder holding the model's own processor"
+            )
         processor = fitted_processor(processor, model_config)
         token = image_token_id(processor)
         wanted = getattr(model_config, "image_token_id", None)
@@ -484,7 +541,7 @@ class VisionLanguageTask:
             )
         self._processor, self._image_token = processor, token
         self._dtype = input_dtype(model_config)
-        examples, identity = _records(cfg)
+        examples, identity = _records(cfg, str(getattr(processor, "image_token", "") or ""))
         images: list[list[Any]] = []
         messages: list[list[dict[str, Any]]] = []
         image_tokens: list[int] = []
@@ -506,7 +563,9 @@ class VisionLanguageTask:
                 f"every conversation is longer than max_seq_len {cfg.max_seq_len} (its image "
                 "positions included); raise max_seq_len"
             )
-        data = Conversations(images, messages, image_tokens, text_tokens, {})
+        # TRL's collator (sft's: its examples are batched by TRL) learns every real position
+        learnt = parsed.backend == "sft"
+        data = Conversations(images, messages, image_tokens, text_tokens, {}, learnt)
         data.meta = {
             "source": identity,
             "examples": len(examples),
@@ -514,7 +573,6 @@ class VisionLanguageTask:
             "examples_truncated": 0,
             # longer than max_seq_len: dropped whole
             "examples_dropped": len(examples) - len(messages),
-            "label_tokens": sum(text_tokens),
             "processing": "none" if as_given else None,
             "cache_key": None,
             "cache_hit": None,
