@@ -9,7 +9,8 @@ built here (``config:llava-1.5-7b``, a folder holding only a config) takes
 LLaVA-style model it is made again for the model's image size and patch (336
 px in 14-px patches: 576 image tokens), and the model marks images with the
 processor's image token. A Qwen2-VL model needs its own processor (its image
-tokens follow each image's size): name a folder holding it.
+tokens follow each image's size): name a folder holding it (without one it is
+refused before training).
 
 **Data.** Without ``dataset:``, ``synthetic-shapes``: the image task's
 generated pictures (a shape or a pattern over a plain background, with noise;
@@ -26,8 +27,9 @@ image goes, LLaVA's own layout). A conversation without image parts gets one
 per image at the start of its first user turn, as TRL puts them; a record
 without the image field is text-only. Images are decoded and processed as each
 batch is fed (nothing is cached; a hub dataset's image column is read
-undecoded), so the step time includes them, as a user's training pays them. A conversation longer than ``max_seq_len`` is dropped, never cut
-(a cut through an image's tokens cannot train); the data record counts them.
+undecoded), so the step time includes them, as a user's training pays them. A
+conversation longer than ``max_seq_len`` is dropped, never cut (a cut through
+an image's tokens cannot train); the data record counts them.
 
 **Counts.** A sample is a conversation with its images. A token is a real (not
 padding) position of the language model's sequence: tokens/s counts image and
