@@ -53,17 +53,8 @@ _RECIPE: dict[str, Any] = {
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
     },
-    # tiny-llama's
-    "text": {
-        "hidden_size": 64,
-        "intermediate_size": 176,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": False,
-    },
+    # tiny-llama's own text model
+    "text": tiny._RECIPE["model"],
     "model": {
         "vision_feature_layer": -1,
         "vision_feature_select_strategy": "default",
