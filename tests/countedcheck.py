@@ -19,6 +19,21 @@ from trainer_entry.measure.counted import CountedFlops, count_flops
 from trainer_entry.measure.steps import length_moments
 
 
+def in_mode(model: Any, task: Any, mode: str, target_modules: Any) -> Any:
+    """``model`` as a test of ``mode`` trains it: ``full`` as it is, ``lora`` with rank-8
+    adapters on ``target_modules`` (the project's ``apply_peft``), ``checkpointed`` with
+    non-reentrant activation checkpointing; in training mode."""
+    from trainer_entry.models.load import apply_peft
+    from trainer_entry.run.parse import PeftConfig
+
+    if mode == "lora":
+        config = PeftConfig(method="lora", r=8, target_modules=target_modules)
+        model = apply_peft(model, config, quantized=False, task=task)
+    if mode == "checkpointed":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
+
+
 def real(batch: Mapping[str, Any], marks: Mapping[str, tuple[int, int]] = {}) -> dict[str, Any]:
     """A probe's meta tensors made real: ones of the same shape and dtype on the CPU.
 

@@ -6,12 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from countedcheck import counted_over_reference
+from countedcheck import counted_over_reference, in_mode
 
 from trainer_entry.data.collate import REAL_TOKENS, ROW_DIMS
 from trainer_entry.data.formats import IGNORE_INDEX
-from trainer_entry.models.load import apply_peft
-from trainer_entry.run.parse import PeftConfig
 from trainer_entry.tasks.masked_lm import MaskedLMTask, MaskingCollator
 
 ROWS = [{"tokens": 30}, {"tokens": 9}, {"tokens": 64}]
@@ -67,16 +65,7 @@ def _model(mode: str, folder: Path):
 
     torch.manual_seed(0)
     model = AutoModelForMaskedLM.from_pretrained(folder, attn_implementation="eager")
-    if mode == "lora":
-        model = apply_peft(
-            model,
-            PeftConfig(method="lora", r=8, target_modules=["query", "value"]),
-            quantized=False,
-            task=MaskedLMTask(),
-        )
-    if mode == "checkpointed":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model.train()
+    return in_mode(model, MaskedLMTask(), mode, ["query", "value"])
 
 
 @pytest.mark.parametrize("mode", ["full", "lora", "checkpointed"])

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from countedcheck import counted_over_reference
+from countedcheck import counted_over_reference, in_mode
 
 from orchestrator.contract.trainers import task_backends
 from trainer_entry.data.collate import COUNTS, PADDED_TOKENS, REAL_TOKENS, ROW_DIMS, pop_counts
 from trainer_entry.data.formats import IGNORE_INDEX
-from trainer_entry.models.load import ARCHITECTURES, apply_peft, shipped_architectures
-from trainer_entry.run.parse import PeftConfig
+from trainer_entry.models.load import ARCHITECTURES, shipped_architectures
 from trainer_entry.settings.parsed import DataConfig
 from trainer_entry.spec_errors import SpecError
 from trainer_entry.tasks.seq2seq_lm import PairCollator, Seq2SeqLMTask, read_pairs, tokenize_pairs
@@ -70,16 +69,7 @@ def _model(name: str, mode: str):
         model = AutoModelForSeq2SeqLM.from_pretrained(folder, attn_implementation="eager")
     else:
         model = AutoModelForSeq2SeqLM.from_config(_shrunk(name), attn_implementation="eager")
-    if mode == "lora":
-        model = apply_peft(
-            model,
-            PeftConfig(method="lora", r=8, target_modules="all-linear"),
-            quantized=False,
-            task=Seq2SeqLMTask(),
-        )
-    if mode == "checkpointed":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model.train()
+    return in_mode(model, Seq2SeqLMTask(), mode, "all-linear")
 
 
 def test_the_shipped_encoder_decoders_are_here() -> None:

@@ -17,13 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from countedcheck import counted_over_reference
+from countedcheck import counted_over_reference, in_mode
 
 from trainer_entry.data.collate import COUNTS, PADDED_TOKENS, REAL_TOKENS, ROW_DIMS
 from trainer_entry.data.formats import IGNORE_INDEX
 from trainer_entry.models.kinds import TINY_MODELS
-from trainer_entry.models.load import ARCHITECTURES, apply_peft, shipped_architectures
-from trainer_entry.run.parse import PeftConfig
+from trainer_entry.models.load import ARCHITECTURES, shipped_architectures
 from trainer_entry.spec_errors import SpecError
 from trainer_entry.tasks.speech_recognition import (
     ClipCollator,
@@ -90,20 +89,12 @@ def _model(name: str, mode: str):
         auto = AutoModelForSpeechSeq2Seq if config.is_encoder_decoder else AutoModelForCTC
         model = auto.from_config(config, attn_implementation="eager")
     task = SpeechRecognitionTask()
-    if mode == "lora":
-        model = apply_peft(
-            model,
-            PeftConfig(method="lora", r=8, target_modules=["q_proj", "v_proj"]),
-            quantized=False,
-            task=task,
-        )
-    if mode == "checkpointed":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = in_mode(model, task, mode, ["q_proj", "v_proj"])
     # SpecAugment masks frames by index at random: off in the reference, as in the count
     (
         model.get_base_model() if hasattr(model, "get_base_model") else model
     ).config.apply_spec_augment = False
-    return model.train(), task
+    return model, task
 
 
 def test_the_shipped_speech_architectures_are_here() -> None:

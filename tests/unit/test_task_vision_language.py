@@ -17,16 +17,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from countedcheck import counted_over_reference
+from countedcheck import counted_over_reference, in_mode
 
 from orchestrator.contract.trainers import task_backends
 from trainer_entry.data.collate import COUNTS, PADDED_TOKENS, REAL_LENGTHS, REAL_TOKENS, ROW_DIMS
 from trainer_entry.data.formats import IGNORE_INDEX
 from trainer_entry.measure.flops import FlopsUnavailable
-from trainer_entry.models.load import ARCHITECTURES, apply_peft, shipped_architectures
+from trainer_entry.models.load import ARCHITECTURES, shipped_architectures
 from trainer_entry.models.resolve import architecture_config
 from trainer_entry.models.tiny_vlm import ensure_tiny_vlm
-from trainer_entry.run.parse import PeftConfig
 from trainer_entry.settings.parsed import DataConfig
 from trainer_entry.spec_errors import SpecError
 from trainer_entry.tasks.vision_language import (
@@ -84,16 +83,7 @@ def _model(name: str, mode: str):
     else:
         model = AutoModelForImageTextToText.from_config(_shrunk(name), attn_implementation="eager")
     task = VisionLanguageTask()
-    if mode == "lora":
-        model = apply_peft(
-            model,
-            PeftConfig(method="lora", r=8, target_modules=["q_proj", "v_proj"]),
-            quantized=False,
-            task=task,
-        )
-    if mode == "checkpointed":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model.train(), task
+    return in_mode(model, task, mode, ["q_proj", "v_proj"]), task
 
 
 def test_the_shipped_vision_language_architectures_are_here() -> None:
