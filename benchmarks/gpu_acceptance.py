@@ -31,7 +31,8 @@ the GPU-only checks are left out; everything else is judged. The checks (``check
   plain loop's tokens/s / the device's peak;
 - memory: NVML's peak within 5% of torch's reserved peak plus the CUDA context (DDP and
   FSDP), torch's reserved peak within 5% of the plain loop's;
-- GPU utilisation of the DDP cell >= 80%;
+- GPU utilisation of the DDP cell >= 80%; its energy over the measured steps by NVML's
+  counter within 10% of the sidecar's power samples integrated over the same window;
 - the oversized cell and the larger ``pruned`` before launch, each by its memory
   prediction (``orchestrator.running.memoryfit``), and every trained cell's torch
   peak allocated within 15% of its prediction (the folder's ``plan.csv``);
@@ -440,16 +441,25 @@ class Runs:
     asked: tuple[str, ...] = ()
     #: cell id -> the peak of torch's allocation predicted before launch (plan.csv)
     predicted: dict[str, float] = field(default_factory=dict)
+    #: experiment id -> each GPU's energy over the measured steps, by NVML's counter and
+    #: by the sidecar's power samples integrated (the outcome's gpu_conditions_per_device)
+    energies: dict[str, list[tuple[float | None, float | None]]] = field(default_factory=dict)
 
     @classmethod
     def read(cls, results: Path, returncode: int, asked: Iterable[str] = ()) -> Runs:
+        from orchestrator.contract.outcome import read_outcome
         from orchestrator.contract.result import read_result
         from orchestrator.results.collect import rows_from_folder
 
         rows = rows_from_folder(results) if (results / "runs").is_dir() else []
-        losses, step_times = {}, {}
+        losses, step_times, energies = {}, {}, {}
         for row in rows:
             eid = str(row["experiment_id"])
+            outcome = read_outcome(results / "runs" / eid / "outcome.json")
+            per_device = (outcome.memory if outcome else {}).get("gpu_conditions_per_device")
+            energies[eid] = [
+                (num(d, "energy_j"), num(d, "power_samples_j")) for d in (per_device or {}).values()
+            ]
             result = read_result(results / "runs" / eid / "result.json") or {}
             losses[eid] = result.get("loss_history")
             ranks = result.get("ranks") or [{}]
@@ -461,7 +471,7 @@ class Runs:
                     value = num(planned, "predicted_peak_bytes")
                     if value is not None:
                         predicted[str(planned.get("cell_id"))] = value
-        return cls(rows, losses, returncode, step_times, tuple(asked), predicted)
+        return cls(rows, losses, returncode, step_times, tuple(asked), predicted, energies)
 
     def of(self, scenario: str) -> list[dict[str, Any]]:
         return [r for r in self.rows if r.get("scenario") == scenario]
@@ -832,6 +842,7 @@ def _matrix_checks(matrix: Runs, on_gpu: bool, context: float | None) -> list[Ch
                 missing or "the CUDA context: missing",
             )
         )
+    out.append(_energy_check(matrix, "hf-full"))
     out.append(
         ratio_check(
             "hf-full: GPU utilisation",
@@ -872,6 +883,28 @@ def _matrix_checks(matrix: Runs, on_gpu: bool, context: float | None) -> list[Ch
     trained = [r for r in matrix.rows if r.get("scenario") != "oversized"]
     out.append(_wall_target("the family matrix: its wall vs its training", trained, 1.3))
     return out
+
+
+def _energy_check(matrix: Runs, name: str) -> Check:
+    """The energy over the measured steps by NVML's counter against the sidecar's power
+    samples integrated over the same window, summed over the cell's GPUs: within 10%
+    (the power reading is a 1 s average on Ampere and later, so the edges smear)."""
+    row = matrix.one(name)
+    title = f"{name}: energy counter vs power samples integrated"
+    missing = _needs({name: row}, "energy_j")
+    per_device = matrix.energies.get(str(row["experiment_id"]), []) if row else []
+    if not missing and (not per_device or any(c is None or p is None for c, p in per_device)):
+        missing = f"{name}: a GPU without both the counter's and the power samples' energy"
+    if missing:
+        return judged(title, "", "within 10%", None, missing)
+    counter = sum(c or 0.0 for c, _ in per_device)
+    power = sum(p or 0.0 for _, p in per_device)
+    return judged(
+        title,
+        f"{counter:,.0f} J vs {power:,.0f} J ({counter / power:.3f}x, {len(per_device)} GPU(s))",
+        "within 10%",
+        within(counter, power, 0.10),
+    )
 
 
 def _prediction_checks(matrix: Runs) -> list[Check]:

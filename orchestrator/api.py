@@ -250,6 +250,9 @@ def run(
     no_data_processing: bool = False,
     usd_per_gpu_hour: float | None = None,
     tokens: float | None = None,
+    usd_per_kwh: float | None = None,
+    grams_co2_per_kwh: float | None = None,
+    cool_down_s: float = 0.0,
     pack: bool = False,
     slots: int = 1,
     report: bool = True,
@@ -280,7 +283,10 @@ def run(
     even one whose verdict was kept from an earlier check (``--recheck``).
     ``launch="family"``: the experiments of
     one family share a launch (``--launch family``; default: the file's ``launch:``,
-    else ``cell``).
+    else ``cell``). ``usd_per_kwh`` and ``grams_co2_per_kwh``: the report's energy cost
+    and emissions (default: the file's ``cost:``). ``cool_down_s``: before each launch,
+    wait at most this long for its GPUs to cool back to near the first cell's start
+    (``--cool-down``).
     """
     from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
     from orchestrator.executors import registry
@@ -293,7 +299,7 @@ def run(
         with_memory,
     )
     from orchestrator.running.needs import require
-    from orchestrator.running.runner import preflight, run_plan
+    from orchestrator.running.runner import preflight, report_cost, run_plan
     from orchestrator.running.stackcheck import check_stack
 
     if gpu_memory_gib is not None and gpu_memory_gib <= 0:
@@ -316,6 +322,8 @@ def run(
     else:
         config, the_plan = _load_and_plan(scenarios, plan_options)
         usd_per_gpu_hour = usd_per_gpu_hour or config.usd_per_gpu_hour
+        usd_per_kwh = usd_per_kwh or config.usd_per_kwh
+        grams_co2_per_kwh = grams_co2_per_kwh or config.grams_co2_per_kwh
         launch = launch or config.launch
     chosen = PackedExecutor(slots=slots) if pack else registry.get(executor).default()
     require(the_plan.experiments, chosen.name)
@@ -327,6 +335,9 @@ def run(
         no_data_processing=no_data_processing,
         usd_per_gpu_hour=usd_per_gpu_hour,
         tokens=tokens,
+        usd_per_kwh=usd_per_kwh,
+        grams_co2_per_kwh=grams_co2_per_kwh,
+        cool_down_s=cool_down_s,
         report=report,
         prune=prune,
         stop_early=stop_early,
@@ -348,12 +359,9 @@ def run(
         executor=chosen,
     )
     from orchestrator.results import collect
-    from orchestrator.results.report import CostSettings, add_derived
+    from orchestrator.results.report import add_derived
 
-    rows = add_derived(
-        collect.load(done.layout.root),
-        CostSettings(usd_per_gpu_hour=usd_per_gpu_hour, tokens=tokens),
-    )
+    rows = add_derived(collect.load(done.layout.root), report_cost(options))
     return RunResult(
         rows=rows,
         outcomes=done.outcomes,
@@ -486,6 +494,9 @@ def report(
     gpu_memory_gib: float | None = None,
     plots: bool = True,
     loss_tolerance: float | None = None,
+    usd_per_kwh: float | None = None,
+    grams_co2_per_kwh: float | None = None,
+    rank_by: str = "speed",
 ) -> Report:
     """Write ``raw_summary.csv``, ``benchmarks.csv``, ``summary.md`` and plots.
 
@@ -496,7 +507,9 @@ def report(
     device's memory where the source does not say it (a predecessor's table),
     so rows without figures near it read as likely out of memory. ``loss_tolerance``:
     the loss gap past which a variant differs from its baseline (summary.md's 'Loss
-    against the baseline').
+    against the baseline'). ``usd_per_kwh``, ``grams_co2_per_kwh``: the energy's cost
+    and emissions per 1M tokens (default: the run's own). ``rank_by``: what the
+    recommendation ranks cells by, ``speed`` (tokens/s) or ``energy`` (joules per token).
     A results folder of jobs submitted without waiting is settled first, as
     :func:`settle_and_report` says. Returns the rows and cells.
     """
@@ -508,6 +521,9 @@ def report(
         gpu_memory_gib=gpu_memory_gib,
         plots=plots,
         loss_tolerance=loss_tolerance,
+        usd_per_kwh=usd_per_kwh,
+        grams_co2_per_kwh=grams_co2_per_kwh,
+        rank_by=rank_by,
     ).report
 
 
@@ -521,6 +537,9 @@ def settle_and_report(
     plots: bool = True,
     flags: bool = False,
     loss_tolerance: float | None = None,
+    usd_per_kwh: float | None = None,
+    grams_co2_per_kwh: float | None = None,
+    rank_by: str = "speed",
 ) -> Reported:
     """:func:`report`, and what ``tunematrix report`` does around it.
 
@@ -533,28 +552,42 @@ def settle_and_report(
     spells them.
     """
     from orchestrator.results import equivalence
+    from orchestrator.results.recommend import RANK_BY
     from orchestrator.results.report import GIB, CostSettings, cost_from_env, write_report
 
     for value, name in (
         (usd_per_gpu_hour, "usd_per_gpu_hour"),
         (tokens, "tokens"),
         (gpu_memory_gib, "gpu_memory_gib"),
+        (usd_per_kwh, "usd_per_kwh"),
+        (grams_co2_per_kwh, "grams_co2_per_kwh"),
     ):
         if value is not None and not value > 0:
             shown = "--" + name.replace("_", "-") if flags else name
             raise UserError(f"{shown} must be a positive number, got {value:g}")
+    if rank_by not in RANK_BY:
+        shown = "--rank-by" if flags else "rank_by"
+        raise UserError(f"{shown} must be one of {', '.join(RANK_BY)}, got {rank_by!r}")
     _check_loss_tolerance(loss_tolerance, flags)
     path = Path(source)
     settled = _settle_jobs(path)
-    if usd_per_gpu_hour is None and path.is_dir():
-        usd_per_gpu_hour = cost_from_env(path)
+    if path.is_dir():  # the run's own prices, where none is given
+        usd_per_gpu_hour = usd_per_gpu_hour or cost_from_env(path)
+        usd_per_kwh = usd_per_kwh or cost_from_env(path, "usd_per_kwh")
+        grams_co2_per_kwh = grams_co2_per_kwh or cost_from_env(path, "grams_co2_per_kwh")
     written = write_report(
         path,
         report_folder(path, out),
-        CostSettings(usd_per_gpu_hour=usd_per_gpu_hour, tokens=tokens),
+        CostSettings(
+            usd_per_gpu_hour=usd_per_gpu_hour,
+            tokens=tokens,
+            usd_per_kwh=usd_per_kwh,
+            grams_co2_per_kwh=grams_co2_per_kwh,
+        ),
         plots=plots,
         gpu_memory_bytes=gpu_memory_gib * GIB if gpu_memory_gib is not None else None,
         loss_tolerance=equivalence.DEFAULT_TOLERANCE if loss_tolerance is None else loss_tolerance,
+        rank_by=rank_by,
     )
     done = Reported(written, settled=settled)
     if path.is_dir() and not done.running:

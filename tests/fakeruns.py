@@ -30,7 +30,11 @@ def write_run(
     loss_history: list[list[float]] | None = None,
     extra_arguments: dict[str, Any] | None = None,
     device: str = "gpu",
+    sidecar: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None,
 ) -> Path:
+    """One run's folder; ``sidecar``: more of the sidecar's figures (the outcome's
+    ``memory``), ``metrics``: more of the child's."""
     run = root / "runs" / experiment_id
     run.mkdir(parents=True, exist_ok=True)
     pd = effective_batch_size // num_gpus
@@ -74,6 +78,8 @@ def write_run(
             "mem_nvidia_peak_bytes_max": memory,
             "mem_nvidia_mem_reserved": memory / 2**20,
         }
+    if sidecar:
+        outcome["memory"] = {**outcome.get("memory", {}), **sidecar}
     (run / "outcome.json").write_text(json.dumps(outcome))
     if status == "ok":
         metrics = {
@@ -83,6 +89,7 @@ def write_run(
             "train_tokens_per_second": tps * 1.1 / num_gpus if tps is not None else None,
             "train_loss": 1.5,
             "mem_peak_rss_bytes": 2 * 2**30,
+            **(metrics or {}),
         }
         result = {
             "status": "ok",

@@ -59,6 +59,35 @@ def add_recheck_arg(group: argparse._ArgumentGroup) -> None:
     )
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a number above 0 (a price, a rate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def add_energy_prices(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--usd-per-kwh`` and ``--grams-co2-per-kwh``, which ``run`` and ``report`` take."""
+    group.add_argument(
+        "--usd-per-kwh",
+        type=positive_float,
+        metavar="USD",
+        help="price of a kWh: the report adds the energy's cost per 1M tokens "
+        "(default: the run's, else the file's cost:)",
+    )
+    group.add_argument(
+        "--grams-co2-per-kwh",
+        type=positive_float,
+        metavar="G",
+        help="your grid's emissions per kWh: the report adds grams of CO2 per 1M tokens "
+        "(default: the run's, else the file's cost:)",
+    )
+
+
 def add_selection_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to plan")
     g.add_argument(

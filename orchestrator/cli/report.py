@@ -6,12 +6,13 @@ import argparse
 from typing import Any
 
 from orchestrator.api import ids_text
-from orchestrator.cli.common import Formatter
+from orchestrator.cli.common import Formatter, add_energy_prices
 
 _REPORT_EPILOG = """\
 Examples:
   tunematrix report results
   tunematrix report results --usd-per-gpu-hour 2.5 --tokens 2e9
+  tunematrix report results --usd-per-kwh 0.15 --grams-co2-per-kwh 400 --rank-by energy
   tunematrix report old_benchmarks/raw_summary.csv --output report/
   tunematrix report refs/a100_80gb.csv --gpu-memory-gib 80
 """
@@ -30,6 +31,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         plots=not args.no_plots,
         flags=True,
         loss_tolerance=args.loss_tolerance,
+        usd_per_kwh=args.usd_per_kwh,
+        grams_co2_per_kwh=args.grams_co2_per_kwh,
+        rank_by=args.rank_by,
     )
     for settled in done.settled:
         if settled.collected:
@@ -93,6 +97,13 @@ def add_parser(sub: Any) -> None:
         metavar="FRACTION",
         help="loss gap (mean over the common steps, relative to the baseline's mean loss) "
         "past which a framework or trainer variant differs from its baseline (default: 0.05)",
+    )
+    add_energy_prices(rep)
+    rep.add_argument(
+        "--rank-by",
+        choices=("speed", "energy"),
+        default="speed",
+        help="what the recommendation ranks cells by: tokens/s, or joules per token",
     )
     rep.add_argument("--no-plots", action="store_true", help="tables only")
     rep.set_defaults(func=cmd_report)

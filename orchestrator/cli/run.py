@@ -13,9 +13,11 @@ from orchestrator.api import settle_earlier_jobs
 from orchestrator.cli.common import (
     PROG,
     Formatter,
+    add_energy_prices,
     add_recheck_arg,
     add_selection_args,
     plan_from_args,
+    positive_float,
 )
 from orchestrator.config.scenarios import BenchConfig
 from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
@@ -34,6 +36,7 @@ _RUN_EXAMPLES = (
     'tunematrix run --results results/a100 --num-gpus "1 2" --filter standard-peft',
     "tunematrix run --resume --timeout 3600",
     "tunematrix run --usd-per-gpu-hour 2.5 --tokens 1e9",
+    "tunematrix run --cool-down 300 --usd-per-kwh 0.15   (GPUs back near their start temperature)",
     "tunematrix run --launch family     (a family's experiments in one launch)",
 )
 
@@ -105,6 +108,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         no_data_processing=args.no_data_processing,
         usd_per_gpu_hour=args.usd_per_gpu_hour or planned.config.usd_per_gpu_hour,
         tokens=args.tokens,
+        cool_down_s=args.cool_down or 0.0,
+        usd_per_kwh=args.usd_per_kwh or planned.config.usd_per_kwh,
+        grams_co2_per_kwh=args.grams_co2_per_kwh or planned.config.grams_co2_per_kwh,
         report=not args.no_report,
         prune=not args.no_prune,
         stop_early=not args.no_stop_early,
@@ -291,5 +297,14 @@ def add_parser(sub: Any) -> None:
         type=float,
         metavar="N",
         help="a token budget: the report estimates the time and cost to train it",
+    )
+    add_energy_prices(g)
+    g.add_argument(
+        "--cool-down",
+        type=positive_float,
+        metavar="SECONDS",
+        help="before each launch, wait at most SECONDS for its GPUs to be back within 3 °C "
+        "of the temperature the first cell started at (back-to-back cells heat the GPUs "
+        "and slow the later ones); the wait is recorded per cell (cooldown_wait_s)",
     )
     r.set_defaults(func=cmd_run, executor_flags=flags)

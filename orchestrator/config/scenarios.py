@@ -147,6 +147,9 @@ class BenchConfig:
     #: the file's ``allocator:``, every scenario's that names none (None: not set)
     allocator: Allocator | None = None
     usd_per_gpu_hour: float | None = None
+    #: the file's price of a kWh and grams of CO2 per kWh (``cost:``)
+    usd_per_kwh: float | None = None
+    grams_co2_per_kwh: float | None = None
     #: the executors' sections of the file that it has, by executor name (``<executor>:``)
     executors: Mapping[str, BaseModel] = field(default_factory=dict)
     #: ``environments:`` as written (probed at plan time); empty: the running interpreter
@@ -585,6 +588,8 @@ def load_config(
         launch=model.launch,
         allocator=allocator,
         usd_per_gpu_hour=model.cost.usd_per_gpu_hour if model.cost else None,
+        usd_per_kwh=model.cost.usd_per_kwh if model.cost else None,
+        grams_co2_per_kwh=model.cost.grams_co2_per_kwh if model.cost else None,
         executors={
             name: getattr(model, name)
             for name in executor_sections

@@ -48,9 +48,12 @@ class FrameworkModel(_Strict):
 
 
 class CostModel(_Strict):
-    """What the hardware costs, for cost per token and time/cost to train."""
+    """What the hardware and its energy cost: cost per token, time/cost to train, the
+    energy's cost and emissions (the user's own numbers)."""
 
-    usd_per_gpu_hour: PositiveFloat
+    usd_per_gpu_hour: PositiveFloat | None = None
+    usd_per_kwh: PositiveFloat | None = None
+    grams_co2_per_kwh: PositiveFloat | None = None
 
 
 class MatrixModel(_Strict):

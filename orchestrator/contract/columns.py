@@ -296,6 +296,32 @@ TIME_PER_EPOCH = "time_per_epoch_s"
 COST_PER_EPOCH = "cost_per_epoch_usd"
 TIME_TO_TRAIN = "time_to_train_s"
 COST_TO_TRAIN = "cost_to_train_usd"
+#: the real tokens and the samples fed in the measured steps, all workers together
+TOKENS_MEASURED = "tokens_measured"
+SAMPLES_MEASURED = "samples_measured"
+#: energy over the measured steps (orchestrator/job/energy.py): joules, all of the
+#: cell's GPUs (or CPU packages) together, where it came from, the window it covers,
+#: how many devices it adds up, and why it is empty or what it covers
+ENERGY_J = "energy_j"
+ENERGY_SOURCE = "energy_source"
+ENERGY_WINDOW = "energy_window"
+ENERGY_DEVICES = "energy_devices"
+ENERGY_NOTE = "energy_note"
+#: the mean power of one device over the window
+POWER_MEAN = "power_mean_w"
+#: the share of samples of the most throttled GPU with a slowdown reason, and the
+#: conditions a cell ran under (its power limit, and throttling where it passed the mark)
+GPU_THROTTLED = "gpu_throttled_pct"
+GPU_CONDITIONS = "gpu_conditions"
+#: the mark: a GPU whose samples over the window carry a slowdown reason more often than
+#: this share ran throttled, and its cell's gpu_conditions says so
+THROTTLED_SHARE = 0.10
+#: the report's energy figures (derived from the above and the tokens measured)
+ENERGY_PER_TOKEN = "energy_per_token_j"
+ENERGY_PER_SAMPLE = "energy_per_sample_j"
+KWH_PER_1M_TOKENS = "kwh_per_1m_tokens"
+ENERGY_COST_PER_1M_TOKENS = "energy_cost_per_1m_tokens_usd"
+CO2_PER_1M_TOKENS = "co2_per_1m_tokens_g"
 
 # The order is raw_summary.csv's: the key columns, the design's figures, the
 # child's other figures, then the run's bookkeeping; the derived columns last.
@@ -611,8 +637,8 @@ _DECLARED: tuple[Column, ...] = (
     _child("measure_until", "", aggregate="first_ok"),
     _child("measure_stopped", "", aggregate="first_ok"),
     _child("step_time_ci_pct", "%", aggregate="median", label="step time ±%"),
-    _child("tokens_measured", "tokens"),
-    _child("samples_measured", "count"),
+    _child(TOKENS_MEASURED, "tokens"),
+    _child(SAMPLES_MEASURED, "count"),
     _child("tokens_total", "tokens"),
     _child("padded_tokens_total", "tokens"),
     _child("padding_fraction", "fraction", aggregate="median", roles={"cell_figure": 20}),
@@ -723,6 +749,33 @@ _DECLARED: tuple[Column, ...] = (
     ),
     _sidecar("cpu_allowed", "count"),
     _sidecar("util_window", "", aggregate="first_ok"),
+    # energy over the same window as utilisation (orchestrator/job/energy.py): the
+    # GPUs' energy counter (else their power samples integrated), or the CPU packages'
+    # RAPL counter on the CPU; empty with energy_note saying why, never 0
+    _sidecar(ENERGY_J, "J", aggregate="median"),
+    _sidecar(ENERGY_SOURCE, "", aggregate="first_ok"),
+    _sidecar(ENERGY_WINDOW, "", aggregate="first_ok"),
+    _sidecar(ENERGY_DEVICES, "count", aggregate="first_ok"),
+    _sidecar(ENERGY_NOTE, "", aggregate="first_ok"),
+    _sidecar(
+        POWER_MEAN,
+        "W",
+        aggregate="median",
+        label="W per GPU",
+        roles={"cell_figure": 29},
+    ),
+    # the conditions of the measurement, per GPU over the window, pooled: the slowest
+    # GPU's clocks, the hottest, the lowest enforced power limit, the most throttled
+    _sidecar("gpu_sm_clock_min_mhz", "MHz", aggregate="median"),
+    _sidecar("gpu_sm_clock_median_mhz", "MHz", aggregate="median"),
+    _sidecar("gpu_mem_clock_min_mhz", "MHz", aggregate="median"),
+    _sidecar("gpu_mem_clock_median_mhz", "MHz", aggregate="median"),
+    _sidecar("gpu_temp_max_c", "°C", aggregate="median"),
+    _sidecar("gpu_power_limit_w", "W", aggregate="median"),
+    _sidecar("gpu_power_limit_note", "", aggregate="first_ok"),
+    _sidecar(GPU_THROTTLED, "%", aggregate="median", better="lower"),
+    _sidecar("gpu_clock_reasons", "", aggregate="first_ok"),
+    _sidecar(GPU_CONDITIONS, "", aggregate="first_ok", roles={"annotated": 7}),
     _outcome("memory_backend", roles={"annotated": 3}),
     _outcome("devices"),
     _outcome("attempt", "count"),
@@ -741,6 +794,11 @@ _DECLARED: tuple[Column, ...] = (
         _outcome(column, "s", aggregate="median", path=("phases", f"{phase}_s"))
         for phase, column in PHASE_COLUMNS.items()
     ),
+    # the wait before launch for the GPUs to cool (--cool-down; orchestrator/job/cooldown.py):
+    # how long, the hottest GPU at launch, and why it ran out or was not made
+    _outcome("cooldown_wait_s", "s", aggregate="median", path=("cooldown", "wait_s")),
+    _outcome("cooldown_start_c", "°C", aggregate="median", path=("cooldown", "start_c")),
+    _outcome("cooldown_note", "", aggregate="first", path=("cooldown", "note")),
     # an environment's versions as the plan found them (python and the training stack),
     # and, where the child's result reports other versions (the interpreter changed
     # between plan and run), which: the plan's against the child's, set where the row is
@@ -785,6 +843,43 @@ _DECLARED: tuple[Column, ...] = (
     ),
     _derived(TIME_TO_TRAIN, "s", aggregate="median", raw=False, roles={"cell_figure": 26}),
     _derived(COST_TO_TRAIN, "USD", aggregate="median", raw=False, roles={"cell_figure": 27}),
+    # energy per token and per sample: the energy over the measured steps ÷ the tokens
+    # (samples) measured in them, where it covers them and every GPU of the cell
+    _derived(
+        ENERGY_PER_TOKEN,
+        "J/token",
+        aggregate="median",
+        better="lower",
+        label="J/token",
+        roles={"summary": 10, "compared": 7, "cell_figure": 28},
+        meaning="the energy used over the measured steps ÷ the real tokens measured in them "
+        "(the Energy section says what was measured)",
+    ),
+    _derived(ENERGY_PER_SAMPLE, "J/sample", aggregate="median", better="lower"),
+    _derived(
+        KWH_PER_1M_TOKENS,
+        "kWh",
+        aggregate="median",
+        better="lower",
+        label="kWh/1M tokens",
+        roles={"cell_figure": 30},
+    ),
+    _derived(
+        ENERGY_COST_PER_1M_TOKENS,
+        "USD",
+        aggregate="median",
+        better="lower",
+        label="energy $/1M tokens",
+        roles={"cell_figure": 31},
+    ),
+    _derived(
+        CO2_PER_1M_TOKENS,
+        "g",
+        aggregate="median",
+        better="lower",
+        label="g CO2/1M tokens",
+        roles={"cell_figure": 32},
+    ),
 )
 
 #: The key columns, in order: what names an experiment (``plan.csv``'s columns).

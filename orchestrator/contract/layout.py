@@ -207,6 +207,12 @@ class ResultsLayout:
         return self.root / "fit.md"
 
     @property
+    def cooldown(self) -> Path:
+        """The GPUs' temperature when the first cell started (``--cool-down``): later
+        cells wait until theirs are back near it."""
+        return self.root / "cooldown.json"
+
+    @property
     def run_outputs(self) -> tuple[Path, ...]:
         """What a run and its report write at the top of the folder (executor logs aside)."""
         return (
@@ -224,6 +230,7 @@ class ResultsLayout:
             self.fit,
             self.fit_json,
             self.fit_md,
+            self.cooldown,
         )
 
     @property

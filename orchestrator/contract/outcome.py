@@ -155,6 +155,10 @@ class Outcome(BaseModel):
     #: ``launch_s``, ``imports_s``, ``model_s``, ``data_s``, ``first_step_s``, ``training_s``,
     #: ``after_training_s``); a phase the run did not reach is None
     phases: dict[str, float | None] = Field(default_factory=dict)
+    #: the wait before launch for the GPUs to cool (``--cool-down``;
+    #: ``orchestrator.job.cooldown``): ``wait_s``, ``start_c`` (the hottest GPU at launch),
+    #: ``target_c``, and ``note`` where the wait ran out or could not be made
+    cooldown: dict[str, Any] = Field(default_factory=dict)
 
     def as_dict(self, *, recorded_only: bool = False) -> dict[str, Any]:
         """Every field, as JSON values (what ``outcome.json`` holds).

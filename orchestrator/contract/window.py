@@ -12,6 +12,9 @@ import math
 
 #: steps a profiled run records with torch.profiler, after its warm-up
 DEFAULT_PROFILE_STEPS = 3
+#: the name of the measured steps' span of time, where a row's utilisation and energy
+#: figures cover it (``orchestrator.job.utilisation``, read by the report)
+WINDOW_MEASURED = "measured"
 
 
 def default_warmup(steps: int) -> int:

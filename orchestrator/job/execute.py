@@ -38,11 +38,11 @@ from orchestrator.contract.modelnames import TINY_MODEL_NAMES
 from orchestrator.contract.outcome import Outcome, write_outcome
 from orchestrator.contract.result import LAUNCH_ID_ENV, read_result
 from orchestrator.contract.spec import MemoryStages, RunSpec, write_spec
-from orchestrator.job import nodes, oomkill, utilisation
+from orchestrator.job import cooldown, nodes, oomkill, utilisation
 from orchestrator.job.classify import Verdict, classify, root_cause, sigkilled_pids
 from orchestrator.job.command import LaunchSite, accelerate_command, job_env, launch_argv
 from orchestrator.job.phases import phase_seconds
-from orchestrator.job.sidecar import parse_ready, read_samples, summarize
+from orchestrator.job.sidecar import parse_ready, read_samples, row_figures
 from orchestrator.matrix.experiment import Experiment
 
 DEFAULT_TIMEOUT_S = 3600.0
@@ -85,10 +85,16 @@ class RunOptions:
     memory_logging: str = "all"
     no_data_processing: bool = False
     sidecar_interval_s: float = 0.1
+    #: ``--cool-down``: before each launch, wait at most this long for its GPUs to be back
+    #: near the first cell's starting temperature (``orchestrator.job.cooldown``); 0: never
+    cool_down_s: float = 0.0
     grace_s: float = GRACE_S
     #: for the report: the price of a GPU-hour and a token budget to estimate
     usd_per_gpu_hour: float | None = None
     tokens: float | None = None
+    #: for the report: the price of a kWh and grams of CO2 per kWh (energy's cost, emissions)
+    usd_per_kwh: float | None = None
+    grams_co2_per_kwh: float | None = None
     #: write benchmarks.csv, summary.md and plots after the run
     report: bool = True
     #: once an experiment ran out of memory, record the experiments of its family that
@@ -325,6 +331,9 @@ class Launch:
     timeout_s: float
     #: names the launch on every node (``LAUNCH_ID_ENV``) and in the outcome
     launch_id: str = ""
+    #: ``--cool-down``: the first cell's GPU temperature (``ResultsLayout.cooldown``) to
+    #: wait for before launching; None: no wait
+    cooldown: Path | None = None
 
 
 def prepare_launch(
@@ -365,7 +374,13 @@ def prepare_launch(
         primary=primary,
         timeout_s=timeout_for(experiment, options),
         launch_id=launch_id,
+        cooldown=cooldown_file(layout, options) if primary else None,
     )
+
+
+def cooldown_file(layout: ResultsLayout, options: RunOptions) -> Path | None:
+    """Where a launch finds the temperature to wait for, with ``--cool-down`` (else None)."""
+    return layout.cooldown if options.cool_down_s > 0 else None
 
 
 @dataclass
@@ -385,6 +400,8 @@ class Ran:
     sidecar: Sidecar | None = None
     oom_watch: oomkill.OomWatch | None = None
     proc: subprocess.Popen[Any] | None = None
+    #: the wait for the GPUs to cool before the launch (``cooldown.wait``), if asked
+    cooldown: dict[str, Any] | None = None
 
 
 def wait_with_limit(
@@ -429,7 +446,10 @@ def launch_and_wait(
     exception here), the ``finally`` stops the job's whole group (TERM, a grace
     period, KILL) and the sidecar.
     """
-    ran = Ran(started_at=now("milliseconds"), wall_start_unix=time.time())
+    cooled = None
+    if launch.cooldown is not None:  # before the wall time starts: the wait is its own
+        cooled = cooldown.wait(launch.cooldown, devices, options.cool_down_s)
+    ran = Ran(started_at=now("milliseconds"), wall_start_unix=time.time(), cooldown=cooled)
     start = time.monotonic()
     files = launch.files
     with (
@@ -526,9 +546,11 @@ def build_outcome(
         samples = read_samples(launch.files.memory)
         # utilisation over the measured steps where the child's files say when they were
         windows = utilisation.run_windows(run.progress, run.result) if launch.primary else []
-        outcome.memory = {**summarize(samples), **utilisation.summarize(samples, windows)}
+        outcome.memory = row_figures(samples, windows)
     elif wants_sidecar(options):
         outcome.memory_backend = "unavailable (the sidecar did not start; see stderr.log)"
+    if ran.cooldown is not None:
+        outcome.cooldown = ran.cooldown
     if placement.packed_with:
         outcome.run_mode, outcome.packed_with = "packed", sorted(placement.packed_with)
     outcome.launch_id, outcome.launch_position, outcome.launch_size = launch.launch_id, 1, 1

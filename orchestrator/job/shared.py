@@ -18,6 +18,7 @@ none here; the executor launches them afresh or prunes them.
 from __future__ import annotations
 
 import csv
+import io
 import subprocess
 import threading
 import time
@@ -32,7 +33,7 @@ from orchestrator.contract.launch import split_log
 from orchestrator.contract.layout import NodeFiles, ResultsLayout, RunPaths, write_atomic
 from orchestrator.contract.outcome import Outcome, Status, write_outcome
 from orchestrator.contract.result import read_result
-from orchestrator.job import utilisation
+from orchestrator.job import energy, utilisation
 from orchestrator.job.classify import classify
 from orchestrator.job.command import accelerate_command, launch_argv
 from orchestrator.job.execute import (
@@ -44,6 +45,7 @@ from orchestrator.job.execute import (
     Sidecar,
     child_environment,
     classify_run,
+    cooldown_file,
     free_port,
     launch_and_wait,
     launch_overhead,
@@ -53,7 +55,7 @@ from orchestrator.job.execute import (
     write_experiment_spec,
 )
 from orchestrator.job.phases import phase_seconds
-from orchestrator.job.sidecar import read_samples, summarize
+from orchestrator.job.sidecar import read_samples, row_figures
 from orchestrator.matrix.experiment import Experiment
 
 #: how often the parent looks for a finished run
@@ -136,6 +138,7 @@ def run_shared(
         primary=True,
         timeout_s=timeout_for(first, options),
         launch_id=launch_id,
+        cooldown=cooldown_file(layout, options),
     )
     watcher.launch(launch, on_tick, stop)
     return list(members[watcher.current + 1 :])
@@ -324,6 +327,8 @@ class _Watcher:
             launch_size=len(self.members),
             launch_overhead_s=self.overhead,
             phases=phase_seconds(window.start_unix, end, (result or {}).get("timings")),
+            # the launch's one wait for the GPUs to cool, on the run it came before
+            cooldown=(self.ran.cooldown or {}) if index == 0 else {},
         )
 
     def _slices(self, index: int, start_unix: float, end_unix: float, outcome: Outcome) -> None:
@@ -334,7 +339,7 @@ class _Watcher:
             _cut_samples(self.files.memory, member.run.memory, start_unix, end_unix)
             samples = read_samples(member.run.memory)
             windows = utilisation.run_windows(member.run.progress, member.run.result)
-            outcome.memory = {**summarize(samples), **utilisation.summarize(samples, windows)}
+            outcome.memory = row_figures(samples, windows)
             outcome.memory_backend = sidecar.backend
             outcome.gpu_device_name = sidecar.devices
         elif wants_sidecar(self.options):
@@ -376,7 +381,7 @@ def _clear(run: RunPaths) -> None:
 
 #: sample kinds the sidecar writes once (the baseline before the job) or only when they
 #: change (the CPUs the job may use): a slice starts with the last one before it
-_STATES = ("device_baseline", utilisation.CPU_ALLOWED)
+_STATES = ("device_baseline", utilisation.CPU_ALLOWED, *energy.STATES)
 
 
 def _cut_samples(source: Path, target: Path, start_unix: float, end_unix: float) -> None:
@@ -400,6 +405,7 @@ def _cut_samples(source: Path, target: Path, start_unix: float, end_unix: float)
                     states[(kind, where)] = row
     except OSError:
         pass
-    rows = list(states.values()) + rows
-    lines = [",".join(header)] + [",".join(row) for row in rows]
-    write_atomic(target, "\n".join(lines) + "\n")
+    text = io.StringIO()
+    # quoted as the sidecar wrote them: a reason (energy_none) may hold a comma
+    csv.writer(text, lineterminator="\n").writerows([header, *states.values(), *rows])
+    write_atomic(target, text.getvalue())

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from orchestrator.job import utilisation
+from orchestrator.job import energy, utilisation
 
 CSV_HEADER = ("timestamp", "kind", "source", "bytes")
 MIB = 1024 * 1024
@@ -181,6 +181,18 @@ def summarize(rows: Iterable[tuple[float, str, str, int]]) -> dict[str, Any]:
     return out
 
 
+def row_figures(
+    rows: Sequence[tuple[float, str, str, int]], windows: Sequence[utilisation.Window]
+) -> dict[str, Any]:
+    """Every figure of a row from its samples: memory (``summarize``), and utilisation
+    and energy over the first of ``windows`` they cover (``utilisation.run_windows``)."""
+    return {
+        **summarize(rows),
+        **utilisation.summarize(rows, windows),
+        **energy.summarize(rows, windows),
+    }
+
+
 # ---------------------------------------------------------------------------
 # The sampling process
 # ---------------------------------------------------------------------------
@@ -208,6 +220,8 @@ class _Nvml:
         self.handles = {d.index: pynvml.nvmlDeviceGetHandleByIndex(d.index) for d in self.devices}
         #: devices whose driver gives no utilisation figures (asked once)
         self.no_utilisation: set[int] = set()
+        #: energy, power, clocks, temperature, throttling
+        self.conditions = energy.NvmlConditions(pynvml, self.handles)
 
     def used(self) -> dict[int, int]:
         return {i: int(self.nv.nvmlDeviceGetMemoryInfo(h).used) for i, h in self.handles.items()}
@@ -340,8 +354,11 @@ def _sample_loop(
     interval: float,
     pss_every: float = 1.0,
     utilisation_on: bool = True,
+    rapl: Sequence[energy.RaplZone] = (),
 ) -> int:
-    """Samples until ``stop``; returns how many samples it took."""
+    """Samples until ``stop``; returns how many samples it took. ``utilisation_on``:
+    utilisation, energy and clocks too (else memory only); ``rapl``: the CPU
+    packages' energy counters to read (a CPU job's)."""
     writer = csv.writer(out, lineterminator="\n")
     tree: _Tree | None = None
     schedule = PssSchedule(every_s=pss_every)
@@ -358,6 +375,13 @@ def _sample_loop(
                 for index, (gpu, mem) in nvml.utilisation().items():
                     writer.writerow((f"{now:.3f}", utilisation.GPU_UTIL, index, gpu))
                     writer.writerow((f"{now:.3f}", utilisation.GPU_MEM_UTIL, index, mem))
+                for kind, index, value in nvml.conditions.read():
+                    writer.writerow((f"{now:.3f}", kind, index, value))
+        if utilisation_on:
+            for zone in rapl:
+                reading = zone.read()
+                if reading is not None:
+                    writer.writerow((f"{now:.3f}", energy.CPU_ENERGY, zone.name, reading))
         if pid_holder and tree is None:
             try:
                 tree = _Tree(pid_holder[0], cpu=utilisation_on)
@@ -443,6 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out.write(f"{now:.3f},device_baseline,{index},{used}\n")
             names = sorted({d.name for d in nvml.devices})
             why = f" devices={';'.join(names)}"
+        rapl = _energy_sources(out, entries, nvml is not None, why)
         out.flush()
         print(f"ready {backend}{why}", flush=True)
 
@@ -465,6 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.interval,
                 args.pss_every,
                 utilisation_on=not args.no_utilisation,
+                rapl=rapl,
             )
         finally:
             out.flush()
@@ -479,6 +505,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"sidecar: {samples} samples ({mode}), {cpu_s:.3f} s CPU{per}", file=sys.stderr, flush=True
     )
     return 0
+
+
+def _energy_sources(
+    out: TextIO, entries: Sequence[str], nvml: bool, why: str
+) -> list[energy.RaplZone]:
+    """A CPU job's RAPL zones (their ranges written), or a line in ``out`` saying why
+    no energy will be sampled; a GPU job's energy comes with its NVML samples."""
+    now = f"{time.time():.3f}"
+    writer = csv.writer(out, lineterminator="\n")
+    if entries:
+        if not nvml:
+            writer.writerow((now, energy.ENERGY_NONE, f"NVML could not be read{why}", 0))
+        return []
+    zones, reason = energy.rapl_zones()
+    if reason:
+        writer.writerow((now, energy.ENERGY_NONE, reason, 0))
+    for zone in zones:
+        writer.writerow((now, energy.CPU_ENERGY_RANGE, zone.name, zone.range_uj))
+    return zones
 
 
 def parse_ready(line: str) -> tuple[str, Mapping[str, str]]:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.contract.progress import StepProgress
+from orchestrator.contract.window import WINDOW_MEASURED
 
 #: set to ``0`` in the environment of ``tunematrix run``, the sidecar samples memory
 #: only. For measuring what utilisation sampling costs (benchmarks/bench_utilisation.py).
@@ -43,8 +44,9 @@ GPU_UTIL = "gpu_util"
 GPU_MEM_UTIL = "gpu_mem_util"
 TREE_CPU = "tree_cpu"
 CPU_ALLOWED = "cpu_allowed"
-#: the window a row's figures cover, from the best known to the least
-WINDOW_MEASURED, WINDOW_TRAINING, WINDOW_JOB = "measured", "training", "job"
+#: the window a row's figures cover, from the best known to the least: WINDOW_MEASURED (the
+#: contract's, which the report reads), then these
+WINDOW_TRAINING, WINDOW_JOB = "training", "job"
 #: what a window needs for its CPU figure: this many CPU samples, spanning this long (the
 #: kernel counts CPU time in 10 ms ticks: over 0.5 s, a tick at each end is at most 4% of
 #: one CPU); with less, the next larger window is used

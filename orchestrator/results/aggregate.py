@@ -17,24 +17,36 @@ import pandas as pd
 
 from orchestrator.contract import columns as registry
 from orchestrator.contract.columns import (
+    CO2_PER_1M_TOKENS,
     COST_PER_1M_TOKENS,
     COST_PER_EPOCH,
     COST_PER_RUN,
     COST_TO_TRAIN,
     DATA_TOKENS,
+    ENERGY_COST_PER_1M_TOKENS,
+    ENERGY_DEVICES,
+    ENERGY_J,
+    ENERGY_NOTE,
+    ENERGY_PER_SAMPLE,
+    ENERGY_PER_TOKEN,
+    ENERGY_WINDOW,
     HF_TOKENS_PER_SECOND,
     JOB_S,
+    KWH_PER_1M_TOKENS,
     NVML_PEAK,
     PEAK_MEMORY,
     PEAK_MEMORY_SOURCE,
     PROCESS_RSS_PEAK,
+    SAMPLES_MEASURED,
     TIME_PER_EPOCH,
     TIME_TO_TRAIN,
+    TOKENS_MEASURED,
     TOKENS_PER_SECOND,
     TORCH_RESERVED_PEAK,
     TRAIN_RUNTIME,
     USD_PER_GPU_HOUR,
 )
+from orchestrator.contract.window import WINDOW_MEASURED
 from orchestrator.results.capacity import Capacity
 from orchestrator.results.tablecolumns import (
     REPORT_ONLY_COLUMNS,
@@ -66,6 +78,9 @@ class CostSettings:
     usd_per_gpu_hour: float | None = None
     #: a token budget to estimate the time and cost to train
     tokens: float | None = None
+    #: the user's price of a kWh and grams of CO2 per kWh: the energy's cost and emissions
+    usd_per_kwh: float | None = None
+    grams_co2_per_kwh: float | None = None
 
 
 class ReportTables(Protocol):
@@ -155,6 +170,55 @@ def add_derived(df: pd.DataFrame, cost: CostSettings) -> pd.DataFrame:
         df[TIME_TO_TRAIN] = cost.tokens / tps
         if price is not None:
             df[COST_TO_TRAIN] = df[TIME_TO_TRAIN] * gpus * price / 3600
+    return add_energy(df, cost)
+
+
+#: joules in a kWh
+J_PER_KWH = 3.6e6
+
+
+def add_energy(df: pd.DataFrame, cost: CostSettings) -> pd.DataFrame:
+    """Energy per token and per sample, kWh per 1M tokens and, with the user's numbers,
+    their cost and emissions (``orchestrator.job.energy`` measured the energy).
+
+    Only where the energy covers the measured steps (the tokens/s window) and every
+    GPU of the cell: a multi-node cell whose sidecar read one node's GPUs, or a CPU
+    cell packed beside others (RAPL counts the whole package), gets none, and its
+    ``energy_note`` says why.
+    """
+    energy = numeric(df, ENERGY_J)
+    has = energy.notna() & (energy > 0)
+    window = df[ENERGY_WINDOW] if ENERGY_WINDOW in df.columns else pd.Series(None, df.index)
+    note = (
+        df[ENERGY_NOTE].astype(object)
+        if ENERGY_NOTE in df.columns
+        else pd.Series(None, index=df.index, dtype=object)
+    )
+    cpu = df["device"].astype(str).eq("cpu") if "device" in df.columns else ~has
+    devices = numeric(df, ENERGY_DEVICES)
+    packed = df["run_mode"].astype(str).eq("packed") if "run_mode" in df.columns else ~has
+    refusals = (
+        (has & window.ne(WINDOW_MEASURED), "energy over the training, not the measured steps"),
+        (
+            has & ~cpu & devices.lt(numeric(df, "num_gpus")),
+            "energy of fewer GPUs than the cell ran on (one node's sidecar)",
+        ),
+        (has & cpu & packed, "RAPL counts the whole CPU package, which packed jobs shared"),
+    )
+    usable = has.copy()
+    for refused, why in refusals:
+        usable &= ~refused
+        note = note.where(~refused, "no energy per token: " + why)
+    if has.any():
+        df[ENERGY_NOTE] = note
+    per_token = (energy / numeric(df, TOKENS_MEASURED)).where(usable)
+    df[ENERGY_PER_TOKEN] = per_token
+    df[ENERGY_PER_SAMPLE] = (energy / numeric(df, SAMPLES_MEASURED)).where(usable)
+    df[KWH_PER_1M_TOKENS] = per_token * 1e6 / J_PER_KWH
+    if cost.usd_per_kwh is not None:
+        df[ENERGY_COST_PER_1M_TOKENS] = df[KWH_PER_1M_TOKENS] * cost.usd_per_kwh
+    if cost.grams_co2_per_kwh is not None:
+        df[CO2_PER_1M_TOKENS] = df[KWH_PER_1M_TOKENS] * cost.grams_co2_per_kwh
     return df
 
 

@@ -22,10 +22,11 @@ def read_env(root: Path) -> dict[str, Any] | None:
     return env if isinstance(env, dict) else None
 
 
-def cost_from_env(root: Path) -> float | None:
-    """The price a run recorded in its env.json (from the scenarios file's ``cost:``)."""
+def cost_from_env(root: Path, name: str = "usd_per_gpu_hour") -> float | None:
+    """A price the run recorded in its env.json (from the command line or the scenarios
+    file's ``cost:``): ``usd_per_gpu_hour``, ``usd_per_kwh`` or ``grams_co2_per_kwh``."""
     env = read_env(root)
     if env is None:
         return None
-    value = (env.get("cost") or {}).get("usd_per_gpu_hour")
+    value = (env.get("cost") or {}).get(name)
     return float(value) if isinstance(value, (int, float)) else None

@@ -44,7 +44,7 @@ from orchestrator.contract.outcome import (
 )
 from orchestrator.contract.trainers import DEFAULT_TASK, TaskLine, count_column, task_line
 from orchestrator.contract.wording import worker, workers
-from orchestrator.results import equivalence, fitreport, quality, recommend
+from orchestrator.results import energyreport, equivalence, fitreport, quality, recommend
 from orchestrator.results.aggregate import (
     PEAK_MEMORY_SOURCES,
     CostSettings,
@@ -405,6 +405,7 @@ def summary_markdown(
     cost: CostSettings,
     *,
     loss_tolerance: float = equivalence.DEFAULT_TOLERANCE,
+    rank_by: str = "speed",
 ) -> str:
     rows, cells = report.rows, report.cells
     hf = shows_hf_estimate(cells)
@@ -429,7 +430,7 @@ def summary_markdown(
         # every word and column the tables use, once, before the first table
         *reading_guide(report, figures, missing, cpu),
         # first: what to run, per scenario, then across scenarios (results/recommend.py)
-        *recommend.markdown(cells),
+        *recommend.markdown(cells, rank_by),
         *packed_note(rows),
         *shared_note(rows),
         *not_launched_note(rows),
@@ -497,6 +498,8 @@ def summary_markdown(
     # each variant's loss against its scenario's baseline (results/equivalence.py)
     lines += equivalence.markdown(cells, loss_tolerance)
     lines += cost_markdown(cells, cost)
+    # energy per token, the conditions of the measurement, throttling (results/energyreport.py)
+    lines += energyreport.markdown(cells, cost)
     # each cell's wall time in phases, and the matrix's share of training (results/phasesreport.py)
     lines += phases_markdown(rows)
     # profiled cells only (profile: true): communication time per step, from the traces

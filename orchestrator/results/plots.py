@@ -47,6 +47,8 @@ from matplotlib.ticker import MaxNLocator
 
 from orchestrator.contract import columns as registry
 from orchestrator.contract.columns import (
+    ENERGY_PER_TOKEN,
+    GPU_CONDITIONS,
     HF_TOKENS_PER_SECOND,
     PEAK_MEMORY,
     PEAK_MEMORY_SOURCE,
@@ -56,6 +58,7 @@ from orchestrator.contract.wording import worker, workers
 from orchestrator.matrix.ids import model_short_name
 from orchestrator.results.aggregate import SCALING_FIGURES, ReportTables, shows_hf_estimate
 from orchestrator.results.capacity import LIKELY_OOM_FRACTION
+from orchestrator.results.energyreport import THROTTLED, shows_energy
 from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, measured, ran_on_cpu
 
 MAX_BARS = 60
@@ -891,6 +894,101 @@ def scaling_figure(table: pd.DataFrame) -> Figure | None:
     return fig
 
 
+#: the most cells the energy plot marks (the frontier's first, then the fastest)
+MAX_POINTS = 24
+
+
+def frontier(points: Sequence[tuple[float, float]]) -> list[int]:
+    """The indices of the efficient frontier of ``(joules per token, tokens/s)`` points,
+    in order: the points no other beats on both, using no more energy per token and
+    running at least as fast, and better on one of them. One sort and one sweep: by
+    energy (then the fastest first), a point is on it when it is faster than every
+    point before it."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    out: list[int] = []
+    fastest = -math.inf
+    for i in order:
+        # a point equal to the last one on it is on it too: neither beats the other
+        if points[i][1] > fastest or (out and points[i] == points[out[-1]]):
+            out.append(i)
+            fastest = points[i][1]
+    return sorted(out)
+
+
+def frontier_figure(cells: pd.DataFrame) -> Figure | None:
+    """Tokens/s against joules per token, one point per cell, the efficient frontier
+    joined; None when no cell has both figures."""
+    if ENERGY_PER_TOKEN not in cells.columns:
+        return None
+    tps = pd.to_numeric(cells[TOKENS_PER_SECOND], errors="coerce")
+    joules = pd.to_numeric(cells[ENERGY_PER_TOKEN], errors="coerce")
+    has = tps.notna() & joules.notna() & (tps > 0) & (joules > 0)
+    if not has.any():
+        return None
+    shown = _ordered(cells[has])
+    points = list(
+        zip(
+            pd.to_numeric(shown[ENERGY_PER_TOKEN]).astype(float),
+            pd.to_numeric(shown[TOKENS_PER_SECOND]).astype(float),
+            strict=True,
+        )
+    )
+    best = set(frontier(points))
+    note = ""
+    if len(shown) > MAX_POINTS:
+        rest = sorted((i for i in range(len(points)) if i not in best), key=lambda i: -points[i][1])
+        keep = sorted([*best, *rest][:MAX_POINTS])
+        note = f" — {len(keep)} of {len(shown)} cells: the frontier, then the fastest"
+        shown = shown.iloc[keep]
+        points = [points[i] for i in keep]
+        best = set(frontier(points))
+    names = labels(shown)
+    scenarios = list(dict.fromkeys(shown["scenario"].map(_scenario_name)))
+    conditions = shown[GPU_CONDITIONS] if GPU_CONDITIONS in shown.columns else None
+    throttled = [
+        " — ran throttled" if conditions is not None and THROTTLED in str(c) else ""
+        for c in (conditions if conditions is not None else [None] * len(shown))
+    ]
+    lines = sum(name.count("\n") + 1 for name in names)
+    fig, ax = plt.subplots(figsize=(10, 5.5 + 0.2 * lines), dpi=DPI)
+    for i, ((x, y), name, scenario) in enumerate(
+        zip(points, names, shown["scenario"].map(_scenario_name), strict=True)
+    ):
+        color = SCENARIO_COLORS[scenarios.index(scenario) % len(SCENARIO_COLORS)]
+        on = i in best
+        ax.scatter(
+            [x],
+            [y],
+            s=60,
+            color=color if on else "white",
+            edgecolors=color,
+            linewidths=1.5,
+            zorder=3,
+            label=f"{i + 1}{' (frontier)' if on else ''}: {name}{throttled[i]}",
+        )
+        ax.annotate(str(i + 1), (x, y), textcoords="offset points", xytext=(6, 5), fontsize=8)
+    line = sorted(points[i] for i in best)
+    if len(line) > 1:
+        ax.plot([p[0] for p in line], [p[1] for p in line], color="grey", linestyle="--", zorder=2)
+    tasks = shown["task"].dropna().astype(str).nunique() if "task" in shown.columns else 1
+    apart = "\ntasks count tokens apart: compare within one task" * (tasks > 1)
+    ax.set_xlabel(
+        f"joules per token, all {_counted(shown)} over the measured steps (lower is better)"
+    )
+    ax.set_ylabel(f"tokens per second, all {_counted(shown)} (higher is better)")
+    ax.set_title(
+        "Throughput against energy per cell: filled, the efficient frontier (no cell is "
+        "both faster and more frugal)" + note + "\ncolour: the cell's scenario" + apart,
+        fontsize=10,
+    )
+    ax.grid(alpha=0.3)
+    ax.set_xlim(left=0, right=max(p[0] for p in points) * 1.15)
+    ax.set_ylim(bottom=0, top=max(p[1] for p in points) * 1.15)
+    _legend_below(fig, ax, lines)
+    _widen_to_legend(fig, ax)
+    return fig
+
+
 def _loss_curves(rows: pd.DataFrame, source: Path) -> tuple[list[tuple[pd.Series, Any]], int]:
     """The loss history of each cell's first finished run (at most MAX_LINES), and how
     many finished cells there are."""
@@ -1019,6 +1117,7 @@ PLOT_NAMES = (
     "memory.png",
     "scaling.png",
     "loss.png",
+    "energy.png",
 )
 
 
@@ -1087,6 +1186,19 @@ def write_all(report: ReportTables, folder: Path, *, source: Path | None = None)
         notes.append(
             f"{name(path)}: not drawn, no finished run left a loss history"
             + ("" if source is not None and (source / "runs").is_dir() else " (no runs/ folder)")
+        )
+    path = folder / "energy.png"
+    figure = frontier_figure(cells)
+    if figure is not None:
+        written.append(_save(figure, path))
+        notes.append(
+            f"{name(path)}: tokens/s against joules per token per cell, the efficient "
+            "frontier filled and joined"
+        )
+    elif shows_energy(cells):
+        notes.append(
+            f"{name(path)}: not drawn, no cell has both tokens/s and joules per token "
+            "(the Energy section says why)"
         )
     # a plot an earlier report drew and this one does not would show figures of then
     for stale in PLOT_NAMES:

@@ -22,20 +22,28 @@ is called not separable.
 A cell whose loss departs from its baseline's (``orchestrator.results.equivalence``)
 is not recommended as the fastest: the fastest cell that trains like its
 baseline is, with a warning naming the faster one.
+
+Ranked by energy (``rank_by="energy"``, ``--rank-by energy``), the question is
+which cell uses the fewest joules per token (``energy_per_token_j``, lowest
+median), among the cells that have the figure; how sure is judged on its
+repeats the same way. A runner-up that ran under other conditions (another
+power limit, throttled) is said to have.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from orchestrator.contract.columns import COST_PER_1M_TOKENS, TOKENS_PER_SECOND
+from orchestrator.contract.columns import COST_PER_1M_TOKENS, ENERGY_PER_TOKEN, TOKENS_PER_SECOND
 from orchestrator.contract.outcome import PRUNED_PREFIX
 from orchestrator.contract.wording import fewer, times, workers
 from orchestrator.results import equivalence
+from orchestrator.results.energyreport import conditions_differ
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.numbers import number, whole
 from orchestrator.results.tablecolumns import ran_on_cpu
@@ -47,15 +55,46 @@ SINGLE_RUN_NOISE = 0.05
 TPS = TOKENS_PER_SECOND
 
 
-def candidates(cells: pd.DataFrame) -> pd.DataFrame:
-    """The cells that may be recommended: every repeat ok, a measured tokens/s, not pruned."""
-    if cells.empty or TPS not in cells.columns:
+@dataclass(frozen=True)
+class Ranking:
+    """What the recommendation ranks cells by: a figure and which way is better."""
+
+    name: str
+    metric: str
+    higher: bool
+    #: the recommended cell, as the table's header names it
+    best: str
+
+    def order(self, cells: pd.DataFrame) -> pd.DataFrame:
+        """``cells``, the best first (ties in their order)."""
+        key = pd.to_numeric(cells[self.metric], errors="coerce")
+        ordered: pd.DataFrame = (
+            cells.assign(_key=key)
+            .sort_values("_key", ascending=not self.higher, kind="stable")
+            .drop(columns="_key")
+        )
+        return ordered
+
+
+SPEED = Ranking("speed", TPS, higher=True, best="fastest cell")
+ENERGY = Ranking("energy", ENERGY_PER_TOKEN, higher=False, best="least energy per token")
+#: the rankings ``--rank-by`` takes
+RANK_BY = {r.name: r for r in (SPEED, ENERGY)}
+
+
+def candidates(cells: pd.DataFrame, ranking: Ranking = SPEED) -> pd.DataFrame:
+    """The cells that may be recommended: every repeat ok, a measured tokens/s (and the
+    figure ranked by), not pruned."""
+    if cells.empty or TPS not in cells.columns or ranking.metric not in cells.columns:
         none: pd.DataFrame = cells.iloc[0:0]
         return none
     tps = pd.to_numeric(cells[TPS], errors="coerce")
+    ranked = pd.to_numeric(cells[ranking.metric], errors="coerce")
     error = cells["error"] if "error" in cells.columns else pd.Series("", index=cells.index)
     pruned = error.astype(str).str.startswith(PRUNED_PREFIX)
-    usable: pd.DataFrame = cells[(cells["status"] == "ok") & tps.notna() & (tps > 0) & ~pruned]
+    usable: pd.DataFrame = cells[
+        (cells["status"] == "ok") & tps.notna() & (tps > 0) & (ranked > 0) & ~pruned
+    ]
     return usable
 
 
@@ -93,30 +132,49 @@ def _repeats(cell: Mapping[Any, Any]) -> int:
     return int(found) if found is not None else 1
 
 
-def how_sure(best: Mapping[Any, Any], runner_up: Mapping[Any, Any] | None) -> tuple[str, str]:
-    """The fastest cell's repeats and CV, and what can be said of the runner-up."""
+def how_sure(
+    best: Mapping[Any, Any], runner_up: Mapping[Any, Any] | None, ranking: Ranking = SPEED
+) -> tuple[str, str]:
+    """The best cell's repeats and CV, and what can be said of the runner-up."""
     n = _repeats(best)
-    cv = number(best.get(f"{TPS}_cv"))
+    metric = ranking.metric
+    cv = number(best.get(f"{metric}_cv"))
     sure = f"{n} repeat{'s' if n != 1 else ''}" + (
         f", CV {100 * cv:.1f}%" if cv is not None else ""
     )
     if runner_up is None:
         return sure, "no other cell finished ok"
-    fast, slow = number(best.get(TPS)), number(runner_up.get(TPS))
-    assert fast is not None and slow is not None
-    short = 1 - slow / fast
+    ours, theirs = number(best.get(metric)), number(runner_up.get(metric))
+    assert ours is not None and theirs is not None
     name = f"`{runner_up.get('cell_id')}` ({label(runner_up)})"
-    behind = (
-        f"the next, {name}, has {fewer(fast, slow)} (the fastest is {times(fast, slow)} as fast)"
-    )
+    if ranking.higher:
+        short = 1 - theirs / ours
+        faster = times(ours, theirs)
+        behind = f"the next, {name}, has {fewer(ours, theirs)} (the fastest is {faster} as fast)"
+        beats = "faster than"
+    else:
+        short = 1 - ours / theirs
+        behind = f"the next, {name}, uses {100 * (theirs / ours - 1):.1f}% more energy per token"
+        beats = "below"
+    differ = conditions_differ(best, runner_up)
+    behind += f" and ran under other conditions ({differ})" if differ else ""
     m = _repeats(runner_up)
     if n >= 2 and m >= 2:
-        lo, hi = number(best.get(f"{TPS}_min")), number(runner_up.get(f"{TPS}_max"))
-        if lo is not None and hi is not None and lo > hi:
-            return sure, (
-                f"{behind}: separable (every one of {n} repeats faster than each of its {m})"
-            )
-        return sure, f"{behind}: within the noise (their repeats overlap, {n} vs {m})"
+        if ranking.higher:
+            lo, hi = number(best.get(f"{metric}_min")), number(runner_up.get(f"{metric}_max"))
+        else:
+            lo, hi = number(runner_up.get(f"{metric}_min")), number(best.get(f"{metric}_max"))
+        if lo is not None and hi is not None:
+            if lo > hi:
+                return (
+                    sure,
+                    f"{behind}: separable (every one of {n} repeats {beats} each of its {m})",
+                )
+            return sure, f"{behind}: within the noise (their repeats overlap, {n} vs {m})"
+        # no spread of the figure is kept (energy per token: medians only)
+        if short < SINGLE_RUN_NOISE:
+            return sure, f"{behind}: not separable by their medians"
+        return sure, f"{behind} (by medians: the spread of its repeats is not kept for this figure)"
     if short < SINGLE_RUN_NOISE:
         return sure, f"{behind}: not separable with 1 repeat"
     return sure, f"{behind}; 1 repeat: no spread measured, --repeats 3 would confirm it"
@@ -129,11 +187,13 @@ def _unit(cells: pd.DataFrame) -> str:
     return "GPU-h" if devices <= {"gpu", "None", "nan"} else "device-h"
 
 
-def markdown(cells: pd.DataFrame) -> list[str]:
-    """The recommendation section, first in summary.md after the reading guide."""
+def markdown(cells: pd.DataFrame, rank_by: str = "speed") -> list[str]:
+    """The recommendation section, first in summary.md after the reading guide;
+    ``rank_by``: a key of ``RANK_BY``."""
     if cells.empty:
         return []
-    usable = candidates(cells)
+    ranking = RANK_BY[rank_by]
+    usable = candidates(cells, ranking)
     excluded = len(cells) - len(usable)
     lines = ["## Recommendation", ""]
     if usable.empty:
@@ -143,6 +203,9 @@ def markdown(cells: pd.DataFrame) -> list[str]:
             if ok == 0
             else f"No cell has a measured tokens/s ({ok} of {len(cells)} cell(s) finished ok; "
             "HF's estimate is not a measurement)"
+            if ranking is SPEED or candidates(cells).empty
+            else f"No cell that finished ok has an energy per token ({ok} of {len(cells)} "
+            "cell(s) finished ok; see the Energy section for why)"
         )
         return [*lines, f"{why}: nothing to recommend.", ""]
     cpu = ran_on_cpu(usable)
@@ -151,17 +214,17 @@ def markdown(cells: pd.DataFrame) -> list[str]:
     priced = COST_PER_1M_TOKENS in usable.columns and bool(
         pd.to_numeric(usable[COST_PER_1M_TOKENS], errors="coerce").notna().any()
     )
-    figures = ["fastest cell", "tokens/s", f"{unit} per 1M tokens"]
-    figures += ["$ per 1M tokens"] if priced else []
+    energy = ENERGY_PER_TOKEN in usable.columns and bool(
+        pd.to_numeric(usable[ENERGY_PER_TOKEN], errors="coerce").notna().any()
+    )
+    figures = [ranking.best, "tokens/s", *(["J/token"] if energy else [])]
+    figures += [f"{unit} per 1M tokens", *(["$ per 1M tokens"] if priced else [])]
     figures += ["how sure", "runner-up"]
     warnings: list[str] = []
 
     def answer(group: pd.DataFrame, where: str) -> tuple[Mapping[Any, Any], list[str]]:
         """The fastest trusted cell of ``group`` and its row's figures."""
-        ranked = group.assign(_tps=pd.to_numeric(group[TPS], errors="coerce")).sort_values(
-            "_tps", ascending=False, kind="stable"
-        )
-        records = ranked.drop(columns="_tps").to_dict("records")
+        records = ranking.order(group).to_dict("records")
         trusted = [c for c in records if not equivalence.flagged(c)] or records
         best = trusted[0]
         if equivalence.flagged(best):
@@ -169,14 +232,19 @@ def markdown(cells: pd.DataFrame) -> list[str]:
                 f"- **warning**: `{best.get('cell_id')}` is recommended although its loss "
                 f"departs from its baseline's ({_gap(best)}): every cell {where} does."
             )
-        for faster in records[: records.index(best)]:
+        for better in records[: records.index(best)]:
+            than = (
+                f"is faster ({_fmt_tps(better)} tokens/s)"
+                if ranking.higher
+                else f"uses less energy ({_joules(better)} J/token)"
+            )
             warnings.append(
-                f"- **warning**: `{faster.get('cell_id')}` ({label(faster)}) is faster "
-                f"({_fmt_tps(faster)} tokens/s) but its loss departs from its baseline's "
-                f"({_gap(faster)}, {faster.get('loss_vs_baseline')}): not recommended."
+                f"- **warning**: `{better.get('cell_id')}` ({label(better)}) {than} "
+                f"but its loss departs from its baseline's "
+                f"({_gap(better)}, {better.get('loss_vs_baseline')}): not recommended."
             )
         others = [c for c in trusted if c is not best]
-        sure, runner = how_sure(best, others[0] if others else None)
+        sure, runner = how_sure(best, others[0] if others else None, ranking)
         if not others and len(records) > 1:
             runner = (
                 "every other cell that finished ok trains unlike its baseline (see Loss "
@@ -186,6 +254,7 @@ def markdown(cells: pd.DataFrame) -> list[str]:
         row = [
             f"`{best.get('cell_id')}` ({label(best)})",
             _fmt_tps(best),
+            *([_joules(best)] if energy else []),
             "–" if hours is None else f"{hours:.4g}",
         ]
         if priced:
@@ -240,6 +309,16 @@ def markdown(cells: pd.DataFrame) -> list[str]:
         'group; its "fewer tokens/s" is 1 − its tokens/s ÷ the fastest\'s. A cell whose '
         "loss departs from its baseline's is not recommended as the fastest."
     )
+    if ranking is ENERGY:
+        intro = (
+            f"Ranked by energy (--rank-by energy): per scenario and number of {count}, the "
+            "cell that finished ok with the fewest joules per token (median over its repeats, "
+            "the measured steps; see the Energy section), among the cells that have the "
+            "figure; oom, pruned, spared, failed and timed-out cells are never recommended"
+            + (f" ({excluded} cell(s) left out)" if excluded else "")
+            + ". The runner-up is the next lowest of the same group. A cell whose loss "
+            "departs from its baseline's is not recommended."
+        )
     lines += [intro, "", *md_table(["scenario", "model", count, *figures], per_scenario)]
     if across:
         lines += [
@@ -259,6 +338,11 @@ def _hours_or_inf(cell: Mapping[Any, Any]) -> float:
 def _gap(cell: Mapping[Any, Any]) -> str:
     gap = number(cell.get("loss_gap_pct"))
     return "gap unknown" if gap is None else f"loss gap {gap:.1f}%"
+
+
+def _joules(cell: Mapping[Any, Any]) -> str:
+    value = number(cell.get(ENERGY_PER_TOKEN))
+    return "–" if value is None else f"{value:.4g}"
 
 
 def _fmt_tps(cell: Mapping[Any, Any]) -> str:

@@ -130,10 +130,12 @@ def write_report(
     gpu_memory_bytes: float | None = None,
     rows: list[dict[str, Any]] | None = None,
     loss_tolerance: float = equivalence.DEFAULT_TOLERANCE,
+    rank_by: str = "speed",
 ) -> Report:
     """Read ``source`` (or take a run's ``rows``), write the tables and plots into ``output``.
 
-    ``gpu_memory_bytes``: one device's memory, when the source does not say it.
+    ``gpu_memory_bytes``: one device's memory, when the source does not say it;
+    ``rank_by``: what the recommendation ranks by (``recommend.RANK_BY``).
     """
     report = build_report(
         source, cost, rows, gpu_memory_bytes=gpu_memory_bytes, loss_tolerance=loss_tolerance
@@ -151,7 +153,7 @@ def write_report(
         report.written += plotting.write_all(report, layout.plots, source=source)
     write_atomic(
         layout.summary_md,
-        summary_markdown(report, source, cost, loss_tolerance=loss_tolerance),
+        summary_markdown(report, source, cost, loss_tolerance=loss_tolerance, rank_by=rank_by),
     )
     report.written = [layout.raw_summary, layout.benchmarks, layout.summary_md, *report.written]
     return report

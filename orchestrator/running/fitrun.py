@@ -53,7 +53,7 @@ from orchestrator.matrix.plan import Plan
 from orchestrator.results.fitreport import FamilyFit, FitRecord, ProbeRecord, write_fit
 from orchestrator.results.numbers import number
 from orchestrator.results.rows import build_row, write_raw_summary
-from orchestrator.running.runner import RunReport, preflight, run_plan
+from orchestrator.running.runner import RunReport, preflight, report_cost, run_plan
 
 #: a probe's peak memory, in order of preference: on a GPU, one device's; on the CPU, the
 #: job's whole process tree (what a memory cgroup counts), else one process
@@ -595,12 +595,11 @@ def search_after_run(
         log(f"fit: {family.family}: largest {family.searched} that fits: {answer}")
     log(f"fit: {fitted.layout.fit_md}")
     if done.reported:
-        from orchestrator.results.report import CostSettings, write_report
+        from orchestrator.results.report import write_report
 
         root = done.layout.root
-        cost = CostSettings(usd_per_gpu_hour=options.usd_per_gpu_hour, tokens=options.tokens)
         try:
-            write_report(root, root, cost)
+            write_report(root, root, report_cost(options))
         except Exception as exc:  # the fit's own files are written; the report can be redone
             log(f"summary.md was not rewritten ({type(exc).__name__}: {exc})")
     return fitted

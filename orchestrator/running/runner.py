@@ -14,7 +14,7 @@ import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.contract.clock import now
 from orchestrator.contract.errors import UserError
@@ -29,6 +29,9 @@ from orchestrator.matrix.experiment import Experiment
 from orchestrator.results.rows import build_row, write_raw_summary
 from orchestrator.running import envinfo
 from orchestrator.running.resultsdir import open_results
+
+if TYPE_CHECKING:
+    from orchestrator.results.aggregate import CostSettings
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Outcome", "RunOptions", "RunReport", "preflight", "run_plan"]
 
@@ -73,6 +76,18 @@ def _write_summary(plan: Plan, layout: ResultsLayout, outcomes: Mapping[str, Out
     write_raw_summary(_summary_rows(plan, layout, outcomes), layout.raw_summary)
 
 
+def report_cost(options: RunOptions) -> CostSettings:
+    """The report's prices and token budget, as the run was given them."""
+    from orchestrator.results.aggregate import CostSettings
+
+    return CostSettings(
+        usd_per_gpu_hour=options.usd_per_gpu_hour,
+        tokens=options.tokens,
+        usd_per_kwh=options.usd_per_kwh,
+        grams_co2_per_kwh=options.grams_co2_per_kwh,
+    )
+
+
 def _report_and_record(
     run_report: RunReport,
     rows: list[dict[str, Any]],
@@ -83,13 +98,13 @@ def _report_and_record(
     """The full report and the history entry; a failure here never costs the results."""
     try:
         from orchestrator.results import history
-        from orchestrator.results.report import CostSettings, write_report
+        from orchestrator.results.report import write_report
 
         root = run_report.layout.root
         report = write_report(
             root,
             root,
-            CostSettings(usd_per_gpu_hour=options.usd_per_gpu_hour, tokens=options.tokens),
+            report_cost(options),
             rows=rows,
         )
         run_report.reported = True
@@ -155,7 +170,11 @@ def run_plan(
             if opened.moved_to is not None:
                 say(f"the earlier run in {results} was moved to {opened.moved_to}")
             env = envinfo.collect(argv)
-            env["cost"] = {"usd_per_gpu_hour": options.usd_per_gpu_hour}
+            env["cost"] = {
+                "usd_per_gpu_hour": options.usd_per_gpu_hour,
+                "usd_per_kwh": options.usd_per_kwh,
+                "grams_co2_per_kwh": options.grams_co2_per_kwh,
+            }
             env["mode"] = executor.mode
             env["executor"] = executor.name
             if plan.environments:  # the interpreters the jobs ran under, as the plan found them

@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from orchestrator.job.energy import rapl_zones
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,6 +141,8 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
         ("lora", "1"),
         ("lora", "2"),
     ]
+    zones, why = rapl_zones()
+    rapl = bool(zones)
     for r in table:
         assert float(r["tokens_per_second_global"]) > 100
         assert float(r["tokens_per_second_per_device"]) == pytest.approx(
@@ -156,6 +160,13 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
         assert r["util_window"] in ("measured", "training", "job")
         assert r["gpu_util_mean_pct"] == r["gpu_util_p10_pct"] == ""
         assert r["gpu_mem_bw_util_mean_pct"] == ""
+        # energy on the CPU: RAPL's package counter where this machine lets it be read,
+        # else no figure and the reason (never 0)
+        if rapl:
+            assert float(r["energy_j"]) > 0 and r["energy_source"] == "rapl package counter"
+            assert float(r["energy_per_token_j"]) > 0
+        else:
+            assert r["energy_j"] == r["energy_per_token_j"] == "" and r["energy_note"] == why
         assert_phases_add_up(r)
     lora = [r for r in table if r["scenario"] == "lora"]
     assert all(r["peft_method"] == "lora" and r["r"] == "4" for r in lora)
@@ -170,6 +181,8 @@ def test_two_by_two_matrix_through_the_shell_script(tmp_path) -> None:
     # a CPU run speaks of processes: in its tables, notes and guide, never of GPUs
     assert "GPU" not in summary, [line for line in summary.splitlines() if "GPU" in line]
     assert "| processes |" in summary and "tokens/s/process" in summary
+    energy = summary.split("## Energy\n", 1)[1]
+    assert ("| `" in energy) if rapl else (f"- {why}: `" in energy)
     for plot in ("throughput", "memory", "scaling", "loss"):
         assert (results / "plots" / f"{plot}.png").stat().st_size > 10_000, plot
     from orchestrator.results import history

@@ -109,7 +109,8 @@ def test_the_derived_columns_are_the_ones_the_report_adds() -> None:
             }
         ]
     )
-    added = aggregate.add_derived(rows, CostSettings(usd_per_gpu_hour=2.0, tokens=1e9))
+    prices = CostSettings(usd_per_gpu_hour=2.0, tokens=1e9, usd_per_kwh=0.1, grams_co2_per_kwh=9)
+    added = aggregate.add_derived(rows, prices)
     new = set(added.columns) - set(rows.columns)
     assert new == {c.name for c in registry.select(source="derived")}
     # the report's own columns are outputs, never a scenario argument
@@ -238,7 +239,11 @@ def test_a_registered_metric_reaches_every_table(tmp_path: Path, new_metric: Col
 def test_a_lower_is_better_metric_flags_the_other_way(tmp_path: Path) -> None:
     column = registry.register(
         Column(
-            name="energy_per_token_j", source="child", unit="J", aggregate="median", better="lower"
+            name="joules_per_sample_test_j",
+            source="child",
+            unit="J",
+            aggregate="median",
+            better="lower",
         )
     )
     try:
@@ -256,7 +261,7 @@ def test_a_lower_is_better_metric_flags_the_other_way(tmp_path: Path) -> None:
         registry.unregister(column.name)
     # unregistered, it is unknown again
     with pytest.raises(ValueError, match="no direction known"):
-        compare.direction("energy_per_token_j")
+        compare.direction("joules_per_sample_test_j")
 
 
 # ---------------------------------------------------------------------------
@@ -365,6 +370,7 @@ ROLE_LISTS = {
         "train_loss",
         "gpu_util_mean_pct",
         "cpu_util_mean_pct",
+        "energy_per_token_j",
     ),
     "compared": (
         "tokens_per_second_global",
@@ -373,6 +379,7 @@ ROLE_LISTS = {
         "step_time_median_s",
         "peak_memory_bytes",
         "mfu",
+        "energy_per_token_j",
     ),
     "environment_figure": ("tokens_per_second_global", "peak_memory_bytes"),
     "run_figure": (
@@ -389,6 +396,7 @@ ROLE_LISTS = {
         "run_mode",
         "allocator",
         "allocator_settings",
+        "gpu_conditions",
     ),
     "cell_figure": (
         "train_tokens_per_second",
@@ -418,6 +426,11 @@ ROLE_LISTS = {
         "cost_per_epoch_usd",
         "time_to_train_s",
         "cost_to_train_usd",
+        "energy_per_token_j",
+        "power_mean_w",
+        "kwh_per_1m_tokens",
+        "energy_cost_per_1m_tokens_usd",
+        "co2_per_1m_tokens_g",
     ),
 }
 

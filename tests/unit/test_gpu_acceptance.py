@@ -338,3 +338,22 @@ def test_a_fresh_cell_asked_for_and_missing_fails_and_a_phase_must_match_its_ste
     outcome_path.write_text(json.dumps(outcome))
     check = _checks(folders)["hf-full: training phase vs its step times"]
     assert check.result == "FAIL", check
+
+
+def test_the_energy_check_holds_the_counter_to_the_power_samples() -> None:
+    row = {"experiment_id": "e1", "scenario": "hf-full", "status": "ok", "energy_j": 2000.0}
+
+    def check(energies: list[tuple[float | None, float | None]], **more: Any) -> Any:
+        runs = acceptance.Runs(rows=[{**row, **more}], energies={"e1": energies})
+        return acceptance._energy_check(runs, "hf-full")
+
+    # two GPUs: 1000 + 1050 J by the counter, 1020 + 1040 by the power samples
+    ok = check([(1000.0, 1020.0), (1050.0, 1040.0)])
+    assert ok.result == "pass" and ok.measured.startswith("2,050 J vs 2,060 J (0.995x, 2 GPU(s))")
+    assert check([(1000.0, 1250.0)]).result == "FAIL"  # 20% apart
+    # a figure missing is a failure, never n/a
+    missing = check([(1000.0, None)])
+    assert missing.result == "FAIL" and "without both" in missing.measured
+    assert check([]).result == "FAIL"
+    assert check([(1000.0, 1000.0)], energy_j=None).result == "FAIL"
+    assert acceptance._energy_check(acceptance.Runs(), "hf-full").result == "FAIL"
