@@ -32,7 +32,8 @@ the GPU-only checks are left out; everything else is judged. The checks (``check
 - memory: NVML's peak within 5% of torch's reserved peak plus the CUDA context (DDP and
   FSDP), torch's reserved peak within 5% of the plain loop's;
 - GPU utilisation of the DDP cell >= 80%; its energy over the measured steps by NVML's
-  counter within 10% of the sidecar's power samples integrated over the same window;
+  counter within 10% of the sidecar's power samples integrated over the same window, its
+  mean power per GPU above 0 and at most its enforced power limit + 5%;
 - the oversized cell and the larger ``pruned`` before launch, each by its memory
   prediction (``orchestrator.running.memoryfit``), and every trained cell's torch
   peak allocated within 15% of its prediction (the folder's ``plan.csv``);
@@ -843,6 +844,17 @@ def _matrix_checks(matrix: Runs, on_gpu: bool, context: float | None) -> list[Ch
             )
         )
     out.append(_energy_check(matrix, "hf-full"))
+    missing = _needs({"hf-full": hf}, "power_mean_w", "gpu_power_limit_w")
+    watts, limit = num(hf, "power_mean_w"), num(hf, "gpu_power_limit_w")
+    out.append(
+        judged(
+            "hf-full: mean power per GPU against its enforced limit",
+            f"{watts:.0f} W of {limit:.0f} W" if watts is not None and limit else "",
+            "above 0, at most the limit + 5%",
+            None if missing or watts is None or limit is None else 0 < watts <= 1.05 * limit,
+            missing,
+        )
+    )
     out.append(
         ratio_check(
             "hf-full: GPU utilisation",

@@ -32,7 +32,7 @@ from orchestrator.contract.layout import PROJECT_ROOT
 from orchestrator.contract.modelnames import hub_offline
 from orchestrator.executors.base import State
 from orchestrator.executors.registry import EXECUTORS
-from orchestrator.job import hardware
+from orchestrator.job import energy, hardware
 from orchestrator.running import envinfo, needs
 
 #: below this much free space in the results folder's file system, a warning
@@ -49,7 +49,9 @@ _OPTIONAL = {
     "deepspeed": ("DeepSpeed scenarios", needs.DEEPSPEED_INSTALL),
 }
 #: how a row that is not a package's starts its line
-_LABELS = {n: f"{n}:" for n in ("NVML", "GPUs", "accelerate default config", "results", "env")}
+_LABELS = {
+    n: f"{n}:" for n in ("NVML", "GPUs", "energy", "accelerate default config", "results", "env")
+}
 #: environment variables worth seeing next to the rest
 _ENV_SHOWN = ("CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_OFFLINE", "TUNEMATRIX_CACHE")
 
@@ -128,6 +130,9 @@ class Facts:
     env: Mapping[str, str]
     #: what each executor's ``probe`` found, by executor name (where it looks at anything)
     executors: Mapping[str, Any] = field(default_factory=dict)
+    #: the CPU packages' RAPL counters readable here, and why none where none
+    #: (``energy.rapl_zones``: a CPU cell's energy)
+    rapl: tuple[int, str] = (0, "not looked at")
 
 
 # ---------------------------------------------------------------------------
@@ -273,7 +278,13 @@ def gather(
         executors={
             name: found for name, cls in EXECUTORS.items() if (found := cls.probe()) is not None
         },
+        rapl=_rapl(),
     )
+
+
+def _rapl() -> tuple[int, str]:
+    zones, why = energy.rapl_zones()
+    return len(zones), why
 
 
 # ---------------------------------------------------------------------------
@@ -471,6 +482,21 @@ def _nvml_row(facts: Facts, gpus_found: bool) -> Row:
     return Row("ok", "NVML", f"{package}; initialises")
 
 
+def _energy_row(facts: Facts, gpus_found: bool) -> Row:
+    """Where a cell's energy comes from here: the GPUs' NVML counter, or RAPL on the CPU."""
+    if gpus_found:
+        return Row(
+            "info",
+            "energy",
+            "each GPU's NVML energy counter, else its power samples (a cell's energy_note "
+            "says where a GPU gives neither)",
+        )
+    zones, why = facts.rapl
+    if zones:
+        return Row("ok", "energy", f"RAPL: {zones} CPU package(s) readable (CPU cells' energy)")
+    return Row("info", "energy", f"CPU cells get no energy figure: {why}")
+
+
 def _gpu_row(facts: Facts) -> Row:
     names, driver, cuda, source = _gpus(facts)
     if not names:
@@ -609,6 +635,7 @@ def diagnose(facts: Facts) -> Diagnosis:
         *(_optional_row(facts, d, what, install) for d, (what, install) in _OPTIONAL.items()),
         _nvml_row(facts, gpus_found),
         _gpu_row(facts),
+        _energy_row(facts, gpus_found),
         _accelerate_row(facts),
         *executor_rows,
         _disk_row(facts),

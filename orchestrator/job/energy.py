@@ -106,6 +106,7 @@ THROTTLE_REASONS = 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x80 | 0x200 | 0x400
 
 #: NVML error codes that do not go away: not supported, no permission, function not found
 _PERMANENT_ERRORS = {3, 4, 13}
+_FUNCTION_NOT_FOUND = 13
 
 
 # ---------------------------------------------------------------------------
@@ -153,8 +154,21 @@ class NvmlConditions:
             (GPU_POWER_LIMIT, nv.nvmlDeviceGetEnforcedPowerLimit),
         ]
         if self._reasons is not None:
-            calls.append((GPU_CLOCK_REASONS, self._reasons))
+            # the function in force at the call: the older name once a device lacked the newer
+            calls.append((GPU_CLOCK_REASONS, lambda h: self._reasons(h)))
         return calls
+
+    def _older_reasons(self, handle: Any) -> int | None:
+        """The reasons by NVML's older name, for a driver that lacks the newer (before
+        535); from then on the older is read. None where it cannot be read either."""
+        older = getattr(self.nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        if older is None or older is self._reasons:
+            return None
+        self._reasons = older
+        try:
+            return int(older(handle))
+        except self.nv.NVMLError:
+            return None
 
     def read(self) -> list[tuple[str, int, int]]:
         """``(kind, device, value)`` of one sample; the power limit only when it changed."""
@@ -167,9 +181,15 @@ class NvmlConditions:
                 try:
                     value = int(call(handle))
                 except self.nv.NVMLError as exc:
-                    if getattr(exc, "value", None) in _PERMANENT_ERRORS:
-                        self.unsupported.add((index, kind))
-                    continue  # a passing error (a timeout): this sample goes without
+                    code = getattr(exc, "value", None)
+                    retried = None
+                    if kind == GPU_CLOCK_REASONS and code == _FUNCTION_NOT_FOUND:
+                        retried = self._older_reasons(handle)
+                    if retried is None:
+                        if code in _PERMANENT_ERRORS:
+                            self.unsupported.add((index, kind))
+                        continue  # a passing error (a timeout): this sample goes without
+                    value = retried
                 if kind == GPU_POWER_LIMIT:
                     if self._limit.get(index) == value:
                         continue
@@ -260,6 +280,9 @@ def counter_energy(
     times = [t for t, _ in ordered]
     if not _covers(times, window):
         return None, "its samples do not cover the window"
+    gap = _edge_gap(times, window)
+    if gap > max(MIN_GAP_S, MAX_GAP_SHARE * (window.end - window.start)):
+        return None, f"its samples leave a gap of {gap:.1f} s at an edge of the window"
     # the counter unwrapped: joules since the first sample
     joules = [0.0]
     for (t0, c0), (t1, c1) in itertools.pairwise(ordered):
@@ -268,6 +291,17 @@ def counter_energy(
             return None, f"the counter jumped by {step:.0f} J in {t1 - t0:.2f} s (a reset)"
         joules.append(joules[-1] + step)
     return _rise(times, joules, window), ""
+
+
+def _edge_gap(times: Sequence[float], window: Window) -> float:
+    """The longest span between the samples either side of an edge of ``window``: what
+    interpolating the edge assumes was steady."""
+    gaps = []
+    for edge in (window.start, window.end):
+        before = max((t for t in times if t <= edge), default=edge)
+        after = min((t for t in times if t >= edge), default=edge)
+        gaps.append(after - before)
+    return max(gaps)
 
 
 def _rise(times: Sequence[float], values: Sequence[float], window: Window) -> float:
@@ -315,14 +349,14 @@ def gpu_energy(
     why = "no energy counter"
     if counter:
         joules, why = counter_energy(counter, window, NVML_COUNTER_RANGE, 1e-3)
-        if joules is not None:
+        if joules is not None and joules > 0:
             return DeviceEnergy(joules, SOURCE_COUNTER)
-        why = f"the energy counter: {why}"
+        why = f"the energy counter: {why or 'it did not rise over the window'}"
     if power:
         joules, more = power_energy(power, window)
-        if joules is not None:
+        if joules is not None and joules > 0:
             return DeviceEnergy(joules, SOURCE_POWER)
-        why = f"{why}; {more}"
+        why = f"{why}; {more or 'its power samples read 0 W'}"
     else:
         why = f"{why}; no power samples"
     return DeviceEnergy(None, "", why)
@@ -410,6 +444,16 @@ def summarize(
         out.update(_gpu_figures(gpu, window, seconds))
     else:
         out.update(_rapl_figures(rapl, spans, window, seconds))
+    return out
+
+
+def of_first_node(figures: Mapping[str, Any], nodes: int) -> dict[str, Any]:
+    """A job over ``nodes`` nodes, summarised from its first node's sidecar: the energy
+    is that node's alone, so the cell gets no total (each GPU's power still holds)."""
+    if nodes <= 1 or "energy_j" not in figures:
+        return dict(figures)
+    out = {k: v for k, v in figures.items() if k not in ("energy_j", "energy_devices")}
+    out["energy_note"] = f"no energy figure: the sidecar read the first of {nodes} nodes only"
     return out
 
 
@@ -506,6 +550,9 @@ def _pooled(per_device: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                 if bit & THROTTLE_REASONS and worst.get(name, 0.0) > THROTTLED_SHARE
             ]
             conditions.append("throttled (" + ", ".join(slowdowns or ["several reasons"]) + ")")
+    elif details:
+        # the driver gave no clock event reasons: not "not throttled"
+        conditions.append("throttling unknown")
     if conditions:
         out["gpu_conditions"] = ", ".join(conditions)
     return out

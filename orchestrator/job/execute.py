@@ -38,7 +38,7 @@ from orchestrator.contract.modelnames import TINY_MODEL_NAMES
 from orchestrator.contract.outcome import Outcome, write_outcome
 from orchestrator.contract.result import LAUNCH_ID_ENV, read_result
 from orchestrator.contract.spec import MemoryStages, RunSpec, write_spec
-from orchestrator.job import cooldown, nodes, oomkill, utilisation
+from orchestrator.job import cooldown, energy, nodes, oomkill, utilisation
 from orchestrator.job.classify import Verdict, classify, root_cause, sigkilled_pids
 from orchestrator.job.command import LaunchSite, accelerate_command, job_env, launch_argv
 from orchestrator.job.phases import phase_seconds
@@ -448,7 +448,11 @@ def launch_and_wait(
     """
     cooled = None
     if launch.cooldown is not None:  # before the wall time starts: the wait is its own
-        cooled = cooldown.wait(launch.cooldown, devices, options.cool_down_s)
+        try:
+            cooled = cooldown.wait(launch.cooldown, devices, options.cool_down_s, stop=stop)
+        except (KeyboardInterrupt, cooldown.Stopped):
+            # stopped before the launch: nothing ran
+            return Ran(started_at=now("milliseconds"), interrupted=True)
     ran = Ran(started_at=now("milliseconds"), wall_start_unix=time.time(), cooldown=cooled)
     start = time.monotonic()
     files = launch.files
@@ -546,7 +550,10 @@ def build_outcome(
         samples = read_samples(launch.files.memory)
         # utilisation over the measured steps where the child's files say when they were
         windows = utilisation.run_windows(run.progress, run.result) if launch.primary else []
-        outcome.memory = row_figures(samples, windows)
+        # a multi-node job's sidecar here samples this node only
+        outcome.memory = energy.of_first_node(
+            row_figures(samples, windows), placement.site.num_machines
+        )
     elif wants_sidecar(options):
         outcome.memory_backend = "unavailable (the sidecar did not start; see stderr.log)"
     if ran.cooldown is not None:

@@ -136,14 +136,20 @@ class Window:
 def windows_of(progress: StepProgress | None, result: Mapping[str, Any] | None) -> list[Window]:
     """The measured steps' window and the training's, where the child's records tell them.
 
-    Training runs from ``train_started`` to the last write of ``progress.json``
-    (phase ``done``, after the last step). The measured steps are its last
-    ``measured_time_s`` seconds (the warmup steps come first). Both clocks are
-    this machine's wall clock, as the sidecar's timestamps are.
+    Training runs from ``train_started`` to the end of its last step (the result's
+    ``timings.train_end_unix``; in a record without it, the last write of
+    ``progress.json``, phase ``done``, which follows the trainer's own wrap-up).
+    The measured steps are its last ``measured_time_s`` seconds (the warmup steps
+    come first). Both clocks are this machine's wall clock, as the sidecar's
+    timestamps are.
     """
     if progress is None or progress.phase != "done" or progress.updated <= progress.train_started:
         return []
     end = progress.updated
+    timings = (result or {}).get("timings")
+    last_step = timings.get("train_end_unix") if isinstance(timings, Mapping) else None
+    if isinstance(last_step, (int, float)) and progress.train_started < last_step <= end:
+        end = float(last_step)
     found = []
     metrics = (result or {}).get("metrics")
     measured = metrics.get("measured_time_s") if isinstance(metrics, Mapping) else None

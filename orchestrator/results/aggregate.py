@@ -29,6 +29,7 @@ from orchestrator.contract.columns import (
     ENERGY_NOTE,
     ENERGY_PER_SAMPLE,
     ENERGY_PER_TOKEN,
+    ENERGY_SOURCE,
     ENERGY_WINDOW,
     HF_TOKENS_PER_SECOND,
     JOB_S,
@@ -197,13 +198,21 @@ def add_energy(df: pd.DataFrame, cost: CostSettings) -> pd.DataFrame:
     cpu = df["device"].astype(str).eq("cpu") if "device" in df.columns else ~has
     devices = numeric(df, ENERGY_DEVICES)
     packed = df["run_mode"].astype(str).eq("packed") if "run_mode" in df.columns else ~has
+    rapl = (
+        df[ENERGY_SOURCE].astype(str).str.startswith("rapl")
+        if ENERGY_SOURCE in df.columns
+        else ~has
+    )
+    tokens = numeric(df, TOKENS_MEASURED)
     refusals = (
         (has & window.ne(WINDOW_MEASURED), "energy over the training, not the measured steps"),
+        (has & ~cpu & rapl, "the CPU packages' energy (RAPL), not the GPUs' the cell ran on"),
         (
-            has & ~cpu & devices.lt(numeric(df, "num_gpus")),
-            "energy of fewer GPUs than the cell ran on (one node's sidecar)",
+            has & ~cpu & ~rapl & devices.ne(numeric(df, "num_gpus")),
+            "energy of another number of GPUs than the cell ran on",
         ),
         (has & cpu & packed, "RAPL counts the whole CPU package, which packed jobs shared"),
+        (has & ~(tokens > 0), "no tokens measured"),
     )
     usable = has.copy()
     for refused, why in refusals:
@@ -211,7 +220,7 @@ def add_energy(df: pd.DataFrame, cost: CostSettings) -> pd.DataFrame:
         note = note.where(~refused, "no energy per token: " + why)
     if has.any():
         df[ENERGY_NOTE] = note
-    per_token = (energy / numeric(df, TOKENS_MEASURED)).where(usable)
+    per_token = (energy / tokens).where(usable)
     df[ENERGY_PER_TOKEN] = per_token
     df[ENERGY_PER_SAMPLE] = (energy / numeric(df, SAMPLES_MEASURED)).where(usable)
     df[KWH_PER_1M_TOKENS] = per_token * 1e6 / J_PER_KWH

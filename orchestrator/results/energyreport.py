@@ -52,11 +52,6 @@ def _figure(value: Any, digits: str = ".4g") -> str:
     return "–" if found is None else format(found, digits)
 
 
-def _usd(value: Any) -> str:
-    found = number(value)
-    return "–" if found is None else (f"{found:,.4f}" if found < 1 else f"{found:,.2f}")
-
-
 def _label(cell: Mapping[Any, Any]) -> str:
     on = workers(str(cell.get("device")) == "cpu", whole(cell.get("num_gpus")))
     return f"`{cell.get('cell_id')}` ({cell.get('model_name_or_path')}, {cell.get('framework_config')}, {on})"
@@ -118,10 +113,11 @@ def markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
                 f"`{c.get('cell_id')}`",
                 _figure(c.get(TOKENS_PER_SECOND), ",.0f"),
                 _figure(c.get(ENERGY_PER_TOKEN)),
-                _figure(c.get(POWER_MEAN), ".0f"),
+                # the power of a row without energy per token is of another window
+                _figure(c.get(POWER_MEAN), ".0f") if number(c.get(ENERGY_PER_TOKEN)) else "–",
                 _figure(c.get(KWH_PER_1M_TOKENS)),
-                *([_usd(c.get(ENERGY_COST_PER_1M_TOKENS))] if priced else []),
-                *([_figure(c.get(CO2_PER_1M_TOKENS), ",.0f")] if emitted else []),
+                *([_figure(c.get(ENERGY_COST_PER_1M_TOKENS), ".3g")] if priced else []),
+                *([_figure(c.get(CO2_PER_1M_TOKENS), ".3g")] if emitted else []),
                 _text(c.get(ENERGY_SOURCE)) or "–",
                 conditions or "–",
             ]
@@ -130,10 +126,10 @@ def markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
             share = number(c.get(GPU_THROTTLED))
             reasons = _text(c.get("gpu_clock_reasons"))
             throttled.append(
-                f"- {_label(c)} ran throttled"
+                f"- {_label(c)} ran slowed"
                 + (f" in {share:.0f}% of its measured samples" if share is not None else "")
                 + (f" ({reasons})" if reasons else "")
-                + ": its tokens/s and energy are this GPU's under that limit, not its best."
+                + ": its tokens/s and energy hold under these conditions only."
             )
     prices = [
         *([f"${cost.usd_per_kwh:g} per kWh"] if priced else []),
@@ -164,7 +160,13 @@ def markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
     if body:
         lines += ["", *md_table(headers, body)]
     if throttled:
-        lines += ["", "Throttled:", "", *throttled]
+        lines += [
+            "",
+            "Throttled (a power cap at the board's default limit is usual under full load; a "
+            "lower limit, a thermal or a hardware slowdown is not):",
+            "",
+            *throttled,
+        ]
     lines += _differing(cells)
     if missing:
         lines += ["", "No energy figure:", ""]

@@ -915,6 +915,23 @@ def frontier(points: Sequence[tuple[float, float]]) -> list[int]:
     return sorted(out)
 
 
+def _frontier_groups(cells: pd.DataFrame) -> list[str]:
+    """Each cell's frontier: its task and device."""
+    keys = [k for k in ("task", "device") if k in cells.columns]
+    if not keys:
+        return [""] * len(cells)
+    return cells[keys].astype(str).agg(" ".join, axis=1).tolist()
+
+
+def _frontiers(points: Sequence[tuple[float, float]], groups: Sequence[str]) -> set[int]:
+    """The indices on their group's frontier."""
+    on: set[int] = set()
+    for group in sorted(set(groups)):
+        members = [i for i, g in enumerate(groups) if g == group]
+        on.update(members[k] for k in frontier([points[i] for i in members]))
+    return on
+
+
 def frontier_figure(cells: pd.DataFrame) -> Figure | None:
     """Tokens/s against joules per token, one point per cell, the efficient frontier
     joined; None when no cell has both figures."""
@@ -933,7 +950,10 @@ def frontier_figure(cells: pd.DataFrame) -> Figure | None:
             strict=True,
         )
     )
-    best = set(frontier(points))
+    # one frontier per task and device: a token is each task's own, and RAPL's energy
+    # (the CPU packages) is not the GPUs'
+    groups = _frontier_groups(shown)
+    best = _frontiers(points, groups)
     note = ""
     if len(shown) > MAX_POINTS:
         rest = sorted((i for i in range(len(points)) if i not in best), key=lambda i: -points[i][1])
@@ -941,7 +961,8 @@ def frontier_figure(cells: pd.DataFrame) -> Figure | None:
         note = f" — {len(keep)} of {len(shown)} cells: the frontier, then the fastest"
         shown = shown.iloc[keep]
         points = [points[i] for i in keep]
-        best = set(frontier(points))
+        groups = _frontier_groups(shown)
+        best = _frontiers(points, groups)
     names = labels(shown)
     scenarios = list(dict.fromkeys(shown["scenario"].map(_scenario_name)))
     conditions = shown[GPU_CONDITIONS] if GPU_CONDITIONS in shown.columns else None
@@ -967,9 +988,11 @@ def frontier_figure(cells: pd.DataFrame) -> Figure | None:
             label=f"{i + 1}{' (frontier)' if on else ''}: {name}{throttled[i]}",
         )
         ax.annotate(str(i + 1), (x, y), textcoords="offset points", xytext=(6, 5), fontsize=8)
-    line = sorted(points[i] for i in best)
-    if len(line) > 1:
-        ax.plot([p[0] for p in line], [p[1] for p in line], color="grey", linestyle="--", zorder=2)
+    for group in sorted(set(groups)):
+        line = sorted(points[i] for i in best if groups[i] == group)
+        if len(line) > 1:
+            xs, ys = [p[0] for p in line], [p[1] for p in line]
+            ax.plot(xs, ys, color="grey", linestyle="--", zorder=2)
     tasks = shown["task"].dropna().astype(str).nunique() if "task" in shown.columns else 1
     apart = "\ntasks count tokens apart: compare within one task" * (tasks > 1)
     ax.set_xlabel(
@@ -977,8 +1000,8 @@ def frontier_figure(cells: pd.DataFrame) -> Figure | None:
     )
     ax.set_ylabel(f"tokens per second, all {_counted(shown)} (higher is better)")
     ax.set_title(
-        "Throughput against energy per cell: filled, the efficient frontier (no cell is "
-        "both faster and more frugal)" + note + "\ncolour: the cell's scenario" + apart,
+        "Throughput against energy per cell: filled, the efficient frontier (no cell of its "
+        "task is both faster and more frugal)" + note + "\ncolour: the cell's scenario" + apart,
         fontsize=10,
     )
     ax.grid(alpha=0.3)

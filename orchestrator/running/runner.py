@@ -117,6 +117,10 @@ def _report_and_record(
         )
 
 
+#: the executors whose jobs run on this machine, where ``--cool-down`` reads the GPUs
+COOLS_HERE = ("local", "packed")
+
+
 def preflight(executor: Executor, plan: Plan, layout: ResultsLayout, options: RunOptions) -> None:
     """The executor's checks before anything is written (with the folder's history)."""
     from orchestrator.results import history
@@ -128,6 +132,11 @@ def preflight(executor: Executor, plan: Plan, layout: ResultsLayout, options: Ru
         raise UserError(
             f"--launch family: the {executor.title} executor runs a launch per experiment; "
             "run with the local executor, or --launch cell"
+        )
+    if options.cool_down_s > 0 and executor.name not in COOLS_HERE:
+        raise UserError(
+            f"--cool-down waits for this machine's GPUs: the {executor.title} executor runs "
+            "its jobs elsewhere; run with the local executor (or --pack), or without it"
         )
     executor.check(Preflight(plan.experiments, layout, options, expected_s))
 

@@ -295,6 +295,17 @@ def test_gpus_from_proc_when_nvml_fails(tmp_path) -> None:
     )
 
 
+def test_where_a_cells_energy_comes_from(tmp_path) -> None:
+    gpus = lines_of(facts(tmp_path))
+    assert any(line.startswith("info  energy: each GPU's NVML energy counter") for line in gpus)
+    cpu = {"nvml": NO_NVML, "versions": {"torch": "2.13.0+cpu"}}
+    readable = lines_of(facts(tmp_path, rapl=(2, ""), **cpu))
+    assert "ok    energy: RAPL: 2 CPU package(s) readable (CPU cells' energy)" in readable
+    why = "no RAPL here: /sys/class/powercap does not exist (no powercap driver on this machine)"
+    none = lines_of(facts(tmp_path, rapl=(0, why), **cpu))
+    assert f"info  energy: CPU cells get no energy figure: {why}" in none
+
+
 def test_no_gpu(tmp_path) -> None:
     lines = lines_of(facts(tmp_path, nvml=NO_NVML, versions={"torch": "2.13.0+cpu"}))
     assert "info  no GPU: CPU matrices only (DEVICE=cpu)" in lines

@@ -303,8 +303,80 @@ def test_rapl_zones_are_the_packages_once(tmp_path, monkeypatch) -> None:
     assert zones == [] and why.startswith("RAPL is not readable by this user")
 
 
+def test_throttle_reasons_under_a_driver_older_than_the_bindings_name() -> None:
+    """nvidia-ml-py 12.535+ names it ClocksEventReasons; a driver before 535 lacks that
+    symbol (function not found): the older ClocksThrottleReasons is read instead."""
+    nv = FakeNvml()
+    nv.figures = {"a": gpu(lambda t: 300.0, reasons=lambda t: 0x4)}
+
+    def not_in_this_driver(h: str) -> int:
+        raise FakeNvmlError(13)
+
+    nv.nvmlDeviceGetCurrentClocksEventReasons = not_in_this_driver  # type: ignore[method-assign]
+    nv.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: nv._get("reasons", h)  # type: ignore[attr-defined]
+    nv.figures["b"] = gpu(lambda t: 300.0, reasons=lambda t: 0x20)
+    rows, reader = sample(nv, {0: "a", 1: "b"}, until=2.0, every=1.0)
+    assert [v for _, kind, _, v in rows if kind == e.GPU_CLOCK_REASONS] == [4, 32] * 3
+    assert not reader.unsupported
+    # a driver that gives no reasons at all: throttling unknown, not "not throttled"
+    nv = FakeNvml()
+    nv.figures = {"a": gpu(lambda t: 300.0, reasons=None)}
+    rows, _ = sample(nv, {0: "a"}, until=10.0, every=1.0)
+    s = e.summarize(rows, [Window("measured", 1.0, 9.0)])
+    assert s["gpu_conditions"] == "700 W limit, throttling unknown"
+    assert "gpu_throttled_pct" not in s
+
+
+def test_a_counter_that_does_not_rise_or_a_stalled_edge_is_not_used() -> None:
+    # GPU 1's counter is frozen: not 0 J in the total, its power samples instead
+    nv = FakeNvml()
+    nv.figures = {"a": gpu(lambda t: 300.0), "b": gpu(lambda t: 200.0, energy=lambda t: 7)}
+    rows, _ = sample(nv, {0: "a", 1: "b"}, until=10.0, every=0.5)
+    s = e.summarize(rows, [MEASURED])
+    assert s["energy_j"] == pytest.approx(1500.0 + 1000.0, abs=0.01)
+    assert s["energy_source"] == f"{e.SOURCE_COUNTER} + {e.SOURCE_POWER}"
+    # the sidecar stalled 3 s across the window's start: the counter's edge is not trusted
+    stalled = [r for r in rows if r[2] == "0" and not 1.0 < r[0] < 4.0]
+    s = e.summarize(stalled, [Window("measured", 2.5, 9.5)])
+    assert "energy_j" not in s and "gap of 3.0 s at an edge" in s["energy_note"]
+
+
+def test_a_multi_node_job_gets_no_cell_total() -> None:
+    figures = {"energy_j": 9000.0, "energy_devices": 8, "power_mean_w": 600.0, "gpu_util": 1}
+    one = e.of_first_node(figures, 2)
+    assert "energy_j" not in one and "energy_devices" not in one
+    assert one["power_mean_w"] == 600.0
+    assert one["energy_note"] == "no energy figure: the sidecar read the first of 2 nodes only"
+    assert e.of_first_node(figures, 1) == figures
+
+
+def test_a_shared_launchs_cut_keeps_the_states_and_a_quoted_reason(tmp_path) -> None:
+    """A shared launch cuts the sidecar's samples per run: the states before the cut (the
+    power limit, RAPL's range, a reason) come along, a reason's comma survives."""
+    from orchestrator.job.shared import _cut_samples
+
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(("timestamp", "kind", "source", "bytes"))
+    writer.writerow(("1.000", e.GPU_POWER_LIMIT, "0", 700_000))
+    writer.writerow(("1.000", e.ENERGY_NONE, "a reason, with a comma", 0))
+    for t in range(2, 12):
+        writer.writerow((f"{t}.000", e.GPU_ENERGY, "0", t * 300_000))
+        writer.writerow((f"{t}.000", e.GPU_POWER, "0", 300_000))
+    source, target = tmp_path / "launch.csv", tmp_path / "run.csv"
+    source.write_text(text.getvalue())
+    _cut_samples(source, target, start_unix=5.0, end_unix=9.0)
+    rows = read_samples(target)
+    assert rows[:2] == [
+        (1.0, e.GPU_POWER_LIMIT, "0", 700_000),
+        (1.0, e.ENERGY_NONE, "a reason, with a comma", 0),
+    ]
+    s = e.summarize(rows, [Window("measured", 5.5, 8.5)])
+    assert s["energy_j"] == pytest.approx(900.0) and s["gpu_power_limit_w"] == 700.0
+
+
 def test_the_reason_survives_the_csv(tmp_path) -> None:
-    """A reason with commas goes through memory.csv (and a shared launch's cut) whole."""
+    """A reason with commas goes through memory.csv whole."""
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(("timestamp", "kind", "source", "bytes"))

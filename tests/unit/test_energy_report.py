@@ -52,7 +52,13 @@ def test_energy_per_token_by_hand() -> None:
     ("more", "why"),
     [
         ({"energy_window": "training"}, "energy over the training, not the measured steps"),
-        ({"energy_devices": 1}, "energy of fewer GPUs than the cell ran on (one node's sidecar)"),
+        ({"energy_devices": 1}, "energy of another number of GPUs than the cell ran on"),
+        ({"energy_devices": 4}, "energy of another number of GPUs than the cell ran on"),
+        (
+            {"energy_source": "rapl package counter"},
+            "the CPU packages' energy (RAPL), not the GPUs' the cell ran on",
+        ),
+        ({"tokens_measured": None}, "no tokens measured"),
         (
             {"device": "cpu", "run_mode": "packed", "energy_devices": 1},
             "RAPL counts the whole CPU package, which packed jobs shared",
@@ -135,11 +141,11 @@ def test_summary_has_the_energy_columns_notes_and_plot(tmp_path) -> None:
         f"{j:.4g}",
         "700",
         f"{kwh:.4g}",
-        f"{kwh * 0.2:,.4f}",
-        f"{kwh * 300:,.0f}",
+        f"{kwh * 0.2:.3g}",
+        f"{kwh * 300:.3g}",
         "nvml energy counter",
     ]
-    assert "`capped` (org/model, deepspeed, 1 GPU) ran throttled in 62% of its measured " in md
+    assert "`capped` (org/model, deepspeed, 1 GPU) ran slowed in 62% of its measured " in md
     assert (
         "scenario s: its cells ran under different conditions (500 W limit, throttled (sw power cap); 700 W limit)"
         in md

@@ -190,6 +190,15 @@ def test_windows_from_the_child_files() -> None:
     measured, training = u.windows_of(_progress(100.0, 110.0), result)
     assert (measured.name, measured.start, measured.end) == ("measured", 106.0, 110.0)
     assert (training.name, training.start, training.end) == ("training", 100.0, 110.0)
+    # the end of the last step, where the result records it: the progress file's last write
+    # follows the trainer's wrap-up, which is not training
+    timed = {"metrics": {"measured_time_s": 4.0}, "timings": {"train_end_unix": 108.5}}
+    measured, training = u.windows_of(_progress(100.0, 110.0), timed)
+    assert (measured.start, measured.end, training.end) == (104.5, 108.5, 108.5)
+    # one that cannot be (after the last write, or before training): the last write
+    for wrong in (111.0, 99.0):
+        timed["timings"]["train_end_unix"] = wrong
+        assert u.windows_of(_progress(100.0, 110.0), timed)[0].end == 110.0
     # no measured time: the training alone
     assert [w.name for w in u.windows_of(_progress(100.0, 110.0), {"metrics": {}})] == ["training"]
     # a measured time longer than training cannot be placed
