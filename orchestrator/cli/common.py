@@ -77,14 +77,14 @@ def add_energy_prices(group: argparse.ArgumentParser | argparse._ArgumentGroup) 
         type=positive_float,
         metavar="USD",
         help="price of a kWh: the report adds the energy's cost per 1M tokens "
-        "(default: the run's, else the file's cost:)",
+        "(default: the scenarios file's cost:; for a results folder, the run's)",
     )
     group.add_argument(
         "--grams-co2-per-kwh",
         type=positive_float,
         metavar="G",
         help="your grid's emissions per kWh: the report adds grams of CO2 per 1M tokens "
-        "(default: the run's, else the file's cost:)",
+        "(default: the scenarios file's cost:; for a results folder, the run's)",
     )
 
 

@@ -303,8 +303,9 @@ def add_parser(sub: Any) -> None:
         "--cool-down",
         type=positive_float,
         metavar="SECONDS",
-        help="before each launch, wait at most SECONDS for its GPUs to be back within 3 °C "
-        "of the temperature the first cell started at (back-to-back cells heat the GPUs "
-        "and slow the later ones); the wait is recorded per cell (cooldown_wait_s)",
+        help="before each launch, wait at most SECONDS for each of its GPUs to be back "
+        "within 3 °C of its temperature before the first launch that used it (back-to-back "
+        "cells heat the GPUs and slow the later ones); the wait is recorded per cell "
+        "(cooldown_wait_s); local and packed runs only",
     )
     r.set_defaults(func=cmd_run, executor_flags=flags)

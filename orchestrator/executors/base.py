@@ -395,6 +395,8 @@ class Executor(ABC):
     env_prefixes: ClassVar[tuple[str, ...]] = ()
     #: it runs a family's experiments in one launch when asked (``--launch family``)
     shares_launches: ClassVar[bool] = False
+    #: its jobs run on this machine, whose GPUs ``--cool-down`` reads before each launch
+    runs_here: ClassVar[bool] = False
 
     # -- the command line and the scenarios file --------------------------------
 

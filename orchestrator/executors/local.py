@@ -39,6 +39,7 @@ class LocalExecutor(Executor):
     title = "local"
     summary = "run here, one at a time (the default)"
     shares_launches = True
+    runs_here = True
 
     def run(self, ctx: RunContext) -> None:
         pool = plan_pool(ctx)

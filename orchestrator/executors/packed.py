@@ -37,6 +37,7 @@ class PackedExecutor(Executor):
         'tunematrix run --pack --num-gpus "1 2 4"          # side by side on this node\'s GPUs',
     )
     mode = "packed"
+    runs_here = True
 
     def __init__(self, slots: int = 1) -> None:
         #: CPU jobs: how many processes may run at once

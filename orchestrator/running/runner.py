@@ -117,10 +117,6 @@ def _report_and_record(
         )
 
 
-#: the executors whose jobs run on this machine, where ``--cool-down`` reads the GPUs
-COOLS_HERE = ("local", "packed")
-
-
 def preflight(executor: Executor, plan: Plan, layout: ResultsLayout, options: RunOptions) -> None:
     """The executor's checks before anything is written (with the folder's history)."""
     from orchestrator.results import history
@@ -133,7 +129,7 @@ def preflight(executor: Executor, plan: Plan, layout: ResultsLayout, options: Ru
             f"--launch family: the {executor.title} executor runs a launch per experiment; "
             "run with the local executor, or --launch cell"
         )
-    if options.cool_down_s > 0 and executor.name not in COOLS_HERE:
+    if options.cool_down_s > 0 and not executor.runs_here:
         raise UserError(
             f"--cool-down waits for this machine's GPUs: the {executor.title} executor runs "
             "its jobs elsewhere; run with the local executor (or --pack), or without it"
