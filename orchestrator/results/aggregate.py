@@ -182,10 +182,11 @@ def add_energy(df: pd.DataFrame, cost: CostSettings) -> pd.DataFrame:
     """Energy per token and per sample, kWh per 1M tokens and, with the user's numbers,
     their cost and emissions (``orchestrator.job.energy`` measured the energy).
 
-    Only where the energy covers the measured steps (the tokens/s window) and every
-    GPU of the cell: a multi-node cell whose sidecar read one node's GPUs, or a CPU
-    cell packed beside others (RAPL counts the whole package), gets none, and its
-    ``energy_note`` says why.
+    Only where the energy covers the measured steps (the tokens/s window) and the
+    devices the cell ran on: energy over another window, RAPL's on a GPU cell, another
+    number of GPUs than the cell's, a CPU cell packed beside others (RAPL counts the
+    whole package) or no tokens measured give none, and ``energy_note`` says why (a
+    multi-node job has no energy total to begin with: ``energy.of_first_node``).
     """
     energy = numeric(df, ENERGY_J)
     has = energy.notna() & (energy > 0)
