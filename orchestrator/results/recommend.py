@@ -70,16 +70,6 @@ class Ranking:
     #: the recommended cell, as the table's header names it
     best: str
 
-    def order(self, cells: pd.DataFrame) -> pd.DataFrame:
-        """``cells``, the best first (ties in their order)."""
-        key = pd.to_numeric(cells[self.metric], errors="coerce")
-        ordered: pd.DataFrame = (
-            cells.assign(_key=key)
-            .sort_values("_key", ascending=not self.higher, kind="stable")
-            .drop(columns="_key")
-        )
-        return ordered
-
 
 #: the columns of a cell the recommendation reads
 READ = tuple(
@@ -257,9 +247,15 @@ def markdown(cells: pd.DataFrame, rank_by: str = "speed") -> list[str]:
     figures += ["how sure", "runner-up"]
     warnings: list[str] = []
 
-    def answer(group: pd.DataFrame, where: str) -> tuple[Mapping[Any, Any], list[str]]:
-        """The fastest trusted cell of ``group`` and its row's figures."""
-        records = ranking.order(group).to_dict("records")
+    # every cell's record built once; a group is the positions of its cells
+    rows = usable.to_dict("records")
+    ranked_by = pd.to_numeric(usable[ranking.metric], errors="coerce").tolist()
+
+    def answer(group: list[int], where: str) -> tuple[Mapping[Any, Any], list[str]]:
+        """The best trusted cell of ``group`` and its row's figures."""
+        # the best first, ties in the table's order (the sort is stable)
+        order = sorted(group, key=lambda i: -ranked_by[i] if ranking.higher else ranked_by[i])
+        records = [rows[i] for i in order]
         trusted = [c for c in records if not equivalence.flagged(c)] or records
         best = trusted[0]
         if equivalence.flagged(best):
@@ -303,27 +299,30 @@ def markdown(cells: pd.DataFrame, rank_by: str = "speed") -> list[str]:
         usable[k].astype(str) if k in usable.columns else pd.Series("", usable.index)
         for k in ("task", "device")
     )
+    scenarios = usable["scenario"].astype(str)
     # per scenario: the question each one asks
     per_scenario: list[list[str]] = []
-    for key, group in usable.groupby([usable["scenario"].astype(str), model, gpus], sort=False):
+    for key, group in _groups([scenarios, model, gpus]):
         scenario, name, n = (str(k) for k in key)
         on = workers(cpu, whole(n))
         _, row = answer(group, f"of scenario {scenario} at {on} of {name}")
         per_scenario.append([scenario, name, _int(n), *row])
     # across scenarios: only where they share the model, task, device and GPU count
     across: list[list[str]] = []
-    for key, group in usable.groupby([model, task, device, gpus], sort=False):
-        if group["scenario"].astype(str).nunique() < 2:
+    scenario_of = scenarios.tolist()
+    for key, group in _groups([model, task, device, gpus]):
+        if len({scenario_of[i] for i in group}) < 2:
             continue
         name, kind, _, n = (str(k) for k in key)
         _, row = answer(group, f"of {name} at {workers(cpu, whole(n))}")
         across.append([name, kind or "–", _int(n), *row])
     # per model, task and device across GPU counts: the cheapest per 1M tokens
     cheapest: list[str] = []
-    for key, group in usable.groupby([model, task, device], sort=False):
+    for key, group in _groups([model, task, device]):
         name = str(key[0])
-        records = [c for c in group.to_dict("records") if not equivalence.flagged(c)]
-        cheap = min(records or group.to_dict("records"), key=_hours_or_inf)
+        members = [rows[i] for i in group]
+        records = [c for c in members if not equivalence.flagged(c)]
+        cheap = min(records or members, key=_hours_or_inf)
         hours = device_hours_per_1m(cheap)
         if hours is None:
             continue
@@ -363,6 +362,22 @@ def markdown(cells: pd.DataFrame, rank_by: str = "speed") -> list[str]:
             *md_table(["model", "task", count, *figures], across),
         ]
     return [*lines, "", *cheapest, *warnings, ""]
+
+
+def _groups(by: list[pd.Series]) -> list[tuple[tuple[Any, ...], list[int]]]:
+    """The groups of a table by ``by`` (its columns, aligned), in the order their first
+    cells come: each group's key and its cells' positions. A key with a missing value
+    makes no group (as pandas' groupby drops it)."""
+    numbers = pd.concat(by, axis=1).groupby(by, sort=False, dropna=True).ngroup().tolist()
+    values = [s.tolist() for s in by]
+    found: dict[int, tuple[tuple[Any, ...], list[int]]] = {}
+    for position, group in enumerate(numbers):
+        if group < 0:
+            continue
+        if group not in found:
+            found[group] = (tuple(v[position] for v in values), [])
+        found[group][1].append(position)
+    return [found[n] for n in sorted(found)]
 
 
 def _hours_or_inf(cell: Mapping[Any, Any]) -> float:

@@ -198,3 +198,34 @@ def test_a_runner_up_left_out_for_its_loss_is_not_called_missing() -> None:
     (row,) = _table("\n".join(recommend.markdown(cells)))
     assert "`base`" in row and "no other cell finished ok" not in row
     assert "every other cell that finished ok trains unlike its baseline" in row
+
+
+def test_the_records_are_built_once_whatever_the_number_of_groups(monkeypatch) -> None:
+    """A growth check by counting, not timing: the recommendation turns the table into
+    records a fixed number of times, however many scenario, model and GPU-count groups
+    it has (once per group, it was most of the report's time over 10,000 cells)."""
+    calls = []
+    real = pd.DataFrame.to_dict
+
+    def counted(self: pd.DataFrame, *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pd.DataFrame, "to_dict", counted)
+
+    def table(groups: int) -> pd.DataFrame:
+        cells = [
+            _cell(f"c{g}-{i}", 1000.0 + 10 * i, scenario=f"s{g % 3}", num_gpus=1 + g)
+            for g in range(groups)
+            for i in range(3)
+        ]
+        return pd.DataFrame(cells)
+
+    counts = []
+    for groups in (2, 40):
+        calls.clear()
+        lines = recommend.markdown(table(groups))
+        # a row per scenario, model and GPU count: every group answered
+        assert sum(line.startswith(("| s0 ", "| s1 ", "| s2 ")) for line in lines) == groups
+        counts.append(len(calls))
+    assert counts[0] == counts[1] <= 2, counts
