@@ -285,7 +285,7 @@ def run(
     one family share a launch (``--launch family``; default: the file's ``launch:``,
     else ``cell``). ``usd_per_kwh`` and ``grams_co2_per_kwh``: the report's energy cost
     and emissions (default: the file's ``cost:``). ``cool_down_s``: before each launch,
-    wait at most this long for its GPUs to cool back to near the first cell's start
+    wait at most this long for each of its GPUs to cool back to near its first temperature
     (``--cool-down``).
     """
     from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING

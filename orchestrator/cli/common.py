@@ -65,8 +65,10 @@ def positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value:g} is not a positive number")
+    if value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     return value
 
 

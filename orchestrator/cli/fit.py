@@ -13,6 +13,7 @@ from orchestrator.cli.common import (
     add_recheck_arg,
     add_selection_args,
     plan_from_args,
+    positive_float,
 )
 from orchestrator.config.search import DEFAULT_MARGIN, SEARCH_KEYS
 from orchestrator.config.values import MEMORY_LOGGING
@@ -47,16 +48,6 @@ def _margin(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"{value:g} is not a fraction in [0, 1)")
-    return value
-
-
-def _gib(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value:g} is not a positive number")
     return value
 
 
@@ -162,7 +153,7 @@ def add_parser(sub: Any) -> None:
     )
     s.add_argument(
         "--memory-gib",
-        type=_gib,
+        type=positive_float,
         metavar="G",
         help="one device's memory for the margin where this machine cannot tell it "
         "(jobs on another machine; default: NVML, or on the CPU the memory cgroup limit)",

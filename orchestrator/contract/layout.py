@@ -208,8 +208,8 @@ class ResultsLayout:
 
     @property
     def cooldown(self) -> Path:
-        """The GPUs' temperature when the first cell started (``--cool-down``): later
-        cells wait until theirs are back near it."""
+        """Each GPU's temperature before the first launch that used it (``--cool-down``):
+        later launches wait until their GPUs are back near theirs."""
         return self.root / "cooldown.json"
 
     @property

@@ -156,7 +156,7 @@ class Outcome(BaseModel):
     #: ``after_training_s``); a phase the run did not reach is None
     phases: dict[str, float | None] = Field(default_factory=dict)
     #: the wait before launch for the GPUs to cool (``--cool-down``;
-    #: ``orchestrator.job.cooldown``): ``wait_s``, ``start_c`` (the hottest GPU at launch),
+    #: ``orchestrator.job.cooldown``): ``wait_s``, ``start_c`` (at launch, the GPU furthest above its mark),
     #: ``target_c``, and ``note`` where the wait ran out or could not be made
     cooldown: dict[str, Any] = Field(default_factory=dict)
 

@@ -48,27 +48,17 @@ def nvml_reader(entries: Sequence[str]) -> Reader:
         try:
             import pynvml
 
-            from orchestrator.job.sidecar import NvmlDevice, map_visible_to_nvml
+            from orchestrator.job.sidecar import visible_nvml_devices
 
             pynvml.nvmlInit()
             try:
-                found = []
-                for i in range(pynvml.nvmlDeviceGetCount()):
-                    h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                    found.append(
-                        NvmlDevice(
-                            index=i,
-                            uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
-                            pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(h).busId),
-                        )
-                    )
                 return {
                     d.uuid: int(
                         pynvml.nvmlDeviceGetTemperature(
                             pynvml.nvmlDeviceGetHandleByIndex(d.index), pynvml.NVML_TEMPERATURE_GPU
                         )
                     )
-                    for d in map_visible_to_nvml(entries, found)
+                    for d in visible_nvml_devices(pynvml, entries)
                 }
             finally:
                 pynvml.nvmlShutdown()
@@ -76,10 +66,6 @@ def nvml_reader(entries: Sequence[str]) -> Reader:
             return None
 
     return read
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _baselines(path: Path) -> dict[str, float]:

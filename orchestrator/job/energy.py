@@ -281,7 +281,7 @@ def counter_energy(
     if not _covers(times, window):
         return None, "its samples do not cover the window"
     gap = _edge_gap(times, window)
-    if gap > max(MIN_GAP_S, MAX_GAP_SHARE * (window.end - window.start)):
+    if gap > _largest_gap(window):
         return None, f"its samples leave a gap of {gap:.1f} s at an edge of the window"
     # the counter unwrapped: joules since the first sample
     joules = [0.0]
@@ -291,6 +291,11 @@ def counter_energy(
             return None, f"the counter jumped by {step:.0f} J in {t1 - t0:.2f} s (a reset)"
         joules.append(joules[-1] + step)
     return _rise(times, joules, window), ""
+
+
+def _largest_gap(window: Window) -> float:
+    """The longest span without a sample over which ``window``'s figure is still trusted."""
+    return max(MIN_GAP_S, MAX_GAP_SHARE * (window.end - window.start))
 
 
 def _edge_gap(times: Sequence[float], window: Window) -> float:
@@ -327,7 +332,7 @@ def power_energy(samples: Sequence[tuple[float, int]], window: Window) -> tuple[
     inside = [t for t in times if window.start < t < window.end]
     edges = [window.start, *inside, window.end]
     gap = max(b - a for a, b in itertools.pairwise(edges))
-    if gap > max(MIN_GAP_S, MAX_GAP_SHARE * (window.end - window.start)):
+    if gap > _largest_gap(window):
         return None, f"its power samples leave a gap of {gap:.1f} s"
     total = [0.0]
     for (t0, p0), (t1, p1) in itertools.pairwise(ordered):
@@ -383,14 +388,12 @@ def _conditions(by_kind: Mapping[str, list[tuple[float, int]]], window: Window) 
     temps = inside(GPU_TEMP)
     if temps:
         out["temp_max_c"] = max(temps)
-    # the limit in force over the window: the last set before its end, and any set in it
-    limits = [v for t, v in by_kind.get(GPU_POWER_LIMIT, []) if t <= window.end]
-    if limits:
-        before = [v for t, v in by_kind[GPU_POWER_LIMIT] if t <= window.start]
-        seen = ([before[-1]] if before else []) + [
-            v for t, v in by_kind[GPU_POWER_LIMIT] if window.holds(t)
-        ]
-        out["power_limit_w"] = min(seen or limits[-1:]) / 1000
+    # the limits in force over the window: the last set before it, and any set in it
+    limits = by_kind.get(GPU_POWER_LIMIT, [])
+    before = [v for t, v in limits if t <= window.start]
+    seen = before[-1:] + [v for t, v in limits if window.holds(t)]
+    if seen:
+        out["power_limit_w"] = min(seen) / 1000
     reasons = inside(GPU_CLOCK_REASONS)
     if reasons:
         out["reasons"] = {
@@ -417,7 +420,7 @@ def summarize(
     none = ""
     times: list[float] = []
     for t, kind, source, value in rows:
-        if kind.startswith("gpu_") and kind in _GPU_KINDS:
+        if kind in _GPU_KINDS:
             gpu.setdefault(source, {}).setdefault(kind, []).append((t, value))
             times.append(t)
         elif kind == CPU_ENERGY:
@@ -491,16 +494,12 @@ def _gpu_figures(
         out["energy_note"] = f"no energy figure: GPU {first} has {energies[first].why}" + (
             f" (and {len(missing) - 1} more GPU(s))" if len(missing) > 1 else ""
         )
-    else:
+    else:  # every GPU's energy is above 0 (``gpu_energy``)
         total = sum(e.joules or 0.0 for e in energies.values())
-        sources = sorted({e.source for e in energies.values()})
-        if total > 0 and seconds > 0:
-            out["energy_j"] = total
-            out["energy_devices"] = len(energies)
-            out["energy_source"] = " + ".join(sources)
-            out["power_mean_w"] = total / seconds / len(energies)
-        else:
-            out["energy_note"] = "no energy figure: the counters did not rise over the window"
+        out["energy_j"] = total
+        out["energy_devices"] = len(energies)
+        out["energy_source"] = " + ".join(sorted({e.source for e in energies.values()}))
+        out["power_mean_w"] = total / seconds / len(energies)
     out.update(_pooled(per_device))
     out["gpu_conditions_per_device"] = per_device
     return out

@@ -85,8 +85,9 @@ class RunOptions:
     memory_logging: str = "all"
     no_data_processing: bool = False
     sidecar_interval_s: float = 0.1
-    #: ``--cool-down``: before each launch, wait at most this long for its GPUs to be back
-    #: near the first cell's starting temperature (``orchestrator.job.cooldown``); 0: never
+    #: ``--cool-down``: before each launch, wait at most this long for each of its GPUs to
+    #: be back near its temperature before its first launch (``orchestrator.job.cooldown``);
+    #: 0: never
     cool_down_s: float = 0.0
     grace_s: float = GRACE_S
     #: for the report: the price of a GPU-hour and a token budget to estimate
@@ -331,8 +332,8 @@ class Launch:
     timeout_s: float
     #: names the launch on every node (``LAUNCH_ID_ENV``) and in the outcome
     launch_id: str = ""
-    #: ``--cool-down``: the first cell's GPU temperature (``ResultsLayout.cooldown``) to
-    #: wait for before launching; None: no wait
+    #: ``--cool-down``: each GPU's first temperature (``ResultsLayout.cooldown``), to wait
+    #: for before launching; None: no wait
     cooldown: Path | None = None
 
 

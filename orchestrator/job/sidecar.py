@@ -198,25 +198,30 @@ def row_figures(
 # ---------------------------------------------------------------------------
 
 
+def visible_nvml_devices(nv: Any, entries: Sequence[str]) -> list[NvmlDevice]:
+    """The NVML devices ``CUDA_VISIBLE_DEVICES`` entries name, through ``nv`` (``pynvml``,
+    initialised)."""
+    found = []
+    for i in range(nv.nvmlDeviceGetCount()):
+        h = nv.nvmlDeviceGetHandleByIndex(i)
+        found.append(
+            NvmlDevice(
+                index=i,
+                uuid=_text(nv.nvmlDeviceGetUUID(h)),
+                pci_bus_id=_text(nv.nvmlDeviceGetPciInfo(h).busId),
+                name=_text(nv.nvmlDeviceGetName(h)),
+            )
+        )
+    return map_visible_to_nvml(entries, found)
+
+
 class _Nvml:
     def __init__(self, entries: Sequence[str]) -> None:
         import pynvml
 
         self.nv = pynvml
         pynvml.nvmlInit()
-        found = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            pci = pynvml.nvmlDeviceGetPciInfo(h).busId
-            found.append(
-                NvmlDevice(
-                    index=i,
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
-                    pci_bus_id=_text(pci),
-                    name=_text(pynvml.nvmlDeviceGetName(h)),
-                )
-            )
-        self.devices = map_visible_to_nvml(entries, found)
+        self.devices = visible_nvml_devices(pynvml, entries)
         self.handles = {d.index: pynvml.nvmlDeviceGetHandleByIndex(d.index) for d in self.devices}
         #: devices whose driver gives no utilisation figures (asked once)
         self.no_utilisation: set[int] = set()

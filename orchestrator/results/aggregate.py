@@ -196,13 +196,15 @@ def add_energy(df: pd.DataFrame, cost: CostSettings) -> pd.DataFrame:
         if ENERGY_NOTE in df.columns
         else pd.Series(None, index=df.index, dtype=object)
     )
-    cpu = df["device"].astype(str).eq("cpu") if "device" in df.columns else ~has
+    # a table without the column (an older one, the predecessor's): no such rows
+    absent = pd.Series(False, index=df.index)
+    cpu = df["device"].astype(str).eq("cpu") if "device" in df.columns else absent
     devices = numeric(df, ENERGY_DEVICES)
-    packed = df["run_mode"].astype(str).eq("packed") if "run_mode" in df.columns else ~has
+    packed = df["run_mode"].astype(str).eq("packed") if "run_mode" in df.columns else absent
     rapl = (
         df[ENERGY_SOURCE].astype(str).str.startswith("rapl")
         if ENERGY_SOURCE in df.columns
-        else ~has
+        else absent
     )
     tokens = numeric(df, TOKENS_MEASURED)
     refusals = (

@@ -41,6 +41,27 @@ from orchestrator.results.tablecolumns import ran_on_cpu
 NO_FIGURE = "no energy figure: "
 #: the text of a cell's conditions that marks it throttled (``energy._pooled``)
 THROTTLED = "throttled"
+CLOCK_REASONS = "gpu_clock_reasons"
+#: the columns of a cell the section reads
+READ = (
+    "cell_id",
+    "status",
+    "device",
+    "num_gpus",
+    "model_name_or_path",
+    "framework_config",
+    TOKENS_PER_SECOND,
+    ENERGY_PER_TOKEN,
+    POWER_MEAN,
+    KWH_PER_1M_TOKENS,
+    ENERGY_COST_PER_1M_TOKENS,
+    CO2_PER_1M_TOKENS,
+    ENERGY_SOURCE,
+    ENERGY_NOTE,
+    GPU_CONDITIONS,
+    GPU_THROTTLED,
+    CLOCK_REASONS,
+)
 
 
 def _text(value: Any) -> str:
@@ -96,13 +117,15 @@ def markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
         "source",
         "conditions",
     ]
-    records = cells.to_dict("records")
+    # the records of only the columns read here (a cell has over a hundred)
+    records = cells[[c for c in READ if c in cells.columns]].to_dict("records")
     body: list[list[str]] = []
     throttled: list[str] = []
     missing: dict[str, list[str]] = {}
     for c in records:
         conditions = _text(c.get(GPU_CONDITIONS))
-        if number(c.get(ENERGY_PER_TOKEN)) is None:
+        per_token = number(c.get(ENERGY_PER_TOKEN))
+        if per_token is None:
             if c.get("status") == "ok":
                 why = _text(c.get(ENERGY_NOTE)).removeprefix(NO_FIGURE) or "no energy recorded"
                 missing.setdefault(why, []).append(f"`{c.get('cell_id')}`")
@@ -112,9 +135,9 @@ def markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
             [
                 f"`{c.get('cell_id')}`",
                 _figure(c.get(TOKENS_PER_SECOND), ",.0f"),
-                _figure(c.get(ENERGY_PER_TOKEN)),
+                _figure(per_token),
                 # the power of a row without energy per token is of another window
-                _figure(c.get(POWER_MEAN), ".0f") if number(c.get(ENERGY_PER_TOKEN)) else "–",
+                _figure(c.get(POWER_MEAN), ".0f") if per_token is not None else "–",
                 _figure(c.get(KWH_PER_1M_TOKENS)),
                 *([_figure(c.get(ENERGY_COST_PER_1M_TOKENS), ".3g")] if priced else []),
                 *([_figure(c.get(CO2_PER_1M_TOKENS), ".3g")] if emitted else []),
@@ -124,7 +147,7 @@ def markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
         )
         if THROTTLED in conditions:
             share = number(c.get(GPU_THROTTLED))
-            reasons = _text(c.get("gpu_clock_reasons"))
+            reasons = _text(c.get(CLOCK_REASONS))
             throttled.append(
                 f"- {_label(c)} ran slowed"
                 + (f" in {share:.0f}% of its measured samples" if share is not None else "")

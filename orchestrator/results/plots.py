@@ -957,19 +957,20 @@ def frontier_figure(cells: pd.DataFrame) -> Figure | None:
     note = ""
     if len(shown) > MAX_POINTS:
         rest = sorted((i for i in range(len(points)) if i not in best), key=lambda i: -points[i][1])
-        keep = sorted([*best, *rest][:MAX_POINTS])
+        keep = sorted([*sorted(best), *rest][:MAX_POINTS])
         note = f" — {len(keep)} of {len(shown)} cells: the frontier, then the fastest"
         shown = shown.iloc[keep]
-        points = [points[i] for i in keep]
-        groups = _frontier_groups(shown)
-        best = _frontiers(points, groups)
+        points, groups = [points[i] for i in keep], [groups[i] for i in keep]
+        # the kept cells' places: the frontier is the one of every cell
+        best = {place for place, i in enumerate(keep) if i in best}
     names = labels(shown)
     scenarios = list(dict.fromkeys(shown["scenario"].map(_scenario_name)))
-    conditions = shown[GPU_CONDITIONS] if GPU_CONDITIONS in shown.columns else None
-    throttled = [
-        " — ran throttled" if conditions is not None and THROTTLED in str(c) else ""
-        for c in (conditions if conditions is not None else [None] * len(shown))
-    ]
+    conditions = (
+        shown[GPU_CONDITIONS].astype(str).tolist()
+        if GPU_CONDITIONS in shown.columns
+        else [""] * len(shown)
+    )
+    throttled = [" — ran throttled" if THROTTLED in c else "" for c in conditions]
     lines = sum(name.count("\n") + 1 for name in names)
     fig, ax = plt.subplots(figsize=(10, 5.5 + 0.2 * lines), dpi=DPI)
     for i, ((x, y), name, scenario) in enumerate(

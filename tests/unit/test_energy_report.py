@@ -213,7 +213,7 @@ def test_rank_by_energy_recommends_the_frugal_cell(tmp_path, capsys) -> None:
         main(["report", str(root), "--usd-per-kwh", "-1"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2
-    assert "--usd-per-kwh: '-1' is not a positive number" in err and len(err.splitlines()) == 1
+    assert "--usd-per-kwh: -1 is not a positive number" in err and len(err.splitlines()) == 1
 
 
 def test_compare_matches_energy_and_marks_other_conditions(tmp_path) -> None:
