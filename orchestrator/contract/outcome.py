@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator.contract.jsonio import read_json_object
 from orchestrator.contract.layout import RunPaths, write_atomic
 
 Status = Literal["ok", "oom", "timeout", "failed", "interrupted", "skipped", "planned"]
@@ -194,11 +195,8 @@ def outcome_from_record(record: dict[str, Any]) -> Outcome | None:
 def read_outcome(run: RunPaths | Path) -> Outcome | None:
     """The outcome of a run folder (or an ``outcome.json`` path); None where there is none."""
     path = run.outcome if isinstance(run, RunPaths) else run
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return outcome_from_record(data) if isinstance(data, dict) else None
+    data = read_json_object(path)
+    return outcome_from_record(data) if data is not None else None
 
 
 def write_outcome(run: RunPaths, outcome: Outcome) -> None:

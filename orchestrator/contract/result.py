@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from orchestrator.contract.jsonio import read_json_object
 from orchestrator.contract.layout import write_atomic
 from orchestrator.contract.outcome import Status
 
@@ -461,8 +462,4 @@ def read_result(path: Path) -> dict[str, Any] | None:
     Any JSON object file reads this way (the parent reads ``outcome.json`` and
     its executors' records with it too); ``load_result`` validates a result.
     """
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_object(path)

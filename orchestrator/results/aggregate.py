@@ -49,6 +49,7 @@ from orchestrator.contract.columns import (
 )
 from orchestrator.contract.window import WINDOW_MEASURED
 from orchestrator.results.capacity import Capacity
+from orchestrator.results.runrecords import RunRecords
 from orchestrator.results.tablecolumns import (
     REPORT_ONLY_COLUMNS,
     config_columns,
@@ -95,6 +96,8 @@ class ReportTables(Protocol):
     notes: list[str]
     #: one line per plot: what it shows, or why it was not drawn
     plot_notes: list[str]
+    #: the run folders' specs and results as read (None: read from the folder when asked)
+    runs: RunRecords | None
 
 
 # ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import csv
 import itertools
 import json
 import math
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,10 @@ from orchestrator.contract import columns as registry
 from orchestrator.contract.applicability import DEFAULT_TASK
 from orchestrator.contract.columns import KEY_COLUMNS, TRAIN_RUNTIME
 from orchestrator.contract.errors import UserError
-from orchestrator.contract.layout import RunPaths
-from orchestrator.contract.outcome import read_outcome
+from orchestrator.contract.jsonio import read_json_object
+from orchestrator.contract.outcome import outcome_from_record
 from orchestrator.results.rows import build_row
+from orchestrator.results.runrecords import RunRecords
 
 #: other names of a scenario argument -> ours; a declared column's other names
 #: (the predecessor's, older tables') are declared with it (``Column.aliases``)
@@ -54,14 +56,6 @@ PREDECESSOR_TRAINER = "sft"
 
 #: key columns read as numbers (the plan's position is empty in older tables)
 NUMERIC = registry.with_role("numeric")
-
-
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _csv_rows(path: Path) -> list[dict[str, Any]]:
@@ -92,17 +86,20 @@ def is_results_folder(path: Path) -> bool:
     )
 
 
-def rows_from_folder(root: Path) -> list[dict[str, Any]]:
-    """Rows of a tunematrix results folder, rebuilt from its run folders."""
+def rows_from_folder(root: Path, runs: RunRecords | None = None) -> list[dict[str, Any]]:
+    """Rows of a tunematrix results folder, rebuilt from its run folders; ``runs`` keeps
+    each run's spec and result as parsed, for the loss check (``runrecords``)."""
     rows: dict[str, dict[str, Any]] = {}
-    runs = root / "runs"
-    if runs.is_dir():
-        for run in sorted(runs.iterdir()):
-            spec = _json(run / "spec.json")
+    folder = root / "runs"
+    if folder.is_dir():
+        for name in sorted(os.listdir(folder)):
+            run = os.path.join(folder, name)
+            spec = read_json_object(os.path.join(run, "spec.json"))
             if spec is None:
                 continue
-            result = _json(run / "result.json")
-            recorded = read_outcome(RunPaths(run))
+            result = read_json_object(os.path.join(run, "result.json"))
+            record = read_json_object(os.path.join(run, "outcome.json"))
+            recorded = outcome_from_record(record) if record is not None else None
             outcome = recorded.as_dict(recorded_only=True) if recorded is not None else {}
             if not outcome:
                 # No parent record (a job collected later, or still running):
@@ -114,9 +111,11 @@ def rows_from_folder(root: Path) -> list[dict[str, Any]]:
                         "status": "interrupted",
                         "error": "the run left no outcome (stopped, or still running)",
                     }
-                outcome["log"] = f"runs/{run.name}/stderr.log"
+                outcome["log"] = f"runs/{name}/stderr.log"
             row = build_row(spec, outcome, result)
             rows[str(row["experiment_id"])] = row
+            if runs is not None:
+                runs.keep(name, spec, result)
     # Planned experiments without a run folder: the run's summary says why (interrupted,
     # not run after --fail-fast), else they are still only planned.
     for name, status in (("raw_summary.csv", None), ("plan.csv", "planned")):
@@ -153,8 +152,9 @@ def _labels(column: pd.Series, missing: str) -> pd.Series:
     return text.replace({"None": missing, "nan": missing})
 
 
-def raw_rows(source: Path) -> tuple[list[dict[str, Any]], bool]:
-    """The rows of a results folder or a summary CSV as read, and whether they are the predecessor's."""
+def raw_rows(source: Path, runs: RunRecords | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """The rows of a results folder or a summary CSV as read, and whether they are the
+    predecessor's; ``runs`` keeps the run folders' records (``rows_from_folder``)."""
     if source.is_dir():
         if not is_results_folder(source):
             raise UserError(
@@ -163,7 +163,7 @@ def raw_rows(source: Path) -> tuple[list[dict[str, Any]], bool]:
         if not ((source / "runs").is_dir() or (source / "plan.csv").is_file()):
             # a folder with only a summary table: the predecessor's, or a copied one
             return raw_rows(source / "raw_summary.csv")
-        rows = rows_from_folder(source)
+        rows = rows_from_folder(source, runs)
         if not rows:
             raise UserError(f"{source} has no experiments")
         return rows, False

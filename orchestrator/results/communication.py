@@ -14,6 +14,7 @@ import pandas as pd
 from orchestrator.contract import columns as registry
 from orchestrator.contract.wording import workers
 from orchestrator.results.mdtable import md_table
+from orchestrator.results.records import records
 from orchestrator.results.tablecolumns import ran_on_cpu
 
 #: the section's figures, in order
@@ -64,7 +65,7 @@ def communication_markdown(cells: pd.DataFrame) -> list[str]:
         *[registry.get(name).header for name in COMMUNICATION_FIGURES],
     ]
     body = []
-    for c in profiled.to_dict("records"):
+    for c in records(profiled):
         body.append(
             [
                 str(c.get("scenario")),

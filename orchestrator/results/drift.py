@@ -31,6 +31,7 @@ import pandas as pd
 
 from orchestrator.contract.columns import TOKENS_PER_SECOND
 from orchestrator.contract.steady import t975
+from orchestrator.results.records import records
 from orchestrator.results.tablecolumns import measured, numeric
 
 FIGURE = TOKENS_PER_SECOND
@@ -179,7 +180,7 @@ def _cell_labels(cells: pd.DataFrame) -> dict[str, str]:
     if cells.empty or "cell_id" not in cells.columns:
         return {}
     out = {}
-    for c in cells.to_dict("records"):
+    for c in records(cells):
         parts = [
             str(c.get(k))
             for k in ("scenario", "model_name_or_path", "framework_config")

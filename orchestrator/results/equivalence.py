@@ -38,10 +38,10 @@ import pandas as pd
 from orchestrator.contract import columns as registry
 from orchestrator.contract.applicability import BACKEND_KEY, default_backend
 from orchestrator.contract.columns import TOKENS_PER_SECOND
-from orchestrator.contract.layout import ResultsLayout
-from orchestrator.contract.result import read_result
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.numbers import number
+from orchestrator.results.records import records
+from orchestrator.results.runrecords import RunRecords
 from orchestrator.results.tablecolumns import measured
 
 #: a variant whose mean loss gap passes this fraction of the baseline's mean loss is different
@@ -139,29 +139,26 @@ def _ok_ids(rows: pd.DataFrame) -> dict[str, list[str]]:
     return out
 
 
-def cell_curves(rows: pd.DataFrame, source: Path) -> dict[str, Curve]:
+def cell_curves(rows: pd.DataFrame, runs: RunRecords) -> dict[str, Curve]:
     """Per cell with an ok repeat that logged a loss: its median loss curve."""
-    layout = ResultsLayout(source)
     out: dict[str, Curve] = {}
     for cell, ids in _ok_ids(rows).items():
-        curve = median_curve(_histories(layout, ids))
+        curve = median_curve(_histories(runs, ids))
         if curve:
             out[cell] = curve
     return out
 
 
-def _swept(rows: pd.DataFrame, source: Path) -> dict[str, dict[str, Any]]:
+def _swept(rows: pd.DataFrame, runs: RunRecords) -> dict[str, dict[str, Any]]:
     """Per cell, its swept values as planned (``spec.json``; else ``result.json``)."""
-    layout = ResultsLayout(source)
     out: dict[str, dict[str, Any]] = {}
     for cell, eid in zip(
         rows["cell_id"].astype(str), rows["experiment_id"].astype(str), strict=True
     ):
         if cell in out:
             continue
-        paths = layout.run(eid)
-        for path in (paths.spec, paths.result):  # result.json read only without a spec
-            record = read_result(path)
+        for read in (runs.spec, runs.result):  # result.json read only without a spec
+            record = read(eid)
             if record is not None and isinstance(record.get("swept"), dict):
                 out[cell] = dict(record["swept"])
                 break
@@ -220,19 +217,22 @@ def add_equivalence(
     rows: pd.DataFrame,
     source: Path,
     tolerance: float = DEFAULT_TOLERANCE,
+    runs: RunRecords | None = None,
 ) -> pd.DataFrame:
     """``cells`` with the ``COLUMNS`` filled in, where ``source`` is a results folder
-    with run folders; unchanged otherwise (a summary CSV has no loss curves)."""
+    with run folders; unchanged otherwise (a summary CSV has no loss curves).
+    ``runs``: the records the folder's read kept (else they are read here)."""
     if cells.empty or not (source.is_dir() and (source / "runs").is_dir()):
         return cells
     if "framework_config" not in cells.columns or "experiment_id" not in rows.columns:
         return cells
-    curves = cell_curves(rows, source)
-    swept = _swept(rows, source)
+    runs = runs if runs is not None else RunRecords(source)
+    curves = cell_curves(rows, runs)
+    swept = _swept(rows, runs)
     trainers = _baseline_trainer(cells)
-    records = cells.to_dict("records")
+    cell_records = records(cells)
     baselines: dict[tuple[str, ...], Mapping[Any, Any]] = {}
-    for cell in records:
+    for cell in cell_records:
         signature = _signature(cell, swept.get(str(cell["cell_id"]), {}))
         if _is_baseline(cell, trainers):
             baselines.setdefault(signature, cell)
@@ -241,9 +241,11 @@ def add_equivalence(
             baselines.setdefault((*signature, _framework(cell)), cell)
     out: pd.DataFrame = cells.copy()
     values: dict[str, list[Any]] = {name: [] for name in COLUMNS}
-    found = [_compare_cell(cell, baselines, curves, swept, trainers, tolerance) for cell in records]
+    found = [
+        _compare_cell(cell, baselines, curves, swept, trainers, tolerance) for cell in cell_records
+    ]
     used = {f["loss_baseline"] for f in found if f.get("loss_baseline")}
-    for cell, columns in zip(records, found, strict=True):
+    for cell, columns in zip(cell_records, found, strict=True):
         if columns.get("loss_vs_baseline") == NO_BASELINE and str(cell["cell_id"]) in used:
             columns = {"loss_vs_baseline": IS_BASELINE}
         for name in COLUMNS:
@@ -329,7 +331,7 @@ def markdown(cells: pd.DataFrame, tolerance: float) -> list[str]:
     if variants.empty:
         return []
     body = []
-    for c in variants.to_dict("records"):
+    for c in records(variants):
         gap = number(c.get("loss_gap_pct"))
         largest = number(c.get("loss_max_gap_pct"))
         verdict = str(c["loss_vs_baseline"])
@@ -405,17 +407,17 @@ def compare_losses(
     and so are cells whose sides ran to another ``max_steps`` (a steady-state run's cap
     against a fixed run's steps): their learning-rate schedules differ, so their curves
     would differ with nothing changed."""
-    new_layout, ref_layout = ResultsLayout(new_source), ResultsLayout(ref_source)
-    records = []
+    new_runs, ref_runs = RunRecords(new_source), RunRecords(ref_source)
+    changes = []
     for keys, ids_new, ids_ref in matched:
-        if _max_steps(new_layout, ids_new) != _max_steps(ref_layout, ids_ref):
+        if _max_steps(new_runs, ids_new) != _max_steps(ref_runs, ids_ref):
             continue
-        new_curve = median_curve(_histories(new_layout, ids_new))
-        ref_curve = median_curve(_histories(ref_layout, ids_ref))
+        new_curve = median_curve(_histories(new_runs, ids_new))
+        ref_curve = median_curve(_histories(ref_runs, ids_ref))
         gap = loss_gap(new_curve, ref_curve) if new_curve and ref_curve else None
         if gap is None:
             continue
-        records.append(
+        changes.append(
             {
                 **keys,
                 "steps_compared": gap.steps,
@@ -424,23 +426,23 @@ def compare_losses(
                 "loss_change": gap.mean > tolerance,
             }
         )
-    table: pd.DataFrame = pd.DataFrame(records)
+    table: pd.DataFrame = pd.DataFrame(changes)
     return table
 
 
-def _max_steps(layout: ResultsLayout, ids: Sequence[str]) -> Any:
+def _max_steps(runs: RunRecords, ids: Sequence[str]) -> Any:
     """The ``max_steps`` the first of ``ids`` trained with (its spec), None if unknown."""
     for eid in ids:
-        arguments = (read_result(layout.run(eid).spec) or {}).get("arguments")
+        arguments = (runs.spec(eid) or {}).get("arguments")
         if isinstance(arguments, dict):
             return arguments.get("max_steps")
     return None
 
 
-def _histories(layout: ResultsLayout, ids: Iterable[str]) -> list[list[Any]]:
+def _histories(runs: RunRecords, ids: Iterable[str]) -> list[list[Any]]:
     out = []
     for eid in ids:
-        history = (read_result(layout.run(eid).result) or {}).get("loss_history")
+        history = (runs.result(eid) or {}).get("loss_history")
         if isinstance(history, list) and history:
             out.append(history)
     return out

@@ -62,6 +62,7 @@ from orchestrator.results.memoryreport import memory_shape_markdown
 from orchestrator.results.numbers import whole
 from orchestrator.results.phasesreport import phases_markdown
 from orchestrator.results.predictedmemory import predicted_memory_markdown
+from orchestrator.results.records import records
 from orchestrator.results.steadyreport import steady_markdown
 from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, ran_on_cpu, status_labels
 
@@ -461,7 +462,7 @@ def summary_markdown(
             "status",
         ]
         body = []
-        for c in group.to_dict("records"):
+        for c in records(group):
             model = str(c.get("model_name_or_path"))
             body.append(
                 [
@@ -479,7 +480,7 @@ def summary_markdown(
         problems = group[~group["status"].isin(["ok"])]
         if len(problems):
             lines += ["", "Not ok:"]
-            for c in problems.to_dict("records"):
+            for c in records(problems):
                 where = f" (log: `{c['log']}`)" if c.get("log") else ""
                 # a pruned (or spared) cell's error says "pruned: ..." itself
                 error = str(c.get("error") or "no error recorded")
@@ -581,7 +582,7 @@ def scaling_markdown(table: pd.DataFrame) -> list[str]:
     titles: dict[tuple[str, ...], str] = {}
     frameworks: dict[tuple[str, ...], list[str]] = {}
     cells: dict[tuple[str, ...], dict[int, dict[str, str]]] = {}
-    for row in table.to_dict("records"):
+    for row in records(table):
         key = tuple(str(row[k]) for k in keys)
         titles.setdefault(key, _family_title(row, keys, varying))
         fw = str(row.get("framework_config"))
@@ -625,7 +626,7 @@ def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
         if cost.usd_per_gpu_hour is not None:
             headers += [f"$ for {cost.tokens:,.0f} tokens"]
     body = []
-    for c in ok.to_dict("records"):
+    for c in records(ok):
         row = [
             str(c["scenario"]),
             str(c["model_name_or_path"]),

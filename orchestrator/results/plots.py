@@ -26,7 +26,6 @@ A plot with nothing to draw is not written; ``write_all`` says why in
 from __future__ import annotations
 
 import colorsys
-import json
 import math
 import textwrap
 from collections import Counter
@@ -59,6 +58,7 @@ from orchestrator.matrix.ids import model_short_name
 from orchestrator.results.aggregate import SCALING_FIGURES, ReportTables, shows_hf_estimate
 from orchestrator.results.capacity import LIKELY_OOM_FRACTION
 from orchestrator.results.energyreport import THROTTLED, shows_energy
+from orchestrator.results.runrecords import RunRecords
 from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, measured, ran_on_cpu
 
 MAX_BARS = 60
@@ -1013,22 +1013,20 @@ def frontier_figure(cells: pd.DataFrame) -> Figure | None:
     return fig
 
 
-def _loss_curves(rows: pd.DataFrame, source: Path) -> tuple[list[tuple[pd.Series, Any]], int]:
+def _loss_curves(
+    rows: pd.DataFrame, source: Path, runs: RunRecords | None = None
+) -> tuple[list[tuple[pd.Series, Any]], int]:
     """The loss history of each cell's first finished run (at most MAX_LINES), and how
-    many finished cells there are."""
-    runs = source / "runs"
-    if not runs.is_dir():
+    many finished cells there are; ``runs``: the results as the folder's read kept them."""
+    if not (source / "runs").is_dir():
         return [], 0
+    runs = runs if runs is not None else RunRecords(source)
     ok = rows[measured(rows)].sort_values("repeat").drop_duplicates("cell_id")
     curves: list[tuple[pd.Series, Any]] = []
     for _, row in ok.iterrows():
         if len(curves) == MAX_LINES:
             break  # reading thousands of result files for lines nobody could tell apart
-        try:
-            result = json.loads((runs / str(row["experiment_id"]) / "result.json").read_text())
-        except (OSError, ValueError):
-            continue
-        history = result.get("loss_history") or []
+        history = (runs.result(str(row["experiment_id"])) or {}).get("loss_history") or []
         if history:
             curves.append((row, history))
     return curves, len(ok)
@@ -1126,9 +1124,11 @@ def loss_figure(curves: Sequence[tuple[pd.Series, Any]], finished: int | None = 
     return fig
 
 
-def loss_curves(rows: pd.DataFrame, source: Path, path: Path) -> Path | None:
-    """Loss per step of each cell's first finished run (read from its result.json)."""
-    curves, finished = _loss_curves(rows, source)
+def loss_curves(
+    rows: pd.DataFrame, source: Path, path: Path, runs: RunRecords | None = None
+) -> Path | None:
+    """Loss per step of each cell's first finished run (its result.json's loss history)."""
+    curves, finished = _loss_curves(rows, source, runs)
     if not curves:
         return None
     return _save(loss_figure(curves, finished), path)
@@ -1202,7 +1202,7 @@ def write_all(report: ReportTables, folder: Path, *, source: Path | None = None)
             f"more {unit} counts"
         )
     path = folder / "loss.png"
-    loss = loss_curves(report.rows, source, path) if source is not None else None
+    loss = loss_curves(report.rows, source, path, report.runs) if source is not None else None
     if loss is not None:
         written.append(loss)
         notes.append(f"{name(path)}: loss per optimizer step")

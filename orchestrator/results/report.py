@@ -41,6 +41,7 @@ from orchestrator.results.drift import add_position_trend
 from orchestrator.results.envfile import cost_from_env
 from orchestrator.results.markdown import status_counts, summary_markdown
 from orchestrator.results.rows import to_csv
+from orchestrator.results.runrecords import RunRecords
 
 # The report's API for the rest of the project (the CLI, api, the runner).
 __all__ = [
@@ -71,6 +72,8 @@ class Report:
     capacity: Capacity | None = None
     #: one line per plot: what it shows, or why it was not drawn
     plot_notes: list[str] = field(default_factory=list)
+    #: the run folders' specs and results, as the read parsed them (the loss plot's curves)
+    runs: RunRecords | None = None
 
 
 def derived_columns() -> tuple[str, ...]:
@@ -91,8 +94,9 @@ def build_report(
     ``gpu_memory_bytes``: one device's memory, when the source does not say it.
     ``loss_tolerance``: the loss gap past which a variant differs from its baseline.
     """
+    runs = RunRecords(source)  # each run's spec and result, parsed once
     if rows is None:
-        rows, predecessor = collect.raw_rows(source)
+        rows, predecessor = collect.raw_rows(source, runs)
     else:
         predecessor = False
     table = add_derived(collect.normalise(pd.DataFrame(rows), predecessor=predecessor), cost)
@@ -101,8 +105,8 @@ def build_report(
     cells = cells_likely_oom(aggregate(table), table)
     cells = add_position_trend(cells, table)  # the trend of tokens/s with run order
     # each variant's loss curve against its scenario's baseline (results/equivalence.py)
-    cells = equivalence.add_equivalence(cells, table, source, loss_tolerance)
-    report = Report(rows=table, cells=cells, scaling=scaling(cells), capacity=capacity)
+    cells = equivalence.add_equivalence(cells, table, source, loss_tolerance, runs)
+    report = Report(rows=table, cells=cells, scaling=scaling(cells), capacity=capacity, runs=runs)
     report.raw = _raw_with_derived(rows, table)
     return report
 

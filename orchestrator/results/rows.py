@@ -29,46 +29,32 @@ class UndeclaredMetricWarning(UserWarning):
     """A result carries a figure that no column declares, so the tables leave it out."""
 
 
+#: where a column's value lies: a record (``Source``) and the keys to the mapping in it
+_Place = tuple[Source, tuple[str, ...]]
+
+
 @dataclass(frozen=True)
 class _Reader:
-    """How to read one column from the records of a run."""
+    """How to read one column from the records of a run: the first of its ``names``
+    in the mapping at its place (``_RowPlan.places``), else, where that is empty or
+    falsy and it has one, in the same mapping of its fallback record."""
 
     name: str
-    source: Source
-    #: the keys to the mapping that holds the value, then the value's names (its aliases)
-    parents: tuple[str, ...]
+    #: the index of its place, and of its fallback's (None without one)
+    place: int
+    fallback: int | None
+    #: the value's names: its own, then its aliases
     names: tuple[str, ...]
-    fallback: Source | None
-
-    @classmethod
-    def of(cls, column: Column) -> _Reader:
-        *parents, last = column.where
-        return cls(
-            column.name, column.source, tuple(parents), (last, *column.aliases), column.fallback
-        )
-
-    def _lookup(self, record: Mapping[str, Any]) -> Any:
-        for key in self.parents:
-            inner = record.get(key)
-            record = inner if isinstance(inner, Mapping) else {}
-        for name in self.names:
-            if name in record:
-                return record[name]
-        return None
-
-    def read(self, records: Mapping[str, Mapping[str, Any]]) -> Any:
-        value = self._lookup(records[self.source])
-        if not value and self.fallback is not None:
-            value = self._lookup(records[self.fallback])
-        return value
 
 
 @dataclass(frozen=True)
 class _RowPlan:
-    """The registry's columns grouped in the order a row is filled (see ``build_row``)."""
+    """The registry's columns grouped in the order a row is filled (see ``build_row``),
+    each read from a place that is looked up once per row, whatever reads it."""
 
     #: the registry's columns this plan was made from
     declared: tuple[Column, ...]
+    places: tuple[_Place, ...]
     head: tuple[_Reader, ...]
     child_metrics: tuple[str, ...]
     child_metric_names: frozenset[str]
@@ -78,20 +64,57 @@ class _RowPlan:
 
     @classmethod
     def of(cls, declared: tuple[Column, ...]) -> _RowPlan:
+        places: dict[_Place, int] = {}
+
+        def reader(column: Column) -> _Reader:
+            *parents, last = column.where
+            place = places.setdefault((column.source, tuple(parents)), len(places))
+            fallback = None
+            if column.fallback is not None:
+                key = (column.fallback, tuple(parents))
+                fallback = places.setdefault(key, len(places))
+            return _Reader(column.name, place, fallback, (last, *column.aliases))
+
         head = [c for c in declared if c.key or c.aggregate == "evidence" or c.source == "plan"]
         return cls(
             declared=declared,
-            head=tuple(map(_Reader.of, head)),
+            head=tuple(map(reader, head)),
             child_metrics=tuple(c.name for c in declared if c.child_metric),
             child_metric_names=frozenset(c.name for c in declared if c.child_metric),
-            sidecar=tuple(_Reader.of(c) for c in declared if c.source == "sidecar"),
+            sidecar=tuple(reader(c) for c in declared if c.source == "sidecar"),
             child_record=tuple(
-                _Reader.of(c) for c in declared if c.source == "child" and not c.child_metric
+                reader(c) for c in declared if c.source == "child" and not c.child_metric
             ),
-            outcome=tuple(
-                _Reader.of(c) for c in declared if c.source == "outcome" and c not in head
-            ),
+            outcome=tuple(reader(c) for c in declared if c.source == "outcome" and c not in head),
+            places=tuple(places),
         )
+
+    def mappings(self, records: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """The mapping at each place in one run's records (empty where there is none)."""
+        out: list[Mapping[str, Any]] = []
+        for source, parents in self.places:
+            record = records[source]
+            for key in parents:
+                inner = record.get(key)
+                record = inner if isinstance(inner, Mapping) else {}
+            out.append(record)
+        return out
+
+
+def _read(reader: _Reader, mappings: Sequence[Mapping[str, Any]]) -> Any:
+    value = None
+    found = mappings[reader.place]
+    for name in reader.names:
+        if name in found:
+            value = found[name]
+            break
+    if not value and reader.fallback is not None:
+        found = mappings[reader.fallback]
+        for name in reader.names:
+            if name in found:
+                return found[name]
+        return None
+    return value
 
 
 _plan: _RowPlan | None = None
@@ -135,13 +158,15 @@ def build_row(
     """
     plan = _row_plan()
     memory = outcome.get("memory")
-    records: dict[str, Mapping[str, Any]] = {
-        "plan": spec,
-        "outcome": outcome,
-        "sidecar": memory if isinstance(memory, Mapping) else {},
-        "child": result or {},
-    }
-    row: dict[str, Any] = {r.name: r.read(records) for r in plan.head}
+    places = plan.mappings(
+        {
+            "plan": spec,
+            "outcome": outcome,
+            "sidecar": memory if isinstance(memory, Mapping) else {},
+            "child": result or {},
+        }
+    )
+    row: dict[str, Any] = {r.name: _read(r, places) for r in plan.head}
     for key, value in (spec.get("swept") or {}).items():
         row.setdefault(key, value)
     figures = (result or {}).get("metrics") or {}
@@ -151,12 +176,12 @@ def build_row(
     if not figures.keys() <= plan.child_metric_names:
         warn_undeclared(figures)
     for reader in plan.sidecar:
-        row[reader.name] = reader.read(records)
+        row[reader.name] = _read(reader, places)
     for reader in plan.child_record:
         if result or reader.fallback is not None:
-            row[reader.name] = reader.read(records)
+            row[reader.name] = _read(reader, places)
     for reader in plan.outcome:
-        row[reader.name] = reader.read(records)
+        row[reader.name] = _read(reader, places)
     # every scenario argument, by its own name (those already shown above are not repeated)
     for key, value in (spec.get("arguments") or {}).items():
         row.setdefault(key, value)
