@@ -118,7 +118,12 @@ class RunPaths:
 
     def job_record(self, executor: str) -> Path:
         """What an executor that submits jobs keeps of the submission (``<executor>.json``)."""
-        return self.dir / f"{_component(executor)}.json"
+        return self.dir / self.job_record_name(executor)
+
+    @staticmethod
+    def job_record_name(executor: str) -> str:
+        """The file name of ``job_record``."""
+        return f"{_component(executor)}.json"
 
     def node(self, rank: int) -> NodeFiles:
         """The files node ``rank`` of a job writes; node 0 writes the run's own."""
@@ -263,9 +268,15 @@ class ResultsLayout:
 
     def run_folders(self) -> list[RunPaths]:
         """Every experiment folder under ``runs/``, in name order."""
-        if not self.runs.is_dir():
+        return [RunPaths(self.runs / name) for name in self.run_names()]
+
+    def run_names(self) -> list[str]:
+        """The names of the experiment folders under ``runs/``, in order."""
+        try:
+            with os.scandir(self.runs) as entries:
+                return sorted(e.name for e in entries if e.is_dir())
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        return [RunPaths(p) for p in sorted(self.runs.iterdir()) if p.is_dir()]
 
     def executor_logs(self, executor: str) -> Path:
         """The folder where an executor keeps logs of its own (``<executor>/``)."""

@@ -265,9 +265,15 @@ def aggregate(rows: pd.DataFrame) -> pd.DataFrame:
     cells = by_cell[keys].first() if keys else pd.DataFrame(index=by_cell.size().index)
     cells["repeats"] = by_cell.size()
     status = shown_status(rows)  # skipped on resume: ok; pruned: pruned, never ok
-    mixed = status.groupby(rows["cell_id"], sort=False).agg(
-        lambda s: s.iloc[0] if s.nunique() == 1 else _status_mix(list(s))
-    )
+    # one status per cell; the mix of them (``oom×1 pruned×1``) only where repeats differ
+    by_status = status.groupby(rows["cell_id"], sort=False)
+    mixed = by_status.first()
+    differ = by_status.nunique()
+    differ = differ.index[differ > 1]
+    if len(differ):
+        apart = rows["cell_id"].isin(differ)
+        mixes = status[apart].groupby(rows["cell_id"][apart], sort=False)
+        mixed.loc[differ] = mixes.agg(lambda s: _status_mix(list(s))).reindex(differ)
     cells["status"] = mixed
     errors = rows["error"].where(rows["error"].astype(str).str.len() > 0)
     cells["error"] = errors.groupby(rows["cell_id"], sort=False).first()

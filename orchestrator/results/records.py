@@ -56,7 +56,18 @@ class Record(Mapping[Any, Any]):
         self._row = row
 
     def __getitem__(self, key: Any) -> Any:
-        return self._columns.column(key)[self._row]
+        try:
+            return self._columns.values[key][self._row]
+        except KeyError:
+            return self._columns.column(key)[self._row]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        try:
+            return self._columns.values[key][self._row]
+        except KeyError:
+            if key not in self._columns.position:
+                return default
+            return self._columns.column(key)[self._row]
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._columns.position)

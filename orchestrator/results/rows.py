@@ -214,8 +214,11 @@ def to_csv(rows: Iterable[Mapping[str, Any]]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
+    cell = _cell
     for row in rows:
-        writer.writerow([_cell(row.get(c)) for c in columns])
+        # most cells of a wide table are empty, and many are text: both as they are
+        values = [row.get(c) for c in columns]
+        writer.writerow(["" if v is None else v if type(v) is str else cell(v) for v in values])
     return buf.getvalue()
 
 

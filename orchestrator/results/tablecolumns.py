@@ -100,11 +100,18 @@ def other_outputs(df: pd.DataFrame) -> list[str]:
 
 def _by_status(rows: pd.DataFrame, test: Callable[[Any, Any], Any]) -> pd.Series:
     errors = rows["error"] if "error" in rows.columns else pd.Series(None, index=rows.index)
-    return pd.Series(
-        [test(s, e) for s, e in zip(rows["status"], errors, strict=True)],
-        index=rows.index,
-        dtype=object,
-    )
+    # a test per distinct status and error, not per row: most rows share both
+    found: dict[tuple[Any, Any], Any] = {}
+    out = []
+    for pair in zip(rows["status"], errors, strict=True):
+        try:
+            value = found[pair]
+        except KeyError:
+            value = found[pair] = test(*pair)
+        except TypeError:  # an unhashable cell
+            value = test(*pair)
+        out.append(value)
+    return pd.Series(out, index=rows.index, dtype=object)
 
 
 def measured(rows: pd.DataFrame) -> pd.Series:

@@ -8,12 +8,14 @@ completion log), so a cluster without a SLURM database works too.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import time
 from collections.abc import Iterable
 
+from orchestrator.contract.jsonio import read_json_object
 from orchestrator.contract.layout import ResultsLayout, RunPaths, write_atomic
 from orchestrator.contract.outcome import Outcome, Status, read_outcome, write_outcome
 from orchestrator.contract.result import read_result
@@ -179,10 +181,13 @@ def submitted_without_outcome(layout: ResultsLayout) -> dict[str, RunPaths]:
     recorded count a run with an ``outcome.json`` as collected.
     """
     pending: dict[str, RunPaths] = {}
-    for run in layout.run_folders():
-        record = read_result(run.job_record(NAME))
+    record_name = RunPaths.job_record_name(NAME)
+    for name in layout.run_names():
+        # most runs of a large folder ran elsewhere: one open each, no path objects
+        record = read_json_object(os.path.join(layout.runs, name, record_name))
         if not record or not record.get("job_id"):
             continue
+        run = RunPaths(layout.runs / name)
         if record.get("collected") is not False and run.outcome.exists():
             continue
         pending[str(record["job_id"])] = run
