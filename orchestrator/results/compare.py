@@ -189,7 +189,7 @@ def _key_frames(
             frame[k].map({v: _canonical(v) for v in frame[k].dropna().unique()}).fillna("none")
             for frame in (new, ref)
         ]
-        if _is_flag(k, set(spelled[0]) | set(spelled[1])):
+        if _is_flag(k, set(spelled[0].unique()) | set(spelled[1].unique())):
             # a CSV reader turns a yes/no column with blanks into 1.0/NaN on one side only
             spelled = [
                 s.map(lambda v: "true" if v in _TRUE else "false" if v in _FALSE else v)
@@ -232,7 +232,12 @@ def _conditions(frame: pd.DataFrame, keys: list[str], column: str) -> pd.Series:
     values = values[values[column].astype(str).str.strip() != ""]
     values[column] = values[column].astype(str)
     values = values.drop_duplicates().sort_values(column, kind="stable")
-    return values.groupby(keys, sort=False)[column].agg(" / ".join)
+    # most cells have one value: joined only where a cell has more (a Python call per group)
+    mixed = values.duplicated(subset=keys, keep=False)
+    if not mixed.any():
+        return values.set_index(keys)[column]
+    joined = values[mixed].groupby(keys, sort=False)[column].agg(" / ".join)
+    return pd.concat([values[~mixed].set_index(keys)[column], joined])
 
 
 def _filled(frame: pd.DataFrame, key: str) -> pd.Series:
