@@ -219,9 +219,14 @@ def normalise(
     # that every cell can be compared, grouped and written to CSV alike
     structured = [] if from_text else [c for c in df.columns if pd.api.types.is_object_dtype(df[c])]
     for column in structured:
-        if df[column].map(lambda v: isinstance(v, (list, dict))).any():
-            df[column] = df[column].map(
-                lambda v: json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v
+        values = df[column].tolist()
+        if any(isinstance(v, (list, dict)) for v in values):
+            df[column] = pd.Series(
+                [
+                    json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v
+                    for v in values
+                ],
+                index=df.index,
             )
     for column in KEY_COLUMNS:
         if column not in df.columns:

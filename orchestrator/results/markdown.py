@@ -62,7 +62,7 @@ from orchestrator.results.memoryreport import memory_shape_markdown
 from orchestrator.results.numbers import whole
 from orchestrator.results.phasesreport import phases_markdown
 from orchestrator.results.predictedmemory import predicted_memory_markdown
-from orchestrator.results.records import records
+from orchestrator.results.records import Records, records
 from orchestrator.results.steadyreport import steady_markdown
 from orchestrator.results.tablecolumns import CELL_ORDER, config_columns, ran_on_cpu, status_labels
 
@@ -441,6 +441,7 @@ def summary_markdown(
     lines += steady_markdown(rows)
     args = config_columns(cells)
     order = [k for k in CELL_ORDER if k in cells.columns]
+    table = Records(cells)  # each column read once, for every scenario's rows
     for scenario, group in cells.groupby("scenario", sort=False):
         group = group.sort_values(order, kind="stable", key=lambda c: c.map(_sort_key))
         varying = [
@@ -462,7 +463,7 @@ def summary_markdown(
             "status",
         ]
         body = []
-        for c in records(group):
+        for c in table.rows(group):
             model = str(c.get("model_name_or_path"))
             body.append(
                 [
@@ -480,7 +481,7 @@ def summary_markdown(
         problems = group[~group["status"].isin(["ok"])]
         if len(problems):
             lines += ["", "Not ok:"]
-            for c in records(problems):
+            for c in table.rows(problems):
                 where = f" (log: `{c['log']}`)" if c.get("log") else ""
                 # a pruned (or spared) cell's error says "pruned: ..." itself
                 error = str(c.get("error") or "no error recorded")

@@ -36,9 +36,7 @@ class _Columns:
                 series.dtype, pd.api.extensions.ExtensionDtype
             ):
                 # boxed as to_dict boxes them (NumPy scalars, missing values)
-                values = [
-                    value for (value,) in (r.values() for r in series.to_frame().to_dict("records"))
-                ]
+                values = list(series.reset_index(drop=True).to_dict().values())
             else:
                 # iterating a NumPy column gives Python numbers, as to_dict does
                 values = list(series)
@@ -81,5 +79,22 @@ class Record(Mapping[Any, Any]):
 
 def records(frame: pd.DataFrame) -> list[Record]:
     """The rows of ``frame`` in order, as ``frame.to_dict("records")`` has them."""
-    columns = _Columns(frame)
-    return [Record(columns, i) for i in range(len(frame))]
+    return Records(frame).rows()
+
+
+class Records:
+    """A table whose parts (its groups, their sorted rows, a filter of them) are read as
+    records of the whole: each column is made once, whatever the number of parts."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self._columns = _Columns(frame)
+        self._index = frame.index
+
+    def rows(self, part: pd.DataFrame | None = None) -> list[Record]:
+        """The rows of ``part`` (rows of the table, in any order; default: all of it)."""
+        if part is None:
+            return [Record(self._columns, i) for i in range(len(self._index))]
+        if not self._index.is_unique:
+            return records(part)  # rows told apart only by position: read on their own
+        positions = self._index.get_indexer(part.index)
+        return [Record(self._columns, int(i)) for i in positions]
