@@ -28,7 +28,7 @@ folder (``compare_losses``): above the tolerance, a loss change.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,14 +139,32 @@ def _ok_ids(rows: pd.DataFrame) -> dict[str, list[str]]:
     return out
 
 
-def cell_curves(rows: pd.DataFrame, runs: RunRecords) -> dict[str, Curve]:
+class CellCurves(Mapping[str, Curve]):
+    """Per cell with an ok repeat that logged a loss: its median loss curve, worked out
+    when first asked for (only the cells compared with a baseline ever are)."""
+
+    def __init__(self, rows: pd.DataFrame, runs: RunRecords) -> None:
+        self._ids = _ok_ids(rows)
+        self._runs = runs
+        self._made: dict[str, Curve] = {}
+
+    def __getitem__(self, cell: str) -> Curve:
+        if cell not in self._made:
+            self._made[cell] = median_curve(_histories(self._runs, self._ids[cell]))
+        if not self._made[cell]:
+            raise KeyError(cell)  # no ok repeat logged a loss
+        return self._made[cell]
+
+    def __iter__(self) -> Iterator[str]:
+        return (cell for cell in self._ids if cell in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def cell_curves(rows: pd.DataFrame, runs: RunRecords) -> Mapping[str, Curve]:
     """Per cell with an ok repeat that logged a loss: its median loss curve."""
-    out: dict[str, Curve] = {}
-    for cell, ids in _ok_ids(rows).items():
-        curve = median_curve(_histories(runs, ids))
-        if curve:
-            out[cell] = curve
-    return out
+    return CellCurves(rows, runs)
 
 
 def _swept(rows: pd.DataFrame, runs: RunRecords) -> dict[str, dict[str, Any]]:
