@@ -405,16 +405,30 @@ def _status_regressions(cells: _Cells, keys: list[str]) -> pd.DataFrame | None:
     return pd.DataFrame(records) if records else None
 
 
+@dataclass
+class _Side:
+    """One side's ok rows grouped by cell, with every metric's median and count per
+    cell (one pass over the groups for all the metrics)."""
+
+    grouped: Any
+    medians: pd.DataFrame
+    counts: pd.DataFrame
+
+    @classmethod
+    def of(cls, values: pd.DataFrame, keys: list[str], metrics: list[str]) -> _Side:
+        grouped = values.groupby(keys, sort=False)
+        return cls(grouped, grouped[metrics].median(), grouped[metrics].count())
+
+
 def _metric_changes(
-    grouped_new: Any, grouped_ref: Any, metric: str, threshold: float
+    side_new: _Side, side_ref: _Side, metric: str, threshold: float
 ) -> pd.DataFrame | None:
     """Per matched cell with ok runs on both sides: the medians of ``metric``, their
     ratio and change, and the verdict (threshold, then the rank test where both
     sides have ``MIN_REPEATS_FOR_TEST`` repeats)."""
-    side = pd.DataFrame(
-        {"new": grouped_new[metric].median(), "n_new": grouped_new[metric].count()}
-    ).join(
-        pd.DataFrame({"ref": grouped_ref[metric].median(), "n_ref": grouped_ref[metric].count()}),
+    grouped_new, grouped_ref = side_new.grouped, side_ref.grouped
+    side = pd.DataFrame({"new": side_new.medians[metric], "n_new": side_new.counts[metric]}).join(
+        pd.DataFrame({"ref": side_ref.medians[metric], "n_ref": side_ref.counts[metric]}),
         how="inner",
     )
     side = side[(side["n_new"] > 0) & (side["n_ref"] > 0)]
@@ -506,10 +520,10 @@ def compare(
 
     status = _status_regressions(cells, keys)
     frames = [status] if status is not None else []
-    grouped_new = _ok_values(cells.new, keys, usable).groupby(keys, sort=False)
-    grouped_ref = _ok_values(cells.ref, keys, usable).groupby(keys, sort=False)
+    side_new = _Side.of(_ok_values(cells.new, keys, usable), keys, usable)
+    side_ref = _Side.of(_ok_values(cells.ref, keys, usable), keys, usable)
     for metric in usable:
-        changes = _metric_changes(grouped_new, grouped_ref, metric, threshold)
+        changes = _metric_changes(side_new, side_ref, metric, threshold)
         if changes is not None:
             frames.append(changes)
     return Comparison(
