@@ -46,6 +46,15 @@ class _Reader:
     #: the value's names: its own, then its aliases
     names: tuple[str, ...]
 
+    @property
+    def simple(self) -> bool:
+        """Whether it has one name and no fallback (most columns): read with one ``get``."""
+        return self.fallback is None and len(self.names) == 1
+
+
+#: a column's read: (column, place, its name there, the reader where it is not simple)
+_Step = tuple[str, int, str, _Reader | None]
+
 
 @dataclass(frozen=True)
 class _RowPlan:
@@ -55,12 +64,12 @@ class _RowPlan:
     #: the registry's columns this plan was made from
     declared: tuple[Column, ...]
     places: tuple[_Place, ...]
-    head: tuple[_Reader, ...]
+    head: tuple[_Step, ...]
     child_metrics: tuple[str, ...]
     child_metric_names: frozenset[str]
-    sidecar: tuple[_Reader, ...]
-    child_record: tuple[_Reader, ...]
-    outcome: tuple[_Reader, ...]
+    sidecar: tuple[_Step, ...]
+    child_record: tuple[_Step, ...]
+    outcome: tuple[_Step, ...]
 
     @classmethod
     def of(cls, declared: tuple[Column, ...]) -> _RowPlan:
@@ -75,17 +84,19 @@ class _RowPlan:
                 fallback = places.setdefault(key, len(places))
             return _Reader(column.name, place, fallback, (last, *column.aliases))
 
+        def steps(columns: Iterable[Column]) -> tuple[_Step, ...]:
+            readers = [reader(c) for c in columns]
+            return tuple((r.name, r.place, r.names[0], None if r.simple else r) for r in readers)
+
         head = [c for c in declared if c.key or c.aggregate == "evidence" or c.source == "plan"]
         return cls(
             declared=declared,
-            head=tuple(map(reader, head)),
+            head=steps(head),
             child_metrics=tuple(c.name for c in declared if c.child_metric),
             child_metric_names=frozenset(c.name for c in declared if c.child_metric),
-            sidecar=tuple(reader(c) for c in declared if c.source == "sidecar"),
-            child_record=tuple(
-                reader(c) for c in declared if c.source == "child" and not c.child_metric
-            ),
-            outcome=tuple(reader(c) for c in declared if c.source == "outcome" and c not in head),
+            sidecar=steps(c for c in declared if c.source == "sidecar"),
+            child_record=steps(c for c in declared if c.source == "child" and not c.child_metric),
+            outcome=steps(c for c in declared if c.source == "outcome" and c not in head),
             places=tuple(places),
         )
 
@@ -166,7 +177,11 @@ def build_row(
             "child": result or {},
         }
     )
-    row: dict[str, Any] = {r.name: _read(r, places) for r in plan.head}
+    # a simple column (one name, no fallback: most) is one get, the others _read
+    row: dict[str, Any] = {
+        name: places[at].get(key) if r is None else _read(r, places)
+        for name, at, key, r in plan.head
+    }
     for key, value in (spec.get("swept") or {}).items():
         row.setdefault(key, value)
     figures = (result or {}).get("metrics") or {}
@@ -175,13 +190,13 @@ def build_row(
             row[name] = figures[name]
     if not figures.keys() <= plan.child_metric_names:
         warn_undeclared(figures)
-    for reader in plan.sidecar:
-        row[reader.name] = _read(reader, places)
-    for reader in plan.child_record:
-        if result or reader.fallback is not None:
-            row[reader.name] = _read(reader, places)
-    for reader in plan.outcome:
-        row[reader.name] = _read(reader, places)
+    for name, at, key, r in plan.sidecar:
+        row[name] = places[at].get(key) if r is None else _read(r, places)
+    for name, at, key, r in plan.child_record:
+        if result or (r is not None and r.fallback is not None):
+            row[name] = places[at].get(key) if r is None else _read(r, places)
+    for name, at, key, r in plan.outcome:
+        row[name] = places[at].get(key) if r is None else _read(r, places)
     # every scenario argument, by its own name (those already shown above are not repeated)
     for key, value in (spec.get("arguments") or {}).items():
         row.setdefault(key, value)
@@ -208,17 +223,33 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+#: the types whose text ``_cell`` writes is their ``repr`` (``str`` of an int or a bool is too)
+_AS_REPR = frozenset({float, int, bool})
+
+
 def to_csv(rows: Iterable[Mapping[str, Any]]) -> str:
     rows = list(rows)
     columns = column_order(rows)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
-    cell = _cell
+    cell, plain = _cell, _AS_REPR
     for row in rows:
-        # most cells of a wide table are empty, and many are text: both as they are
+        # most cells of a wide table are empty, and many are text or numbers: those
+        # written here, as _cell writes them, without a call each
         values = [row.get(c) for c in columns]
-        writer.writerow(["" if v is None else v if type(v) is str else cell(v) for v in values])
+        writer.writerow(
+            [
+                ""
+                if v is None
+                else v
+                if type(v) is str
+                else repr(v)
+                if type(v) in plain
+                else cell(v)
+                for v in values
+            ]
+        )
     return buf.getvalue()
 
 
