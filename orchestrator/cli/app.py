@@ -7,15 +7,18 @@ interrupted command exits 130.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.cli import compare, doctor, fit, history, plan, report, run
 from orchestrator.cli.common import PROG, Formatter, Parser
 from orchestrator.contract.errors import UserError
+
+#: the commands, in the order --help lists them: each its own module of orchestrator.cli
+COMMANDS = ("plan", "run", "fit", "report", "compare", "history", "doctor")
 
 _MAIN_EPILOG = """\
 Examples:
@@ -27,7 +30,10 @@ Examples:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with ``command`` (one of ``COMMANDS``), only that
+    command's module is imported and its parser built (``report``, ``compare`` and
+    ``history`` then start without the planner and the executors)."""
     parser = Parser(
         prog=PROG,
         description="Plan, run and compare LLM fine-tuning benchmark matrices.",
@@ -37,13 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    for command in (plan, run, fit, report, compare, history, doctor):
-        command.add_parser(sub)
+    for name in (command,) if command in COMMANDS else COMMANDS:
+        importlib.import_module(f"orchestrator.cli.{name}").add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # the command's own parser alone where the command line names one (its errors and
+    # help are the same); all of them for the overview, a typo, or --version
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     try:
         result: Any = args.func(args)

@@ -11,10 +11,9 @@ from orchestrator.cli.common import (
     PROG,
     Formatter,
     add_recheck_arg,
-    add_selection_args,
-    plan_from_args,
     positive_float,
 )
+from orchestrator.cli.selection import add_selection_args, plan_from_args
 from orchestrator.config.search import DEFAULT_MARGIN, SEARCH_KEYS
 from orchestrator.config.values import MEMORY_LOGGING
 from orchestrator.contract.errors import UserError

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli.common import Formatter, add_recheck_arg, add_selection_args, plan_from_args
+from orchestrator.cli.common import Formatter, add_recheck_arg
+from orchestrator.cli.selection import add_selection_args, plan_from_args
 from orchestrator.config.values import LAUNCH_MODES
 from orchestrator.contract.errors import UserError
 

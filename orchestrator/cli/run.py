@@ -15,10 +15,9 @@ from orchestrator.cli.common import (
     Formatter,
     add_energy_prices,
     add_recheck_arg,
-    add_selection_args,
-    plan_from_args,
     positive_float,
 )
+from orchestrator.cli.selection import add_selection_args, plan_from_args
 from orchestrator.config.scenarios import BenchConfig
 from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
 from orchestrator.contract.errors import UserError

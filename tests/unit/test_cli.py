@@ -332,3 +332,38 @@ def test_python_dash_m_orchestrator(tmp_path) -> None:
     )
     assert result.returncode == 0
     assert result.stdout.startswith("tunematrix ")
+
+
+def test_the_reading_commands_start_without_the_planner_and_executors(tmp_path) -> None:
+    """report, compare and history import their own command alone: not the matrix
+    planner, the executors or the job runner (a third of a second of every start)."""
+    import subprocess
+    import sys
+
+    heavy = ("orchestrator.executors.base", "orchestrator.job.execute", "orchestrator.cli.run")
+    code = (
+        "import sys\n"
+        "from orchestrator.cli.app import main\n"
+        f"assert main(['history', {str(tmp_path)!r}]) == 0\n"
+        f"loaded = [m for m in {heavy!r} if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+        "assert main(['--version']) == 0\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    # --version exits through argparse, after building every command's parser
+    assert proc.returncode == 0, proc.stderr
+    assert "no runs recorded" in proc.stdout and "tunematrix" in proc.stdout
+
+
+def test_a_command_named_alone_parses_and_fails_as_with_every_command(capsys) -> None:
+    """The parser of the named command alone gives the same answers and errors."""
+    for argv in (["report", "--rank-by", "nope", "x"], ["compare"], ["history", "a", "b"]):
+        with pytest.raises(SystemExit) as alone:
+            build_parser(argv[0]).parse_args(argv)
+        err_alone = capsys.readouterr().err
+        with pytest.raises(SystemExit) as every:
+            build_parser().parse_args(argv)
+        assert (alone.value.code, err_alone) == (every.value.code, capsys.readouterr().err)
+    assert build_parser("report").parse_args(["report", "r"]).source == "r"
