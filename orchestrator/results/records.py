@@ -94,7 +94,8 @@ class Records:
         """The rows of ``part`` (rows of the table, in any order; default: all of it)."""
         if part is None:
             return [Record(self._columns, i) for i in range(len(self._index))]
-        if not self._index.is_unique:
-            return records(part)  # rows told apart only by position: read on their own
-        positions = self._index.get_indexer(part.index)
+        positions = self._index.get_indexer(part.index) if self._index.is_unique else None
+        if positions is None or (positions < 0).any():
+            # rows told apart only by position, or not the table's: read on their own
+            return records(part)
         return [Record(self._columns, int(i)) for i in positions]

@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.contract import jsonio
 from orchestrator.results import records as records_module
-from orchestrator.results.records import records
+from orchestrator.results.records import Records, records
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -66,6 +66,23 @@ def test_a_column_is_boxed_once_whatever_the_rows_and_groups(monkeypatch) -> Non
         total = sum(r["c1"] + r["c7"] for r in rows) + sum(r["c1"] for r in rows)
         assert total == 3 * n * (n - 1) // 2
         assert boxed == ["c1", "c7"]
+
+
+def test_the_parts_of_a_table_read_as_its_rows() -> None:
+    """A group, a sorted group, a filter: the same rows as their own to_dict; rows that
+    are not the table's, or a table whose index repeats, are read on their own."""
+    frame = pd.DataFrame(
+        {"g": ["a", "b", "a", "b"], "v": [1.5, 2.5, 3.5, 0.5]}, index=["w", "x", "y", "z"]
+    )
+    table = Records(frame)
+    for _, group in frame.groupby("g"):
+        part = group.sort_values("v", ascending=False)
+        assert [dict(r) for r in table.rows(part)] == part.to_dict("records")
+    other = pd.DataFrame({"g": ["c"], "v": [9.0]}, index=["q"])
+    assert [dict(r) for r in table.rows(other)] == [{"g": "c", "v": 9.0}]
+    repeated = frame.set_axis(["w", "w", "y", "z"])
+    part = repeated.iloc[[1, 0]]
+    assert [dict(r) for r in Records(repeated).rows(part)] == part.to_dict("records")
 
 
 def test_run_records_read_alike_with_and_without_orjson(tmp_path: Path, monkeypatch) -> None:
