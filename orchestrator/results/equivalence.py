@@ -175,11 +175,9 @@ def _swept(rows: pd.DataFrame, runs: RunRecords) -> dict[str, dict[str, Any]]:
     ):
         if cell in out:
             continue
-        for read in (runs.spec, runs.result):  # result.json read only without a spec
-            record = read(eid)
-            if record is not None and isinstance(record.get("swept"), dict):
-                out[cell] = dict(record["swept"])
-                break
+        swept = runs.swept(eid)  # spec.json's, else result.json's
+        if swept is not None:
+            out[cell] = swept
     return out
 
 
@@ -451,16 +449,16 @@ def compare_losses(
 def _max_steps(runs: RunRecords, ids: Sequence[str]) -> Any:
     """The ``max_steps`` the first of ``ids`` trained with (its spec), None if unknown."""
     for eid in ids:
-        arguments = (runs.spec(eid) or {}).get("arguments")
-        if isinstance(arguments, dict):
-            return arguments.get("max_steps")
+        has_arguments, max_steps = runs.max_steps(eid)
+        if has_arguments:
+            return max_steps
     return None
 
 
 def _histories(runs: RunRecords, ids: Iterable[str]) -> list[list[Any]]:
     out = []
     for eid in ids:
-        history = (runs.result(eid) or {}).get("loss_history")
+        history = runs.loss_history(eid)
         if isinstance(history, list) and history:
             out.append(history)
     return out

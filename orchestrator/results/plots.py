@@ -1026,7 +1026,7 @@ def _loss_curves(
     for _, row in ok.iterrows():
         if len(curves) == MAX_LINES:
             break  # reading thousands of result files for lines nobody could tell apart
-        history = (runs.result(str(row["experiment_id"])) or {}).get("loss_history") or []
+        history = runs.loss_history(str(row["experiment_id"])) or []
         if history:
             curves.append((row, history))
     return curves, len(ok)
