@@ -96,7 +96,7 @@ class ReportTables(Protocol):
     notes: list[str]
     #: one line per plot: what it shows, or why it was not drawn
     plot_notes: list[str]
-    #: the run folders' specs and results as read (None: read from the folder when asked)
+    #: what the read kept of each run (runrecords; None: read from the folder when asked)
     runs: RunRecords | None
 
 

@@ -88,7 +88,7 @@ def is_results_folder(path: Path) -> bool:
 
 def rows_from_folder(root: Path, runs: RunRecords | None = None) -> list[dict[str, Any]]:
     """Rows of a tunematrix results folder, rebuilt from its run folders; ``runs`` keeps
-    each run's spec and result as parsed, for the loss check (``runrecords``)."""
+    what the loss check and plot read of each run (``runrecords``)."""
     rows: dict[str, dict[str, Any]] = {}
     folder = root / "runs"
     if folder.is_dir():

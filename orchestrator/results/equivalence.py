@@ -162,11 +162,6 @@ class CellCurves(Mapping[str, Curve]):
         return sum(1 for _ in self)
 
 
-def cell_curves(rows: pd.DataFrame, runs: RunRecords) -> Mapping[str, Curve]:
-    """Per cell with an ok repeat that logged a loss: its median loss curve."""
-    return CellCurves(rows, runs)
-
-
 def _swept(rows: pd.DataFrame, runs: RunRecords) -> dict[str, dict[str, Any]]:
     """Per cell, its swept values as planned (``spec.json``; else ``result.json``)."""
     out: dict[str, dict[str, Any]] = {}
@@ -243,7 +238,7 @@ def add_equivalence(
     if "framework_config" not in cells.columns or "experiment_id" not in rows.columns:
         return cells
     runs = runs if runs is not None else RunRecords(source)
-    curves = cell_curves(rows, runs)
+    curves = CellCurves(rows, runs)
     swept = _swept(rows, runs)
     trainers = _baseline_trainer(cells)
     cell_records = records(cells)

@@ -1017,7 +1017,7 @@ def _loss_curves(
     rows: pd.DataFrame, source: Path, runs: RunRecords | None = None
 ) -> tuple[list[tuple[pd.Series, Any]], int]:
     """The loss history of each cell's first finished run (at most MAX_LINES), and how
-    many finished cells there are; ``runs``: the results as the folder's read kept them."""
+    many finished cells there are; ``runs``: the loss histories the folder's read kept."""
     if not (source / "runs").is_dir():
         return [], 0
     runs = runs if runs is not None else RunRecords(source)

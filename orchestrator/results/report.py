@@ -72,7 +72,7 @@ class Report:
     capacity: Capacity | None = None
     #: one line per plot: what it shows, or why it was not drawn
     plot_notes: list[str] = field(default_factory=list)
-    #: the run folders' specs and results, as the read parsed them (the loss plot's curves)
+    #: what the read kept of each run: swept values, max_steps, loss history (runrecords)
     runs: RunRecords | None = None
 
 
@@ -94,7 +94,7 @@ def build_report(
     ``gpu_memory_bytes``: one device's memory, when the source does not say it.
     ``loss_tolerance``: the loss gap past which a variant differs from its baseline.
     """
-    runs = RunRecords(source)  # each run's spec and result, parsed once
+    runs = RunRecords(source)  # filled by the read: no run's files are read again
     if rows is None:
         rows, predecessor = collect.raw_rows(source, runs)
     else:

@@ -112,19 +112,17 @@ class _RowPlan:
         return out
 
 
-def _read(reader: _Reader, mappings: Sequence[Mapping[str, Any]]) -> Any:
-    value = None
-    found = mappings[reader.place]
-    for name in reader.names:
+def _first(found: Mapping[str, Any], names: tuple[str, ...]) -> Any:
+    for name in names:
         if name in found:
-            value = found[name]
-            break
+            return found[name]
+    return None
+
+
+def _read(reader: _Reader, mappings: Sequence[Mapping[str, Any]]) -> Any:
+    value = _first(mappings[reader.place], reader.names)
     if not value and reader.fallback is not None:
-        found = mappings[reader.fallback]
-        for name in reader.names:
-            if name in found:
-                return found[name]
-        return None
+        value = _first(mappings[reader.fallback], reader.names)
     return value
 
 
