@@ -112,6 +112,11 @@ class RunPaths:
         return self.dir / "sidecar.log"
 
     @property
+    def running(self) -> Path:
+        """Locked while a job of this run is alive; says which (``orchestrator.job.runlock``)."""
+        return self.dir / "running.lock"
+
+    @property
     def attempts(self) -> Path:
         """Where the files of earlier, unfinished attempts are kept (``attempts/<n>/``)."""
         return self.dir / "attempts"

@@ -393,11 +393,13 @@ class ChildResult(_Record):
     versions: Versions | None = None
     notes: list[str] | None = None
 
+    #: the launch that wrote it, shared by its ranks (``LAUNCH_ID_ENV``; its outcome.json
+    #: names the same one); on a failure, also where a peer's report is told apart
+    launch_id: str | None = None
+
     # ---- a run that failed ---------------------------------------------------
     #: the rank that wrote this failure
     error_rank: int | None = None
-    #: shared by the ranks of one launch (``LAUNCH_ID_ENV``)
-    launch_id: str | None = None
 
     def record(self) -> dict[str, Any]:
         """The JSON object written to disk: the fields that were set, and the schema version."""
@@ -454,6 +456,16 @@ def load_result(path: Path) -> ChildResult | None:
         where = ".".join(str(p) for p in first["loc"])
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ResultError(f"{path}: {where}: {first['msg']}{more}") from None
+
+
+def launch_result(path: Path, launch_id: str) -> dict[str, Any] | None:
+    """The result at ``path`` if the launch ``launch_id`` wrote it; None otherwise (none,
+    unreadable, or another launch's: an earlier attempt's is no evidence of this one);
+    an empty ``launch_id`` takes any."""
+    result = read_json_object(path)
+    if result is None or (launch_id and result.get("launch_id") not in (None, launch_id)):
+        return None
+    return result
 
 
 def read_result(path: Path) -> dict[str, Any] | None:

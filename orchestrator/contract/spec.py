@@ -17,10 +17,11 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from orchestrator.contract.allocators import Allocator
 from orchestrator.contract.errors import UserError
+from orchestrator.contract.jsonio import read_json_object
 from orchestrator.contract.layout import write_atomic
 from orchestrator.contract.steady import SteadyMeasure
 
@@ -103,6 +104,22 @@ class RunSpec(BaseModel):
     #: the host memory allocator the scenario states (``orchestrator.contract.allocators``):
     #: the job's environment sets it; the child records what is in force, whatever this says
     allocator: Allocator | None = None
+    #: names this attempt of the run (a new one each time the parent writes the spec):
+    #: the child writes into the run folder only while the spec file there still holds
+    #: it (``is_current``), so an attempt that outlived its turn overwrites nothing of
+    #: the next one's; None (a spec written by hand): always current
+    attempt_token: str | None = None
+    #: the file it was read from (``read_spec``)
+    _source: Path | None = PrivateAttr(default=None)
+
+    def is_current(self) -> bool:
+        """Whether this attempt still owns its run folder: the spec file it was read from
+        is there and holds its ``attempt_token`` (a later attempt moved it away, or
+        wrote its own)."""
+        if self.attempt_token is None or self._source is None:
+            return True
+        on_disk = read_json_object(self._source)
+        return on_disk is not None and on_disk.get("attempt_token") == self.attempt_token
 
     @model_validator(mode="before")
     @classmethod
@@ -159,4 +176,6 @@ def read_spec(path: Path) -> RunSpec:
             f"{path}: spec schema_version {spec.schema_version} is not supported "
             f"(this tunematrix reads {SPEC_SCHEMA_VERSION})"
         )
-    return spec.resolve(path.parent)
+    resolved = spec.resolve(path.parent)
+    resolved._source = path.resolve()
+    return resolved

@@ -43,6 +43,7 @@ from orchestrator.contract.outcome import (
 )
 from orchestrator.contract.result import read_result
 from orchestrator.executors.console import Progress
+from orchestrator.job import runlock
 from orchestrator.job.attempts import keep_previous_attempt
 from orchestrator.job.execute import RunOptions, timeout_for
 from orchestrator.matrix import prune
@@ -201,6 +202,8 @@ class RunContext:
         """
         eid = experiment.experiment_id
         run = self.layout.run(eid)
+        # never a second copy beside an earlier attempt still alive: stopped, or refused
+        runlock.stop_earlier(run.dir, self.options.grace_s, self.say)
         if self.options.resume:
             skipped = _skipped(run, self.layout)
             if skipped is not None:

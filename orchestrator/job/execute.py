@@ -11,6 +11,7 @@ KILL) and the sidecar, and the job's outcome is written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -36,13 +37,14 @@ from orchestrator.contract.layout import (
 )
 from orchestrator.contract.modelnames import TINY_MODEL_NAMES
 from orchestrator.contract.outcome import Outcome, write_outcome
-from orchestrator.contract.result import LAUNCH_ID_ENV, read_result
+from orchestrator.contract.result import LAUNCH_ID_ENV, launch_result
 from orchestrator.contract.spec import MemoryStages, RunSpec, write_spec
-from orchestrator.job import cooldown, energy, nodes, oomkill, utilisation
+from orchestrator.job import cooldown, energy, nodes, oomkill, runlock, utilisation
 from orchestrator.job.classify import Verdict, classify, root_cause, sigkilled_pids
 from orchestrator.job.command import LaunchSite, accelerate_command, job_env, launch_argv
 from orchestrator.job.phases import phase_seconds
 from orchestrator.job.sidecar import parse_ready, read_samples, row_figures
+from orchestrator.job.tether import tethered
 from orchestrator.matrix.experiment import Experiment
 
 DEFAULT_TIMEOUT_S = 3600.0
@@ -68,6 +70,7 @@ def spec_for(
         profile_dir=str(run.profile.resolve()),
         memory_stages=memory_stages,
         no_data_processing=no_data_processing,
+        attempt_token=uuid.uuid4().hex,
     )
 
 
@@ -335,6 +338,11 @@ class Launch:
     #: ``--cool-down``: each GPU's first temperature (``ResultsLayout.cooldown``), to wait
     #: for before launching; None: no wait
     cooldown: Path | None = None
+    #: the run folders this launch runs, locked while its job lives (``runlock``; the
+    #: first node's alone: the others share its folder)
+    runs: tuple[Path, ...] = ()
+    #: the executor's name, recorded in the locks
+    executor: str = "local"
 
 
 def prepare_launch(
@@ -376,6 +384,8 @@ def prepare_launch(
         timeout_s=timeout_for(experiment, options),
         launch_id=launch_id,
         cooldown=cooldown_file(layout, options) if primary else None,
+        runs=(run.dir,) if primary else (),
+        executor=placement.executor,
     )
 
 
@@ -454,10 +464,15 @@ def launch_and_wait(
         except (KeyboardInterrupt, cooldown.Stopped):
             # stopped before the launch: nothing ran
             return Ran(started_at=now("milliseconds"), interrupted=True)
+    # the run's lock, before anything of this launch starts: an earlier attempt still
+    # alive refuses it here (``runlock``); the launcher inherits it, so it is held
+    # while the job lives, whatever becomes of this process
+    lock = runlock.RunLock.take(launch.runs, launch.launch_id, launch.executor)
     ran = Ran(started_at=now("milliseconds"), wall_start_unix=time.time(), cooldown=cooled)
     start = time.monotonic()
     files = launch.files
     with (
+        contextlib.closing(lock),  # released last: after the job's group is stopped
         files.stdout.open("w") as out,
         files.stderr.open("w") as err,
         files.sidecar_log.open("w") as side,
@@ -468,13 +483,16 @@ def launch_and_wait(
             ran.oom_watch = oomkill.watch()  # the job inherits this process's cgroups
             ran.launched_unix = time.time()
             ran.proc = subprocess.Popen(
-                launch.argv,
+                # ended by the kernel should this process die (``tether``)
+                tethered(launch.argv),
                 env=launch.env,
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                pass_fds=lock.fds,
             )
+            lock.launched(ran.proc.pid)
             if ran.sidecar is not None:
                 ran.sidecar.watch(ran.proc.pid)
             if wait is not None:
@@ -502,7 +520,7 @@ def launch_and_wait(
 def classify_run(run: RunPaths, launch: Launch, ran: Ran) -> Verdict:
     """Step 4: the status from the evidence (result.json, exit code, stderr, the kernel)."""
     # another node writes no result: its launcher's exit and stderr tell its story
-    result = read_result(run.result) if launch.primary else None
+    result = launch_result(run.result, launch.launch_id) if launch.primary else None
     if not launch.primary and ran.returncode == 0:
         result = {"status": "ok"}
     stderr_tail = _tail(launch.files.stderr)
@@ -563,7 +581,7 @@ def build_outcome(
         outcome.run_mode, outcome.packed_with = "packed", sorted(placement.packed_with)
     outcome.launch_id, outcome.launch_position, outcome.launch_size = launch.launch_id, 1, 1
     if launch.primary:
-        result = read_result(run.result)
+        result = launch_result(run.result, launch.launch_id)
         if ran.launched_unix is not None:
             outcome.launch_overhead_s = launch_overhead(result, ran.launched_unix)
         if ran.wall_start_unix is not None:

@@ -32,7 +32,7 @@ from orchestrator.contract.clock import at, now
 from orchestrator.contract.launch import split_log
 from orchestrator.contract.layout import NodeFiles, ResultsLayout, RunPaths, write_atomic
 from orchestrator.contract.outcome import Outcome, Status, write_outcome
-from orchestrator.contract.result import read_result
+from orchestrator.contract.result import launch_result
 from orchestrator.job import energy, utilisation
 from orchestrator.job.classify import classify
 from orchestrator.job.command import accelerate_command, launch_argv
@@ -139,6 +139,8 @@ def run_shared(
         timeout_s=timeout_for(first, options),
         launch_id=launch_id,
         cooldown=cooldown_file(layout, options),
+        runs=tuple(member.run.dir for member in members),
+        executor=placement.executor,
     )
     watcher.launch(launch, on_tick, stop)
     return list(members[watcher.current + 1 :])
@@ -248,7 +250,7 @@ class _Watcher:
         decides it), and the next one begins."""
         while self.current < len(self.members) - 1:
             result_path = self.members[self.current].run.result
-            result = read_result(result_path)
+            result = launch_result(result_path, self.launch_id)
             if not result or result.get("status") != "ok":
                 break
             end_unix = result_path.stat().st_mtime
@@ -272,7 +274,7 @@ class _Watcher:
         """The outcome of a member that finished while the launch went on."""
         member, window = self.members[index], self.windows[index]
         assert window.end_unix is not None
-        result = read_result(member.run.result)
+        result = launch_result(member.run.result, self.launch_id)
         verdict = classify(returncode=0, result=result)
         outcome = self._outcome(index, verdict.status, verdict.error, returncode=0)
         self._slices(index, window.start_unix, window.end_unix, outcome)
@@ -303,7 +305,7 @@ class _Watcher:
     ) -> Outcome:
         member, window = self.members[index], self.windows[index]
         end = window.end_unix if window.end_unix is not None else time.time()
-        result = read_result(member.run.result)
+        result = launch_result(member.run.result, self.launch_id)
         if index == 0 and self.ran.launched_unix is not None:
             self.overhead = launch_overhead(result, self.ran.launched_unix)
         # stopped, not ended: the run's lifetime is not known

@@ -46,8 +46,11 @@ class ProgressFile:
         interval_s: float = INTERVAL_S,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.perf_counter,
+        may_write: Callable[[], bool] = lambda: True,
     ) -> None:
         self.path = path
+        #: whether this attempt still owns the run folder (``results.ownership``)
+        self._may_write = may_write
         self.world_size = world_size
         #: the measurement's warmup (``warmup_steps_excluded``); None: its default
         self.warmup_steps = warmup_steps
@@ -94,6 +97,8 @@ class ProgressFile:
         self._write("done")
 
     def _write(self, phase: str) -> None:
+        if not self._may_write():
+            return
         record = StepProgress(
             step=min(self._step, self._max_steps),
             max_steps=self._max_steps,

@@ -19,6 +19,7 @@ from orchestrator.contract.result import (
 )
 from orchestrator.contract.spec import RunSpec
 from trainer_entry.measure.hostallocator import in_force
+from trainer_entry.results.ownership import may_write
 from trainer_entry.spec_errors import SpecError
 
 
@@ -97,6 +98,8 @@ def write_failure(
         timings=RunTimings.model_validate(timings),
         finished_at=timestamp(),
     )
+    if not may_write(spec, "the failure's result.json"):
+        return message
     try:
         write_result(path, result)
     except OSError as write_error:

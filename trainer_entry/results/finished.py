@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 
 from orchestrator.contract.result import (
+    LAUNCH_ID_ENV,
     ChildMetrics,
     ChildResult,
     DataRecord,
@@ -396,6 +398,8 @@ def build_result(
         swept=spec.swept,
         status="ok",
         error=None,
+        # the launch that wrote it: the parent's outcome of this launch must name it too
+        launch_id=os.environ.get(LAUNCH_ID_ENV) or None,
         error_type=None,
         task=task.name,
         trainer=parsed.backend,

@@ -54,6 +54,7 @@ from trainer_entry.models.load import LoadedModel, config_placement, fsdp_loadin
 from trainer_entry.results.evaluate import evaluate
 from trainer_entry.results.finished import build_result
 from trainer_entry.results.memoryshape import read_memory_shape
+from trainer_entry.results.ownership import may_write
 from trainer_entry.run.parse import check_launch_env, parse_arguments
 from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.spec_errors import SpecError
@@ -190,7 +191,8 @@ def run(
         # what shapes the run's memory, read from the trained objects
         memory_shape=read_memory_shape(trainer, job.backend, job.parsed, loaded.model),
     )
-    write_result(Path(spec.result_path), result)
+    if may_write(spec, "result.json"):
+        write_result(Path(spec.result_path), result)
     return result
 
 
@@ -333,6 +335,7 @@ def instrument(job: Job) -> Measuring:
             Path(spec.progress_path),
             world_size=job.world,
             warmup_steps=parsed.measure.warmup_steps_excluded,
+            may_write=lambda: may_write(spec, "progress.json"),
         )
         if job.rank == 0 and spec.progress_path
         else None

@@ -1,0 +1,65 @@
+"""``python -m orchestrator.job.tether PARENT_PID -- COMMAND...``: run COMMAND so that it
+ends when the orchestrator that started it dies.
+
+The job's launcher (``accelerate launch``) runs in a session of its own, so that a
+stop can end its whole process group; that also takes it out of reach of anything
+that ends the orchestrator's. Killed outright (``kill -9``, the OOM killer, a
+scheduler ending the login process), the orchestrator would leave its job training.
+This asks the kernel to send the launcher SIGTERM when its parent dies
+(``PR_SET_PDEATHSIG``, kept across ``exec``), then becomes the launcher: its pid,
+exit code and process group are the launcher's own. SIGTERM, not SIGKILL: the
+launcher passes it on to its ranks, a single process in its group gets its own
+signal from the kernel (``trainer_entry``), and the run records ``interrupted``.
+
+The request is tied to the thread that started the process; every executor's thread
+waits for the job it started, so the job outlives no thread of a live orchestrator.
+Linux only; elsewhere the command runs as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+#: prctl(2)'s option: the signal this process gets when its parent thread exits
+PR_SET_PDEATHSIG = 1
+#: the exit code of a launch whose orchestrator was gone before it started
+ORPHANED = 143
+
+
+def tethered(argv: list[str], parent: int | None = None) -> list[str]:
+    """``argv`` run by this module, tied to ``parent`` (default: this process)."""
+    pid = os.getpid() if parent is None else parent
+    return [sys.executable, "-m", "orchestrator.job.tether", str(pid), "--", *argv]
+
+
+def _ask_kernel(sig: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
+        print("usage: python -m orchestrator.job.tether PARENT_PID -- COMMAND...", file=sys.stderr)
+        return 2
+    parent, command = int(argv[0]), argv[2:]
+    if _ask_kernel(signal.SIGTERM) and os.getppid() != parent:
+        return ORPHANED  # the orchestrator died before the request was made
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        print(f"tunematrix: cannot start {command[0]}: {exc.strerror}", file=sys.stderr)
+        return 127
+    return 0  # not reached: exec replaced this process
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
