@@ -64,8 +64,23 @@ def not_launched_error(first_id: str) -> str:
     return f"{NOT_LAUNCHED_PREFIX}{_SAME_ERROR_AS}{first_id}"
 
 
+#: the end of a spared experiment's error after a full disk (``not_launched_disk_full``)
+_FULL_WHEN = re.compile(r" was full when (\S+) ran \(see its row\)$")
+
+
+def not_launched_disk_full(first_id: str, folder: str | None) -> str:
+    """The error of an experiment spared because the disk was full when ``first_id`` ran
+    (every later run would fail alike, whatever its model)."""
+    disk = f"the disk of {folder}" if folder else "the disk"
+    return f"{NOT_LAUNCHED_PREFIX}{disk} was full when {first_id} ran (see its row)"
+
+
 def not_launched_by(error: str) -> str:
-    """The id of the failure a spared experiment's error names (``not_launched_error``)."""
+    """The id of the failure a spared experiment's error names (``not_launched_error``,
+    ``not_launched_disk_full``)."""
+    full = _FULL_WHEN.search(error) if error.startswith(NOT_LAUNCHED_PREFIX) else None
+    if full is not None:
+        return full.group(1)
     return error.removeprefix(NOT_LAUNCHED_PREFIX).removeprefix(_SAME_ERROR_AS)
 
 

@@ -21,6 +21,7 @@ Nothing outside an executor's own module branches on its name.
 from __future__ import annotations
 
 import argparse
+import errno
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +37,7 @@ from orchestrator.contract.outcome import (
     PRUNED_PREFIX,
     Outcome,
     never_launched,
+    not_launched_disk_full,
     not_launched_error,
     pruned_error,
     read_outcome,
@@ -45,6 +47,7 @@ from orchestrator.contract.result import read_result
 from orchestrator.executors.console import Progress
 from orchestrator.job import runlock
 from orchestrator.job.attempts import keep_previous_attempt
+from orchestrator.job.classify import disk_full_folder, is_disk_full, write_failure
 from orchestrator.job.execute import RunOptions, timeout_for
 from orchestrator.matrix import prune
 from orchestrator.matrix.expand import Plan
@@ -179,6 +182,11 @@ class RunContext:
         #: (the first failed experiment's id, its error as compared, ``same_error``); two
         #: cells failed alike spare the others
         self._failed: dict[tuple[str, ...], dict[str, tuple[str, str]]] = {}
+        #: the first experiment of this run that failed for a full disk, and the folder its
+        #: error names: every later one would fail alike, whatever its model
+        self._disk_full: tuple[str, str | None] | None = None
+        #: the summary could not be rewritten for a full disk (said once)
+        self._summary_unwritten = False
         self._planned = {e.experiment_id: e for e in plan.experiments}
 
     @property
@@ -233,7 +241,9 @@ class RunContext:
     def skipped_unlaunched(self, ready: Ready) -> bool:
         """Record ``ready`` as ``skipped`` without launching it, and say so, when this run
         already shows it need not run: pruned (``prune``: a cell of its family that needs
-        no more memory ran out of it, or its predicted memory is over the device's) or spared (``stop_early``: ``failed_alike``).
+        no more memory ran out of it, or its predicted memory is over the device's) or spared
+        (``stop_early``: the disk was full when an experiment of this run ran, or
+        ``failed_alike``).
 
         ``prepare`` asks it; an executor that prepares everything before launching
         anything (``--pack``) asks again just before it launches each one.
@@ -247,14 +257,20 @@ class RunContext:
         error = pruned_error(culprit) if culprit is not None else None
         if error is None and self.options.prune:
             error = predicted_over(experiment)
+        if error is None and self.options.stop_early and self._disk_full is not None:
+            error = not_launched_disk_full(*self._disk_full)
         first = self.failed_alike(experiment) if error is None and self.options.stop_early else None
         if first is not None:
             error = not_launched_error(first)
         if error is None:
             return False
         outcome = Outcome(status="skipped", error=error, attempt=ready.attempt)
-        ready.run.dir.mkdir(parents=True, exist_ok=True)
-        write_outcome(ready.run, outcome)
+        try:
+            ready.run.dir.mkdir(parents=True, exist_ok=True)
+            write_outcome(ready.run, outcome)
+        except OSError as exc:  # a full disk: the record is kept in this run's summary only
+            if exc.errno != errno.ENOSPC:
+                raise
         self.record(experiment.experiment_id, outcome, counted=False)
         return True
 
@@ -274,9 +290,16 @@ class RunContext:
         return None
 
     def record(self, eid: str, outcome: Outcome, counted: bool = True) -> None:
-        """Keep an experiment's outcome; ``counted``: it ran (for the progress and ETA)."""
+        """Keep an experiment's outcome; ``counted``: it ran (for the progress and ETA).
+
+        The first failure for a full disk (``orchestrator.job.classify.is_disk_full``)
+        spares every experiment after it, with ``stop_early``; a summary that cannot be
+        rewritten for a full disk is said once, and the run goes on."""
         self.outcomes[eid] = outcome
-        if outcome.status == "oom" and eid in self._planned:
+        if outcome.status == "failed" and is_disk_full(outcome.error):
+            if self._disk_full is None:
+                self._disk_full = (eid, disk_full_folder(outcome.error))
+        elif outcome.status == "oom" and eid in self._planned:
             self._out_of_memory.append(prune.footprint(self._planned[eid]))
         elif outcome.status == "ok" and eid in self._planned:
             self._fitted.append(prune.footprint(self._planned[eid]))
@@ -288,7 +311,40 @@ class RunContext:
                 )
         note = outcome.error or ("already ok" if outcome.status == "skipped" else "")
         self.progress.finish(eid, outcome.status, outcome.wall_s or 0.0, note, counted=counted)
-        self._on_record(self.outcomes)
+        try:
+            self._on_record(self.outcomes)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            if not self._summary_unwritten:
+                self._summary_unwritten = True
+                self.say(f"the summary could not be rewritten: {exc.strerror} ({self.layout.root})")
+
+    def settled(self, ready: Ready, launched: Callable[[], Outcome]) -> Outcome:
+        """``launched()``'s outcome of ``ready`` (a run, or a packed job's result); one
+        whose own files could not be written for a full disk is ``failed`` as such
+        (``write_failed``) rather than an end to the whole run."""
+        try:
+            return launched()
+        except OSError as exc:
+            outcome = self.write_failed(ready, exc)
+            if outcome is None:
+                raise
+            return outcome
+
+    def write_failed(self, ready: Ready, exc: OSError) -> Outcome | None:
+        """The outcome of ``ready`` when writing its own files (spec, command, outcome)
+        raised ``exc`` for a full disk: ``failed``, disk full, written where it still can
+        be (``record`` it); None when ``exc`` is another error (raise it)."""
+        verdict = write_failure(exc, ready.run.dir)
+        if verdict is None:
+            return None
+        outcome = Outcome(status=verdict.status, error=verdict.error, attempt=ready.attempt)
+        try:
+            write_outcome(ready.run, outcome)
+        except OSError:
+            pass
+        return outcome
 
     def stop_after_failure(self, eid: str) -> bool:
         """With ``fail_fast``, after a failure: fill in the rest as not run and say stop."""

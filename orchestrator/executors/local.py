@@ -58,14 +58,18 @@ class LocalExecutor(Executor):
         experiment = ready.experiment
         eid = experiment.experiment_id
         ctx.progress.begin(eid, ready.run.progress)
-        outcome = run_experiment(
-            experiment,
-            ready.run,
-            ctx.layout,
-            ctx.options,
-            Placement(executor=self.name, devices=_devices(experiment, pool)),
-            attempt=ready.attempt,
-            on_tick=ctx.progress.tick,
+        placement = Placement(executor=self.name, devices=_devices(experiment, pool))
+        outcome = ctx.settled(
+            ready,
+            lambda: run_experiment(
+                experiment,
+                ready.run,
+                ctx.layout,
+                ctx.options,
+                placement,
+                attempt=ready.attempt,
+                on_tick=ctx.progress.tick,
+            ),
         )
         ctx.record(eid, outcome)
         if ctx.stopping:

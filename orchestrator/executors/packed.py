@@ -142,12 +142,12 @@ class PackedExecutor(Executor):
                         ready, devices, queue, _ = running.pop(future)
                         queue.pool.give(devices)
                         eid = ready.experiment.experiment_id
-                        ctx.record(eid, future.result())
+                        ctx.record(eid, ctx.settled(ready, future.result))
                         if ctx.stop_after_failure(eid):
                             failed_fast = True
             except (KeyboardInterrupt, Interrupted):
                 # stop every running job (each stops its own process group), keep their outcomes
                 stop.set()
                 for future, (ready, _, _, _) in running.items():
-                    ctx.record(ready.experiment.experiment_id, future.result())
+                    ctx.record(ready.experiment.experiment_id, ctx.settled(ready, future.result))
                 raise Interrupted("stopped") from None

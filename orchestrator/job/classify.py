@@ -13,14 +13,24 @@ it did not.
 
 The out-of-memory messages are ``orchestrator.contract.outcome.OOM_PATTERNS``,
 shared with the child.
+
+A failure whose evidence shows a full disk (ENOSPC in the words of Python, the C
+library, Rust's safetensors or torch's shared memory; torch's checkpoint writer's short
+writes) stays ``failed``, with an error that names the folder and its free space now:
+``disk full: <folder> has 312 KiB free (No space left on device)``
+(``disk_full_error``). Every later run writing there would fail alike, so a run stops
+early after one (``orchestrator.executors.base``).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.outcome import OOM_PATTERNS, Status, looks_like_oom
@@ -119,6 +129,127 @@ def _is_sigkill(code: int | None) -> bool:
     return code is not None and code in (-signal.SIGKILL, 128 + signal.SIGKILL)
 
 
+# -- a full disk -------------------------------------------------------------------
+
+#: what ENOSPC reads as: Python's ``OSError: [Errno 28] No space left on device``, the C
+#: library's ``strerror`` (torch's legacy writer: ``write(): fd 3 failed with No space
+#: left on device``; its shared memory: ``unable to write to file </torch_…>: No space
+#: left on device (28)``), safetensors' ``Error while serializing: I/O error: No space
+#: left on device (os error 28)`` (older: ``IoError(Os { code: 28, kind: StorageFull,
+#: … })``)
+_NO_SPACE = (
+    re.compile(r"No space left on device", re.IGNORECASE),
+    re.compile(r"\[Errno 28\]|\(os error 28\)|\bENOSPC\b|\bkind: StorageFull\b"),
+)
+#: torch's checkpoint writer (``torch.save``'s zip archive) when a write comes up short:
+#: ``[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534`` (torch 2.13
+#: on a full tmpfs) or ``PytorchStreamWriter failed writing file data/0: file write failed``
+_TORCH_SHORT_WRITE = (
+    re.compile(r"PytorchStreamWriter failed writing [^\n]*?: file write failed"),
+    re.compile(r"inline_container\.cc:\d+\] \. (unexpected pos \d+ vs \d+)"),
+)
+#: how a disk-full failure's error starts (``disk_full_error``)
+DISK_FULL = "disk full"
+#: the folder of a disk-full error, as ``disk_full_error`` writes it
+_DISK_FULL_FOLDER = re.compile(r"^disk full: (.+?)(?: has [^()]* free)? \(")
+#: a path the OS error names (``… No space left on device: '/x/y'``)
+_NAMED_PATH = re.compile(r"No space left on device: '(/[^']+)'")
+#: torch's shared memory (``/dev/shm``): ``unable to write to file </torch_…>``
+_TORCH_SHM = re.compile(r"unable to write to file </torch_")
+#: what a run that failed without a word says; on a disk with nothing free, that is why
+_SILENT = ("exited 0 without writing a result", "and no error output")
+
+
+def disk_full_cause(text: str) -> str | None:
+    """What in ``text`` (an error, a stderr tail) shows a full disk, in a few words;
+    None when nothing does."""
+    if any(p.search(text) for p in _NO_SPACE):
+        return "No space left on device"
+    for pattern in _TORCH_SHORT_WRITE:
+        found = pattern.search(text)
+        if found:
+            return f"torch.save: {found.group(found.lastindex or 0)}"
+    return None
+
+
+def human_bytes(size: float) -> str:
+    """``312 KiB``, ``1.5 GiB``: a size in bytes, for a message."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{size:.0f} {unit}" if unit == "B" or size >= 100 else f"{size:.1f} {unit}"
+
+
+def free_bytes(folder: Path) -> int | None:
+    """The bytes an unprivileged writer may still write on ``folder``'s file system (its
+    nearest existing folder's); None when that cannot be read."""
+    for candidate in (folder, *folder.parents):
+        if candidate.is_dir():
+            try:
+                stat = os.statvfs(candidate)
+            except OSError:
+                return None
+            return stat.f_bavail * stat.f_frsize
+    return None
+
+
+def _full_folder(text: str, folder: Path | None) -> Path | None:
+    """The folder whose disk was full: the one the error names (a path, torch's shared
+    memory), else ``folder`` (the run's)."""
+    if _TORCH_SHM.search(text):
+        return Path("/dev/shm")
+    named = _NAMED_PATH.search(text)
+    if named:
+        path = Path(named.group(1))
+        return path if path.is_dir() else path.parent
+    return folder
+
+
+def disk_full_error(folder: Path | None, cause: str) -> str:
+    """``disk full: /r/runs/x has 312 KiB free (No space left on device)``: the folder's
+    free space read now."""
+    if folder is None:
+        return f"{DISK_FULL} ({cause})"
+    free = free_bytes(folder)
+    room = f" has {human_bytes(free)} free" if free is not None else ""
+    return f"{DISK_FULL}: {folder}{room} ({cause})"
+
+
+def is_disk_full(error: str | None) -> bool:
+    """Whether a failure's error says its disk was full (``disk_full_error``)."""
+    return bool(error) and str(error).startswith(DISK_FULL)
+
+
+def disk_full_folder(error: str | None) -> str | None:
+    """The folder a disk-full error names; None when it names none."""
+    found = _DISK_FULL_FOLDER.match(error or "")
+    return found.group(1) if found else None
+
+
+def _disk_full(verdict: Verdict, evidence: str, folder: Path | None) -> Verdict:
+    """``verdict`` as a full disk when it is a failure and ``evidence`` shows one (or,
+    silent, it left the run's folder with nothing free)."""
+    if verdict.status != "failed":
+        return verdict
+    cause = disk_full_cause(evidence)
+    if cause is not None:
+        return Verdict("failed", disk_full_error(_full_folder(evidence, folder), cause))
+    silent = verdict.error is not None and any(s in verdict.error for s in _SILENT)
+    if silent and folder is not None and free_bytes(folder) == 0:
+        return Verdict("failed", disk_full_error(folder, verdict.error or ""))
+    return verdict
+
+
+def write_failure(exc: OSError, folder: Path) -> Verdict | None:
+    """The verdict on a run whose own files (spec, command, outcome) could not be written
+    because the disk is full; None when ``exc`` is some other error."""
+    if exc.errno != errno.ENOSPC:
+        return None
+    where = Path(exc.filename).parent if isinstance(exc.filename, str) else folder
+    return Verdict("failed", disk_full_error(where, "No space left on device"))
+
+
 def classify(
     *,
     returncode: int | None,
@@ -129,6 +260,7 @@ def classify(
     timeout_s: float | None = None,
     host_oom: str | None = None,
     host_oom_checked: bool = False,
+    folder: Path | None = None,
 ) -> Verdict:
     """The status and one-line error of one finished (or stopped) run.
 
@@ -137,8 +269,37 @@ def classify(
     child's own ``interrupted`` is believed). ``host_oom``: the kernel's
     report of an out-of-memory kill in the job's cgroups or of one of its
     processes (``orchestrator.job.oomkill``); ``host_oom_checked``: whether such a
-    report could have been read at all.
+    report could have been read at all. ``folder``: where the run writes (its run
+    folder), whose free space a disk-full error states (``disk_full_error``).
     """
+    verdict = _classify(
+        returncode=returncode,
+        result=result,
+        stderr_tail=stderr_tail,
+        timed_out=timed_out,
+        interrupted=interrupted,
+        timeout_s=timeout_s,
+        host_oom=host_oom,
+        host_oom_checked=host_oom_checked,
+    )
+    # the child's own report of its failure, when it made one, else its stderr
+    reported = result.get("error") if result and result.get("status") == "failed" else None
+    evidence = str(reported) if reported else stderr_tail
+    return _disk_full(verdict, evidence, folder)
+
+
+def _classify(
+    *,
+    returncode: int | None,
+    result: Mapping[str, Any] | None,
+    stderr_tail: str,
+    timed_out: bool,
+    interrupted: bool,
+    timeout_s: float | None,
+    host_oom: str | None,
+    host_oom_checked: bool,
+) -> Verdict:
+    """``classify``, before a full disk is looked for."""
     if interrupted:
         return Verdict("interrupted", "stopped by the user (Ctrl-C / SIGTERM)")
     if timed_out:

@@ -534,6 +534,7 @@ def classify_run(run: RunPaths, launch: Launch, ran: Ran) -> Verdict:
         timeout_s=launch.timeout_s,
         host_oom=host_oom.found if host_oom else None,
         host_oom_checked=host_oom.checked if host_oom else False,
+        folder=run.dir,
     )
 
 
