@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from orchestrator.api import ids_text
@@ -44,6 +45,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                 f"({ids_text(settled.running)}); the report shows them as not run yet"
             )
     report = done.report
+    for line in report.warnings:  # a run file the read could not read: its row reads failed
+        print(f"warning: {line}", file=sys.stderr)
     print(
         f"tunematrix report: {len(report.rows)} experiments, {len(report.cells)} cells — "
         + status_counts(report.rows)

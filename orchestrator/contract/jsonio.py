@@ -41,3 +41,25 @@ def read_json_object(path: Path | str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_json_object_reason(path: Path | str) -> tuple[dict[str, Any] | None, str | None]:
+    """The JSON object in the file at ``path``, or why there is none: ``(object, None)``;
+    ``(None, None)`` where there is no file (nor folder above it); ``(None, reason)``
+    where the file is there but cannot be read (``truncated or not JSON: <the parser's
+    message>``, ``not a JSON object``, or the system's reason, ``Permission denied``).
+
+    ``read_json_object`` reads the same files, without telling missing from unreadable.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = parse_json(f.read())
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+        return None, f"truncated or not JSON: {exc}"
+    if not isinstance(data, dict):
+        return None, "not a JSON object"
+    return data, None

@@ -98,6 +98,8 @@ class ReportTables(Protocol):
     plot_notes: list[str]
     #: what the read kept of each run (runrecords; None: read from the folder when asked)
     runs: RunRecords | None
+    #: one line per run file the read could not read (``collect.rows_from_folder``)
+    warnings: list[str]
 
 
 # ---------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from orchestrator.contract import columns as registry
 from orchestrator.contract.applicability import DEFAULT_TASK
 from orchestrator.contract.columns import KEY_COLUMNS, TRAIN_RUNTIME
 from orchestrator.contract.errors import UserError
-from orchestrator.contract.jsonio import read_json_object
+from orchestrator.contract.jsonio import read_json_object_reason
 from orchestrator.contract.outcome import outcome_from_record
 from orchestrator.results.rows import build_row
 from orchestrator.results.runrecords import RunRecords
@@ -86,19 +86,45 @@ def is_results_folder(path: Path) -> bool:
     )
 
 
-def rows_from_folder(root: Path, runs: RunRecords | None = None) -> list[dict[str, Any]]:
+#: the run's records whose file may be unreadable, in the order a row's error names them
+_RECORDS = ("spec.json", "result.json", "outcome.json")
+
+
+def _figure(value: Any) -> bool:
+    """Whether a cell holds a figure (not empty, not NaN)."""
+    return value is not None and value != "" and value == value
+
+
+def rows_from_folder(
+    root: Path, runs: RunRecords | None = None, warnings: list[str] | None = None
+) -> list[dict[str, Any]]:
     """Rows of a tunematrix results folder, rebuilt from its run folders; ``runs`` keeps
-    what the loss check and plot read of each run (``runrecords``)."""
+    what the loss check and plot read of each run (``runrecords``).
+
+    A run whose ``spec.json``, ``result.json`` or ``outcome.json`` is there but cannot
+    be read (truncated, not JSON) reads ``failed``, its error naming the file and why
+    (``result.json unreadable: <reason>``), with what the other files say; a recorded
+    verdict other than ok (oom, timeout, ...) is kept, after that note. Its experiment
+    id is its folder's name, and where its spec is unreadable, the plan's columns come
+    from ``raw_summary.csv`` or ``plan.csv``, where they have the experiment. One line
+    per unreadable file goes to ``warnings``: ``runs/<id>/result.json unreadable
+    (<reason>); its row reads failed``. A row that would read ok without any of the
+    figures every run that trains reports (the ``run_figure`` columns) reads failed,
+    its error saying so.
+    """
     rows: dict[str, dict[str, Any]] = {}
+    #: the experiments whose spec.json was unreadable: their plan columns come from a table
+    unplanned: set[str] = set()
+    figures = registry.with_role("run_figure")
     folder = root / "runs"
     if folder.is_dir():
         for name in sorted(os.listdir(folder)):
             run = os.path.join(folder, name)
-            spec = read_json_object(os.path.join(run, "spec.json"))
-            if spec is None:
-                continue
-            result = read_json_object(os.path.join(run, "result.json"))
-            record = read_json_object(os.path.join(run, "outcome.json"))
+            spec, spec_problem = read_json_object_reason(os.path.join(run, "spec.json"))
+            if spec is None and spec_problem is None:
+                continue  # no spec.json: not a run's folder
+            result, result_problem = read_json_object_reason(os.path.join(run, "result.json"))
+            record, record_problem = read_json_object_reason(os.path.join(run, "outcome.json"))
             recorded = outcome_from_record(record) if record is not None else None
             outcome = recorded.as_dict(recorded_only=True) if recorded is not None else {}
             if not outcome:
@@ -112,23 +138,64 @@ def rows_from_folder(root: Path, runs: RunRecords | None = None) -> list[dict[st
                         "error": "the run left no outcome (stopped, or still running)",
                     }
                 outcome["log"] = f"runs/{name}/stderr.log"
+            if spec is None:
+                spec = {"experiment_id": name}
+                unplanned.add(name)
             row = build_row(spec, outcome, result)
+            if spec_problem or result_problem or record_problem:
+                found = (spec_problem, result_problem, record_problem)
+                problems = [(f, p) for f, p in zip(_RECORDS, found, strict=True) if p]
+                _unreadable(row, problems, keep_verdict=recorded is not None)
+                if warnings is not None:
+                    warnings += [
+                        f"runs/{name}/{file} unreadable ({problem}); its row reads "
+                        + str(row["status"])
+                        for file, problem in problems
+                    ]
+            elif row.get("status") == "ok" and not any(_figure(row.get(c)) for c in figures):
+                row["status"] = "failed"
+                row["error"] = "ok without figures: " + (
+                    f"result.json has none of {', '.join(figures)}"
+                    if result is not None
+                    else "no result.json"
+                )
             rows[str(row["experiment_id"])] = row
             if runs is not None:
                 runs.keep(name, spec, result)
     # Planned experiments without a run folder: the run's summary says why (interrupted,
     # not run after --fail-fast), else they are still only planned.
+    planned = [c.name for c in registry.select(source="plan")] if unplanned else []
     for name, status in (("raw_summary.csv", None), ("plan.csv", "planned")):
         path = root / name
         if not path.is_file():
             continue
         for row in map(_our_names, _csv_rows(path)):
             eid = row.get("experiment_id")
-            if eid and eid not in rows:
+            if eid in unplanned:
+                # a run whose spec.json is unreadable: the plan's columns as tabled
+                rebuilt = rows[eid]
+                for column in planned:
+                    if rebuilt.get(column) is None and row.get(column) not in (None, ""):
+                        rebuilt[column] = row[column]
+            elif eid and eid not in rows:
                 if status is not None:
                     row["status"] = status
                 rows[eid] = row
     return list(rows.values())
+
+
+def _unreadable(
+    row: dict[str, Any], problems: list[tuple[str, str]], *, keep_verdict: bool
+) -> None:
+    """Mark a row whose run left ``problems`` (file, why unreadable): it reads failed,
+    or, where ``keep_verdict`` and the parent recorded a verdict other than ok, that
+    verdict, and its error names the files first."""
+    note = "; ".join(f"{file} unreadable: {problem}" for file, problem in problems)
+    status, error = row.get("status"), row.get("error")
+    if keep_verdict and status not in (None, "ok"):
+        row["error"] = f"{note}; {error}" if error else note
+    else:
+        row["status"], row["error"] = "failed", note
 
 
 def _is_predecessor(columns: Iterable[str]) -> bool:
@@ -152,9 +219,12 @@ def _labels(column: pd.Series, missing: str) -> pd.Series:
     return text.replace({"None": missing, "nan": missing})
 
 
-def raw_rows(source: Path, runs: RunRecords | None = None) -> tuple[list[dict[str, Any]], bool]:
+def raw_rows(
+    source: Path, runs: RunRecords | None = None, warnings: list[str] | None = None
+) -> tuple[list[dict[str, Any]], bool]:
     """The rows of a results folder or a summary CSV as read, and whether they are the
-    predecessor's; ``runs`` keeps the run folders' records (``rows_from_folder``)."""
+    predecessor's; ``runs`` keeps the run folders' records, ``warnings`` gets a line per
+    run file that could not be read (``rows_from_folder``)."""
     if source.is_dir():
         if not is_results_folder(source):
             raise UserError(
@@ -163,7 +233,7 @@ def raw_rows(source: Path, runs: RunRecords | None = None) -> tuple[list[dict[st
         if not ((source / "runs").is_dir() or (source / "plan.csv").is_file()):
             # a folder with only a summary table: the predecessor's, or a copied one
             return raw_rows(source / "raw_summary.csv")
-        rows = rows_from_folder(source, runs)
+        rows = rows_from_folder(source, runs, warnings)
         if not rows:
             raise UserError(f"{source} has no experiments")
         return rows, False

@@ -147,6 +147,14 @@ def status_text(cell: Mapping[Any, Any], capacity: Capacity | None) -> str:
     return status
 
 
+def warnings_note(report: ReportTables) -> list[str]:
+    """A line per run file the read could not read (``Report.warnings``), in recommend's
+    style of warning: ``- **warning**: runs/<id>/result.json unreadable (...); ...``."""
+    if not report.warnings:
+        return []
+    return [*[f"- **warning**: {line}" for line in report.warnings], ""]
+
+
 def packed_note(rows: pd.DataFrame) -> list[str]:
     """A paragraph when runs shared their machine or node with other jobs (``--pack``, or a
     Ray node running several tasks): their figures are not an exclusive machine's."""
@@ -205,14 +213,27 @@ def not_launched_note(rows: pd.DataFrame) -> list[str]:
         if "experiment_id" in rows.columns
         else {}
     )
-    causes = []
-    for first in dict.fromkeys(not_launched_by(str(e)) for e in spared["error"]):
+    causes: dict[bool, list[str]] = {True: [], False: []}  # by: was it a full disk
+    for reason in dict.fromkeys(str(e) for e in spared["error"]):
+        first = not_launched_by(reason)
         error = errors.get(first)
-        causes.append(f"`{first}`" + (f" ({error})" if isinstance(error, str) else ""))
+        text = f"`{first}`" + (f" ({error})" if isinstance(error, str) else "")
+        if text not in causes[" was full when " in reason]:
+            causes[" was full when " in reason].append(text)
+    why = []
+    if causes[True]:
+        why.append(
+            "the disk was full when an earlier experiment ran, so every later one would "
+            f"have failed alike (first: {'; '.join(causes[True])})"
+        )
+    if causes[False]:
+        why.append(
+            "two cells of their model, trainer and framework had failed with the same "
+            "error, which was not about memory or time, so they would have failed alike "
+            f"(first failure: {'; '.join(causes[False])})"
+        )
     return [
-        f"**Spared**: {len(spared)} experiment(s) were not launched: two cells of their "
-        "model, trainer and framework had failed with the same error, which was not about "
-        f"memory or time, so they would have failed alike. First failure: {'; '.join(causes)}. "
+        f"**Spared**: {len(spared)} experiment(s) were not launched: {'; and '.join(why)}. "
         "`tunematrix run --no-stop-early` (STOP_EARLY=false) launches them.",
         "",
     ]
@@ -428,6 +449,8 @@ def summary_markdown(
         f"Source: `{source}` — {len(rows)} experiment(s) in {len(cells)} cell(s); "
         + status_counts(rows),
         "",
+        # the run files the read could not read, whose rows read failed (results/collect.py)
+        *warnings_note(report),
         # every word and column the tables use, once, before the first table
         *reading_guide(report, figures, missing, cpu),
         # first: what to run, per scenario, then across scenarios (results/recommend.py)

@@ -74,6 +74,9 @@ class Report:
     plot_notes: list[str] = field(default_factory=list)
     #: what the read kept of each run: swept values, max_steps, loss history (runrecords)
     runs: RunRecords | None = None
+    #: one line per run file that could not be read: ``runs/<id>/result.json unreadable
+    #: (<reason>); its row reads failed`` (``collect.rows_from_folder``)
+    warnings: list[str] = field(default_factory=list)
 
 
 def derived_columns() -> tuple[str, ...]:
@@ -95,8 +98,9 @@ def build_report(
     ``loss_tolerance``: the loss gap past which a variant differs from its baseline.
     """
     runs = RunRecords(source)  # filled by the read: no run's files are read again
+    warnings: list[str] = []  # the files the read found unreadable, from the same read
     if rows is None:
-        rows, predecessor = collect.raw_rows(source, runs)
+        rows, predecessor = collect.raw_rows(source, runs, warnings)
     else:
         predecessor = False
     table = add_derived(collect.normalise(pd.DataFrame(rows), predecessor=predecessor), cost)
@@ -106,7 +110,14 @@ def build_report(
     cells = add_position_trend(cells, table)  # the trend of tokens/s with run order
     # each variant's loss curve against its scenario's baseline (results/equivalence.py)
     cells = equivalence.add_equivalence(cells, table, source, loss_tolerance, runs)
-    report = Report(rows=table, cells=cells, scaling=scaling(cells), capacity=capacity, runs=runs)
+    report = Report(
+        rows=table,
+        cells=cells,
+        scaling=scaling(cells),
+        capacity=capacity,
+        runs=runs,
+        warnings=warnings,
+    )
     report.raw = _raw_with_derived(rows, table)
     return report
 

@@ -15,6 +15,7 @@ from orchestrator.contract.outcome import (
     ACCEPTABLE,
     Outcome,
     is_not_launched,
+    not_launched_disk_full,
     not_launched_error,
     read_outcome,
     shown,
@@ -181,9 +182,17 @@ def test_a_spared_row_is_never_a_measurement_and_the_summary_says_why() -> None:
     assert status_counts(rows) == "failed 2, spared 2"
     (note, blank) = not_launched_note(rows)
     assert note.startswith("**Spared**: 2 experiment(s) were not launched")
-    assert f"First failure: `{first}` (bad data)" in note and "--no-stop-early" in note
+    assert f"(first failure: `{first}` (bad data))" in note and "--no-stop-early" in note
+    assert "disk" not in note
     assert blank == ""
     assert not_launched_note(rows.iloc[:2]) == []
+    # after a full disk, the note says so, and names the failure that found it
+    full = "disk full: /r/runs/x has 0 B free (No space left on device)"
+    rows.loc[0, "error"] = full
+    rows.loc[2:, "error"] = not_launched_disk_full(first, "/r/runs/x")
+    (note, _) = not_launched_note(rows)
+    assert "the disk was full when an earlier experiment ran" in note, note
+    assert f"(first: `{first}` ({full}))" in note and "two cells" not in note
 
 
 def test_no_stop_early_on_the_command_line_and_in_the_shell_script(tmp_path: Path) -> None:
