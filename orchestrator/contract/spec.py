@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from orchestrator.contract.allocators import Allocator
 from orchestrator.contract.errors import UserError
-from orchestrator.contract.jsonio import read_json_object
+from orchestrator.contract.jsonio import read_json_object_reason
 from orchestrator.contract.layout import write_atomic
 from orchestrator.contract.steady import SteadyMeasure
 
@@ -118,8 +118,12 @@ class RunSpec(BaseModel):
         wrote its own)."""
         if self.attempt_token is None or self._source is None:
             return True
-        on_disk = read_json_object(self._source)
-        return on_disk is not None and on_disk.get("attempt_token") == self.attempt_token
+        on_disk, unreadable = read_json_object_reason(self._source)
+        if on_disk is None:
+            # gone: a later attempt moved it away; there but unreadable (a spec is
+            # written whole, so not another attempt's): this one's result is kept
+            return unreadable is not None
+        return on_disk.get("attempt_token") == self.attempt_token
 
     @model_validator(mode="before")
     @classmethod
