@@ -8,6 +8,9 @@
   ``<executor>/<job id>/``), so the moved outcomes' logs move with them. The
   prepared-data cache (``data/``) and the history of runs (``history.sqlite``)
   stay, since later runs use them, and so do dotfiles such as ``.gitkeep``.
+- Before they are moved, a job of the earlier run still alive (its run folder's
+  ``running.lock`` held) is stopped, or the run refused (``runlock.stop_earlier``):
+  moved away, it would train on beside the new run.
 - A folder that is not empty but holds no tunematrix outputs (``--results .``
   by mistake, say) is refused rather than reorganised.
 """
@@ -18,13 +21,15 @@ import errno
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout
+from orchestrator.job import runlock
+from orchestrator.job.execute import GRACE_S
 
 #: What a run writes at the top of its folder (the data cache stays put).
 RUN_OUTPUTS = tuple(path.name for path in ResultsLayout(Path()).run_outputs)
@@ -97,9 +102,27 @@ def move_aside(root: Path) -> Path | None:
     return target
 
 
+def stop_earlier_jobs(root: Path, grace_s: float, say: Callable[[str], None]) -> None:
+    """Stop any job of an earlier run of ``root`` still alive (``runlock.stop_earlier``),
+    before its folders are moved: moved away, it would train on beside the new run."""
+    try:
+        names = os.listdir(root / "runs")
+    except OSError:
+        return
+    for name in sorted(names):
+        runlock.stop_earlier(root / "runs" / name, grace_s, say)
+
+
 @contextmanager
-def open_results(root: Path, *, resume: bool) -> Iterator[OpenedResults]:
-    """Lock ``root`` for a run; without ``resume``, move an earlier run aside first."""
+def open_results(
+    root: Path,
+    *,
+    resume: bool,
+    grace_s: float = GRACE_S,
+    say: Callable[[str], None] = print,
+) -> Iterator[OpenedResults]:
+    """Lock ``root`` for a run; without ``resume``, stop what an earlier run left alive
+    (``stop_earlier_jobs``; ``say`` says so) and move its outputs aside first."""
     if root.exists() and not root.is_dir():
         raise UserError(f"results folder {root} exists and is not a folder")
     root.mkdir(parents=True, exist_ok=True)
@@ -115,6 +138,8 @@ def open_results(root: Path, *, resume: bool) -> Iterator[OpenedResults]:
                 f"({', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); "
                 "choose an empty or new folder"
             )
+        if not resume:  # a resumed run checks each cell before it launches it
+            stop_earlier_jobs(root, grace_s, say)
         moved = None if resume else move_aside(root)
         yield OpenedResults(layout=ResultsLayout(root), moved_to=moved)
     finally:

@@ -170,7 +170,9 @@ def run_plan(
 
     previous_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with open_results(results, resume=options.resume) as opened:
+        with open_results(
+            results, resume=options.resume, grace_s=options.grace_s, say=say
+        ) as opened:
             layout = opened.layout
             if opened.moved_to is not None:
                 say(f"the earlier run in {results} was moved to {opened.moved_to}")

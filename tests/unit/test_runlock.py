@@ -173,3 +173,25 @@ def test_the_tether_keeps_the_exit_code_and_refuses_bad_use() -> None:
     assert usage.returncode == 2 and "usage:" in usage.stderr
     missing = subprocess.run(tethered(["/nonexistent/launcher"]), capture_output=True, text=True)
     assert missing.returncode == 127 and "cannot start /nonexistent/launcher" in missing.stderr
+
+
+def test_a_new_run_stops_an_earlier_runs_job_before_moving_its_folder(tmp_path: Path) -> None:
+    from orchestrator.running.resultsdir import open_results
+
+    run_dir = tmp_path / "res" / "runs" / "x.tiny-llama.none.g1.eb4-00000000"
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.json").write_text("{}")
+    lock = runlock.RunLock.take([run_dir], "earlier-run", "local")
+    job = _job(lock, "earlier-run")
+    _orphaned(lock)
+    said: list[str] = []
+    try:
+        with open_results(tmp_path / "res", resume=False, grace_s=2.0, say=said.append) as opened:
+            assert job.wait(timeout=5) == -signal.SIGTERM
+            assert opened.moved_to is not None
+            assert (opened.moved_to / "runs" / run_dir.name / "spec.json").is_file()
+        assert len(said) == 1 and said[0].startswith(f"{run_dir.name}: stopping an earlier")
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
