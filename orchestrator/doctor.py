@@ -17,7 +17,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from typing import Any
 import yaml
 
 from orchestrator._version import __version__
-from orchestrator.contract.layout import PROJECT_ROOT
+from orchestrator.contract.layout import PROJECT_ROOT, free_bytes, nearest_existing
 from orchestrator.contract.modelnames import hub_offline
 from orchestrator.executors.base import State
 from orchestrator.executors.registry import EXECUTORS
@@ -229,13 +228,8 @@ def _accelerate(
 
 def _disk(results: Path) -> DiskFacts:
     path = results.absolute()
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    try:
-        free: int | None = shutil.disk_usage(existing).free
-    except OSError:
-        free = None
+    existing = nearest_existing(path)
+    free = free_bytes(existing)
     folder = existing.is_dir()
     writable = folder and os.access(existing, os.W_OK | os.X_OK)
     return DiskFacts(path, existing, free, writable, folder)

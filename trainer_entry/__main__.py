@@ -163,10 +163,6 @@ def _main(argv: "list[str] | None") -> int:
     return 0
 
 
-#: prctl(2)'s option: the signal this process gets when its parent thread exits
-_PR_SET_PDEATHSIG = 1
-
-
 def _die_with_launcher() -> None:
     """Started by tunematrix: have the kernel end this process when its launcher dies.
 
@@ -179,19 +175,10 @@ def _die_with_launcher() -> None:
     process) gets SIGTERM, and ends as if stopped, its failure recorded. By hand (no
     launch id) a run outlives its shell as any command does.
     """
-    if not sys.platform.startswith("linux"):
-        return
-    death = signal.SIGKILL if os.getsid(0) == os.getpid() else signal.SIGTERM
-    try:
-        import ctypes
+    from orchestrator.contract.parentdeath import die_with_parent
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, death, 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != _PARENT:  # the launcher died before the request was made
-        os._exit(143)
+    death = signal.SIGKILL if os.getsid(0) == os.getpid() else signal.SIGTERM
+    die_with_parent(death, _PARENT)
 
 
 def _mark(line: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -329,6 +330,22 @@ def umask() -> int:
 def file_mode(*, executable: bool = False) -> int:
     """The mode a new file gets under the user's umask (``0o644`` under ``0o022``)."""
     return (0o777 if executable else 0o666) & ~umask()
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path``, or its nearest parent that exists (a results folder not made yet)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def free_bytes(path: Path) -> int | None:
+    """The bytes a user may still write on ``path``'s file system (its nearest existing
+    parent's); None where that cannot be read."""
+    try:
+        return shutil.disk_usage(nearest_existing(path)).free
+    except OSError:
+        return None
 
 
 def write_atomic(path: Path, text: str, *, executable: bool = False) -> None:

@@ -75,10 +75,19 @@ def not_launched_disk_full(first_id: str, folder: str | None) -> str:
     return f"{NOT_LAUNCHED_PREFIX}{disk} was full when {first_id} ran (see its row)"
 
 
+def _full_when(error: str) -> re.Match[str] | None:
+    return _FULL_WHEN.search(error) if error.startswith(NOT_LAUNCHED_PREFIX) else None
+
+
+def spared_by_full_disk(error: str) -> bool:
+    """Whether a spared experiment's error is ``not_launched_disk_full``'s."""
+    return _full_when(error) is not None
+
+
 def not_launched_by(error: str) -> str:
     """The id of the failure a spared experiment's error names (``not_launched_error``,
     ``not_launched_disk_full``)."""
-    full = _FULL_WHEN.search(error) if error.startswith(NOT_LAUNCHED_PREFIX) else None
+    full = _full_when(error)
     if full is not None:
         return full.group(1)
     return error.removeprefix(NOT_LAUNCHED_PREFIX).removeprefix(_SAME_ERROR_AS)

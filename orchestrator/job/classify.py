@@ -25,7 +25,6 @@ early after one (``orchestrator.executors.base``).
 from __future__ import annotations
 
 import errno
-import os
 import re
 import signal
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.contract.layout import free_bytes
 from orchestrator.contract.outcome import OOM_PATTERNS, Status, looks_like_oom
 from orchestrator.contract.result import one_line
 
@@ -179,19 +179,6 @@ def human_bytes(size: float) -> str:
             break
         size /= 1024
     return f"{size:.0f} {unit}" if unit == "B" or size >= 100 else f"{size:.1f} {unit}"
-
-
-def free_bytes(folder: Path) -> int | None:
-    """The bytes an unprivileged writer may still write on ``folder``'s file system (its
-    nearest existing folder's); None when that cannot be read."""
-    for candidate in (folder, *folder.parents):
-        if candidate.is_dir():
-            try:
-                stat = os.statvfs(candidate)
-            except OSError:
-                return None
-            return stat.f_bavail * stat.f_frsize
-    return None
 
 
 def _full_folder(text: str, folder: Path | None) -> Path | None:

@@ -22,10 +22,7 @@ import os
 import signal
 import sys
 
-#: prctl(2)'s option: the signal this process gets when its parent thread exits
-PR_SET_PDEATHSIG = 1
-#: the exit code of a launch whose orchestrator was gone before it started
-ORPHANED = 143
+from orchestrator.contract.parentdeath import die_with_parent
 
 
 def tethered(argv: list[str], parent: int | None = None) -> list[str]:
@@ -34,25 +31,12 @@ def tethered(argv: list[str], parent: int | None = None) -> list[str]:
     return [sys.executable, "-m", "orchestrator.job.tether", str(pid), "--", *argv]
 
 
-def _ask_kernel(sig: int) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
-
-
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
         print("usage: python -m orchestrator.job.tether PARENT_PID -- COMMAND...", file=sys.stderr)
         return 2
     parent, command = int(argv[0]), argv[2:]
-    if _ask_kernel(signal.SIGTERM) and os.getppid() != parent:
-        return ORPHANED  # the orchestrator died before the request was made
+    die_with_parent(signal.SIGTERM, parent)  # exits at once if the orchestrator is gone
     try:
         os.execvp(command[0], command)
     except OSError as exc:

@@ -41,6 +41,7 @@ from orchestrator.contract.outcome import (
     NOT_LAUNCHED_PREFIX,
     PRUNED_PREFIX,
     not_launched_by,
+    spared_by_full_disk,
 )
 from orchestrator.contract.trainers import DEFAULT_TASK, TaskLine, count_column, task_line
 from orchestrator.contract.wording import worker, workers
@@ -218,8 +219,7 @@ def not_launched_note(rows: pd.DataFrame) -> list[str]:
         first = not_launched_by(reason)
         error = errors.get(first)
         text = f"`{first}`" + (f" ({error})" if isinstance(error, str) else "")
-        if text not in causes[" was full when " in reason]:
-            causes[" was full when " in reason].append(text)
+        causes[spared_by_full_disk(reason)].append(text)
     why = []
     if causes[True]:
         why.append(
