@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.contract.columns import NVML_PEAK, TORCH_RESERVED_PEAK
-from orchestrator.contract.gpumemory import TOLERANCE, gb, part_of
+from orchestrator.contract.gpumemory import NVML_LOWER_BOUND, TOLERANCE, gb, nvml_text, part_of
 from orchestrator.contract.outcome import is_pruned
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.tablecolumns import measured, numeric
@@ -35,6 +35,7 @@ _PREDICTED = (
     "memory_verdict",
     "memory_prediction_error",
     "device_memory_bytes",
+    "predicted_nvml_lower_bound",
 )
 
 
@@ -91,6 +92,7 @@ def predicted_memory_markdown(rows: pd.DataFrame, source: Path) -> list[str]:
     }
     got_by_cell = measured_by_cell.to_dict("index")
     body, notes = [], []
+    bounded = False
     for cell, p in predictions.to_dict("index").items():
         peak = _number(p.get("predicted_peak_bytes"))
         if peak is None:
@@ -99,9 +101,19 @@ def predicted_memory_markdown(rows: pd.DataFrame, source: Path) -> list[str]:
         got = got_by_cell.get(cell, {})
         allocated = _number(got.get("allocated"))
 
-        def pair(kind: str, column: str, got: dict[str, Any] = got, p: dict[str, Any] = p) -> str:
+        bound = str(p.get("predicted_nvml_lower_bound") or "").lower() == "true"
+        bounded = bounded or bound
+
+        def pair(
+            kind: str,
+            column: str,
+            got: dict[str, Any] = got,
+            p: dict[str, Any] = p,
+            bound: bool = bound,
+        ) -> str:
             value, seen = _number(p.get(column)), _number(got.get(kind))
-            return f"{gb(value) if value is not None else '-'} / {gb(seen) if seen is not None else '-'}"
+            shown = nvml_text(value, bound and kind == "nvml")
+            return f"{shown} / {gb(seen) if seen is not None else '-'}"
 
         term = _number(p.get("predicted_largest_term_bytes"))
         largest = (
@@ -150,4 +162,5 @@ def predicted_memory_markdown(rows: pd.DataFrame, source: Path) -> list[str]:
             ["cell", "torch allocated", "torch reserved", "NVML", "largest predicted term"], body
         ),
         *(["", *notes] if notes else []),
+        *(["", NVML_LOWER_BOUND] if bounded else []),
     ]

@@ -26,7 +26,13 @@ import os
 from collections.abc import Mapping
 
 from orchestrator.contract.devices import GIB
-from orchestrator.contract.gpumemory import MemoryPrediction, MemoryVerdict, gb
+from orchestrator.contract.gpumemory import (
+    NVML_LOWER_BOUND,
+    MemoryPrediction,
+    MemoryVerdict,
+    gb,
+    nvml_text,
+)
 from orchestrator.contract.trainers import task_line
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.plan import Plan
@@ -115,6 +121,9 @@ def memory_table(plan: Plan) -> list[str]:
         m = e.memory
         assert m is not None
         p = m.prediction
+        if p.refused is not None:
+            rows.append((e.experiment_id, "-", "-", f"refused before launch: {p.refused}", ""))
+            continue
         if p.peak_bytes is None:
             rows.append((e.experiment_id, "-", "-", f"not predicted: {p.error}", ""))
             continue
@@ -122,7 +131,7 @@ def memory_table(plan: Plan) -> list[str]:
             (
                 e.experiment_id,
                 gb(p.peak_bytes),
-                gb(p.nvml_bytes or 0),
+                nvml_text(p.nvml_bytes, p.nvml_lower_bound),
                 p.largest_line(),
                 _verdict_text(m),
             )
@@ -132,6 +141,8 @@ def memory_table(plan: Plan) -> list[str]:
         lines.append(
             "  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
         )
+    if any(e.memory and e.memory.prediction.nvml_lower_bound for e in cells):
+        lines.append(f"  {NVML_LOWER_BOUND}")
     formulas = sorted({f for e in cells if e.memory for f in e.memory.prediction.formulas})
     if formulas:
         lines.append(

@@ -73,6 +73,36 @@ def test_headroom_context_and_the_verdicts() -> None:
     assert "over the device's 25 GiB" in reason and "--no-prune" in reason
 
 
+def test_what_is_counted_from_the_parameters_takes_no_margin() -> None:
+    """The predecessor's A100 table: Llama-2-70B LoRA on 2 GPUs at batch 2, predicted
+    91.2 GB, 72.5 of it its weights, ran out of 80 GiB (85.9 GB). Its weights are counted
+    from the parameters; only what the step makes may be over by the margin."""
+    llama = _prediction(91.2, 1.0, weights=72.5, activations=10.0, backward=8.7)
+    assert llama.least_bytes == int(72.5 * GB) + int(18.7 * GB / 1.15)
+    assert llama.verdict(80 * GIB) == "over"
+    # the same peak made by the step: within the margin of the device, launched and flagged
+    made = _prediction(91.2, 1.0, weights=10.0, activations=81.2)
+    assert made.verdict(80 * GIB) == "close"
+    # every fitting cell of that table is predicted under the device: Mixtral-8x7B LoRA on
+    # 2 GPUs at batch 4, measured 64.9 GB, predicted 68.6 (52.5 its weights)
+    assert _prediction(68.6, 1.0, weights=52.5, activations=16.1).verdict(80 * GIB) == "fits"
+
+
+def test_an_nvml_figure_under_fsdp_is_a_lower_bound_in_the_table_and_the_csv(plan) -> None:
+    from orchestrator.contract.gpumemory import NVML_LOWER_BOUND
+
+    built = plan(SCENARIOS, num_gpus=(2,))
+    bound = dataclasses.replace(_prediction(34.0, 1.0, weights=2.5), nvml_lower_bound=True)
+    assert MemoryPrediction.from_answer(bound.as_answer()).nvml_lower_bound
+    table = memory_table(
+        with_memory(built, {e.cell_id: bound for e in built.experiments}, 80 * GIB, "flag")
+    )
+    # 34.0 GB, its 5% headroom and the CUDA context
+    assert any("≥ 37.1 GB" in line for line in table), table
+    assert f"  {NVML_LOWER_BOUND}" in table
+    assert MemoryVerdict(bound, 80 * GIB).row()["predicted_nvml_lower_bound"] is True
+
+
 def test_an_answer_round_trips_and_an_error_stays_an_error() -> None:
     hf = _prediction(34.0, largest=8.4, weights=2.5)
     assert MemoryPrediction.from_answer(hf.as_answer()) == dataclasses.replace(hf, seconds=None)
@@ -307,7 +337,10 @@ def test_summary_sets_each_prediction_against_its_measurement(tmp_path: Path) ->
         (run / "result.json").write_text(json.dumps(result))
     write_run(root, "oversized", status="skipped", error="pruned: predicted to need 871.0 GB")
     predicted = {
-        "hf-full": _prediction(34.01, 8.41, weights=2.5, logits_and_loss=25.2),
+        # under FSDP over several GPUs: its NVML figure is a lower bound
+        "hf-full": dataclasses.replace(
+            _prediction(34.01, 8.41, weights=2.5, logits_and_loss=25.2), nvml_lower_bound=True
+        ),
         "sft-full": _prediction(12.45, 1.05, optimizer_states=4.9),
         "oversized": _prediction(871.0, 134.5, activations=460.1),
     }
@@ -326,6 +359,9 @@ def test_summary_sets_each_prediction_against_its_measurement(tmp_path: Path) ->
     section = text[start : text.find("\n## ", start + 1)]
     assert "| hf-full | 34.0 GB / 34.0 GB | 42.4 GB / 42.0 GB |" in section
     assert "logits and loss: 25.2 of 34.0 GB" in section
+    from orchestrator.contract.gpumemory import NVML_LOWER_BOUND
+
+    assert "| ≥ 43.8 GB / " in section and NVML_LOWER_BOUND in section
     # 12.45 against 9.0: said plainly, not made to add up
     assert (
         "- sft-full: predicted 12.4 GB of torch allocation, measured 9.0 GB: 38% apart, more "

@@ -53,6 +53,8 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[misc]
         self.peak_phase = "other"
         #: the largest single storage made since the last ``reset_peak``
         self.largest = 0
+        #: each phase's own peak since the last ``reset_peak``: (bytes, ``by_label`` then)
+        self.phase_peaks: dict[str, tuple[int, dict[str, int]]] = {}
 
     # -- counting ------------------------------------------------------------------------
     def add(self, tensor: torch.Tensor, label: str | None = None) -> None:
@@ -70,6 +72,9 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[misc]
             self.peak = self.current
             self.peak_by_label = dict(self.by_label)
             self.peak_phase = self.phase
+        seen = self.phase_peaks.get(self.phase)
+        if seen is None or self.current > seen[0]:
+            self.phase_peaks[self.phase] = (self.current, dict(self.by_label))
 
     def relabel(self, tensor: torch.Tensor, label: str) -> None:
         """Count ``tensor``'s storage under ``label`` from now on."""
@@ -92,6 +97,7 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[misc]
         self.peak_by_label = dict(self.by_label)
         self.peak_phase = self.phase
         self.largest = 0
+        self.phase_peaks = {}
 
     def __torch_dispatch__(
         self,

@@ -18,9 +18,11 @@ step's.
 What the CPU cannot run, formulas stand in for, each named in the answer's
 ``formulas``:
 
-- a GPU cell's attention: SDPA with a mask runs the memory-efficient kernel
-  (no L×L scores), as the CUDA dispatcher chooses; without one, the CPU's flash
-  kernel saves what CUDA's does (the output and the log-sum-exp);
+- a GPU cell's attention: SDPA with a mask or with dropout runs the
+  memory-efficient kernel (no L×L scores), as the CUDA dispatcher chooses;
+  without either, the CPU's flash kernel saves what CUDA's does (the output and
+  the log-sum-exp); flash-attn (``flash_attention_2``) is built as SDPA, which
+  keeps the same;
 - sharding over the cell's GPUs (``shard``): FSDP and ZeRO-3 divide weights,
   gradients and optimizer states by the GPU count and add the gathered block;
   DeepSpeed keeps fp32 optimizer states and master weights, which ZeRO-1/2
@@ -96,6 +98,9 @@ class Prediction:
     seconds: float
     #: what formulas stood in for (``formulas`` in the module's docstring)
     formulas: list[str] = field(default_factory=list)
+    #: NVML's figure is a lower bound (FSDP over several GPUs: its allocator reserves far
+    #: above its allocated peak, by an amount no formula here accounts for)
+    nvml_lower_bound: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -104,6 +109,7 @@ class Prediction:
             "largest_block": self.largest_block,
             "seconds": round(self.seconds, 2),
             "formulas": self.formulas,
+            "nvml_lower_bound": self.nvml_lower_bound,
         }
 
 
@@ -183,8 +189,9 @@ def _cell(spec: Any) -> _Cell:
 
 
 # -- the model, on fake tensors -------------------------------------------------------------
-def _config(parsed: Any, task: Any) -> Any:
-    """The model's config, with what its task adds (a classifier's labels)."""
+def model_config(parsed: Any, task: Any, *, local_only: bool = False) -> Any:
+    """The model's config, with what its task adds (a classifier's labels). ``local_only``:
+    read from a folder or the hub cache only (``OSError`` where it is in neither)."""
     from transformers import AutoConfig
 
     from trainer_entry.models.kinds import model_kind
@@ -200,7 +207,10 @@ def _config(parsed: Any, task: Any) -> Any:
     else:
         path = str(tiny_model_path(name)) if kind == "tiny" else name
         config = AutoConfig.from_pretrained(
-            path, revision=parsed.model.revision, trust_remote_code=parsed.model.trust_remote_code
+            path,
+            revision=parsed.model.revision,
+            trust_remote_code=parsed.model.trust_remote_code,
+            **({"local_files_only": True} if local_only else {}),
         )
     for key, value in task.model_kwargs(parsed).items():
         setattr(config, key, value)
@@ -221,21 +231,32 @@ def _weights_dtype(parsed: Any, config: Any, on_gpu: bool) -> torch.dtype:
     return saved if isinstance(saved, torch.dtype) else torch.float32
 
 
-def fake_model(cell: _Cell, config: Any, mode: Any) -> Any:
-    """The cell's model (of ``config``, read before ``mode`` is entered: a shipped tiny
-    model is built and saved on first use), its LoRA applied, on fake tensors of
-    ``mode`` on the CPU.
+#: the attention kernels of a GPU that the CPU builds as SDPA for the step: flash-attn
+#: saves what SDPA's flash kernel saves (the output and its log-sum-exp), and needs no mask
+FLASH_KERNELS = ("flash_attention_2", "flash_attention_3")
 
-    Built on the meta device (nothing drawn), patched and wrapped there as the
-    child does, then each parameter and buffer turned into a fake tensor (one per
-    tensor: tied weights stay tied)."""
+
+def predicted_attention(parsed: Any, on_gpu: bool) -> tuple[str, str | None]:
+    """The attention the step is built with, and the formula that stands in (None: it is
+    the cell's own): a GPU cell's flash-attn is SDPA's kernel here."""
+    attn = parsed.model.attn_implementation or "sdpa"
+    if on_gpu and attn in FLASH_KERNELS:
+        return "sdpa", (
+            f"attention: {attn} stood in by SDPA's flash kernel (it keeps the same: the "
+            "output and its log-sum-exp)"
+        )
+    return attn, None
+
+
+def meta_model(parsed: Any, task: Any, config: Any, *, attn: str, on_gpu: bool) -> Any:
+    """The cell's model of ``config`` on the meta device (nothing drawn), in the dtype
+    its device loads the weights in, patched and wrapped there as the child does: TRL's
+    fused LM head (``sft``), then its LoRA."""
     from trainer_entry.models.load import apply_peft, dtype_keyword
 
-    parsed = cell.parsed
-    dtype = _weights_dtype(parsed, config, cell.on_gpu)
-    attn = parsed.model.attn_implementation or "sdpa"
+    dtype = _weights_dtype(parsed, config, on_gpu)
     with torch.device("meta"):
-        model = cell.task.model_class().from_config(
+        model = task.model_class().from_config(
             config,
             **{dtype_keyword(): dtype},
             attn_implementation=attn,
@@ -246,7 +267,17 @@ def fake_model(cell: _Cell, config: Any, mode: Any) -> Any:
             from trl.trainer.utils import add_fused_lm_head
 
             add_fused_lm_head(model, outputs=_SFT_FUSED_OUTPUTS)
-        model = apply_peft(model, parsed.peft, quantized=False, task=cell.task)
+        return apply_peft(model, parsed.peft, quantized=False, task=task)
+
+
+def fake_model(cell: _Cell, config: Any, mode: Any) -> Any:
+    """The cell's model (of ``config``, read before ``mode`` is entered: a shipped tiny
+    model is built and saved on first use), its LoRA applied, on fake tensors of
+    ``mode`` on the CPU: built on the meta device (``meta_model``), then each
+    parameter and buffer turned into a fake tensor (one per tensor: tied weights
+    stay tied)."""
+    attn, _ = predicted_attention(cell.parsed, cell.on_gpu)
+    model = meta_model(cell.parsed, cell.task, config, attn=attn, on_gpu=cell.on_gpu)
     _to_fake(model, mode)
     model.train()
     return model
@@ -367,8 +398,11 @@ def _layers_kept() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _gpu_attention(on_gpu: bool) -> Iterator[None]:
-    """SDPA as a GPU runs it: with a mask, the memory-efficient kernel (which keeps no
-    scores); without one, the CPU's flash kernel already saves what CUDA's does."""
+    """SDPA as a GPU runs it: with a mask or with dropout, the memory-efficient kernel
+    (which keeps no scores, and draws its dropout inside: CUDA's flash and efficient
+    kernels both do; the CPU's own SDPA falls back to the math path under dropout, whose
+    L × L scores and dropout mask a GPU never holds: GPT-BigCode's attention dropout is
+    0.1); without either, the CPU's flash kernel already saves what CUDA's does."""
     if not on_gpu:
         yield
         return
@@ -384,7 +418,7 @@ def _gpu_attention(on_gpu: bool) -> Iterator[None]:
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> torch.Tensor:
-        if attn_mask is None:
+        if attn_mask is None and dropout_p == 0:
             return original(
                 query, key, value, None, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
             )
@@ -392,14 +426,14 @@ def _gpu_attention(on_gpu: bool) -> Iterator[None]:
             groups = query.shape[-3] // key.shape[-3]
             key = key.repeat_interleave(groups, dim=-3)
             value = value.repeat_interleave(groups, dim=-3)
-        if attn_mask.dtype == torch.bool:
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
             bias = torch.zeros(attn_mask.shape, dtype=query.dtype)
             attn_mask = bias.masked_fill(~attn_mask, float("-inf"))
         out: torch.Tensor = torch.ops.aten._scaled_dot_product_efficient_attention(
             query,
             key,
             value,
-            attn_mask.expand(*query.shape[:-1], key.shape[-2]),
+            attn_mask.expand(*query.shape[:-1], key.shape[-2]) if attn_mask is not None else None,
             True,
             dropout_p,
             is_causal,
@@ -536,10 +570,14 @@ def _model_key(cell: _Cell) -> str:
     )
 
 
-def _build(cell: _Cell) -> _Built:
+def _build(cell: _Cell, layers: int | None = None) -> _Built:
+    """The cell's model and optimizer on fake tensors (``layers``: with that many of its
+    blocks, ``_short_config``), the optimizer's states made."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    config = _config(cell.parsed, cell.task)
+    config = model_config(cell.parsed, cell.task)
+    if layers is not None:
+        config = _short_config(config, layers)
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     with mode:
         model = fake_model(cell, config, mode)
@@ -561,19 +599,176 @@ def _build(cell: _Cell) -> _Built:
     return _Built(mode, model, optimizer, live, states)
 
 
-class Predictor:
-    """Predicts cells one after another; the cells of one family (the same model,
-    trainer, LoRA, checkpointing and optimizer; other sizes) share one build."""
+# -- a few blocks for all of them -----------------------------------------------------------
+#: a decoder of more alike blocks than the larger of these is stepped with this many
+#: blocks each time, and every term of every phase's peak extended to its own count:
+#: each term is the same in each block (weights, gradients, optimizer states, a block's
+#: saved activations), so it is linear in the count (tests/unit/test_memory_shortcut.py
+#: holds it against the whole model's step)
+SHORT_LAYERS = (2, 3)
 
-    def __init__(self) -> None:
-        self._built: dict[str, _Built] = {}
+
+class _NotAlike(Exception):
+    """The model's blocks are not all alike: the shortcut does not apply."""
+
+
+def _blocks(model: Any) -> list[Any]:
+    """The model's repeated blocks: its ModuleList with the most parameters."""
+    best: list[Any] = []
+    best_size = -1
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
+            size = sum(p.numel() for p in module.parameters())
+            if size > best_size:
+                best, best_size = list(module), size
+    return best
+
+
+def _signature(block: Any) -> tuple[Any, ...]:
+    return tuple(
+        (name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in block.named_parameters()
+    ) + tuple(type(m).__name__ for m in block.modules())
+
+
+def _short_config(config: Any, layers: int) -> Any:
+    """``config`` with ``layers`` blocks: its layer count, and every per-layer list of its
+    (``layer_types``, ...) cut to that many."""
+    import copy
+
+    total = int(config.num_hidden_layers)
+    short = copy.deepcopy(config)
+    short.num_hidden_layers = layers
+    for key, value in list(vars(short).items()):
+        if isinstance(value, list) and len(value) == total:
+            setattr(short, key, value[:layers])
+    return short
+
+
+@dataclass
+class _Shape:
+    """What the whole model is, read from it built on the meta device."""
+
+    #: its blocks, where all are alike and the shortcut applies; None: step it whole
+    layers: int | None
+    trainable: int
+    trainable_bytes: int
+    largest_block_bytes: int
+
+
+@dataclass
+class _Step:
+    """A step's peak of each phase, by term, and the largest tensor made."""
+
+    phases: dict[str, dict[str, int]]
+    largest: int
+    kernels: list[str]
+
+    def peak(self) -> tuple[dict[str, int], int]:
+        """(the terms at the fullest phase's peak, their sum): the step's peak."""
+        phase = max(self.phases, key=lambda name: sum(self.phases[name].values()))
+        terms = self.phases[phase]
+        return dict(terms), sum(terms.values())
+
+
+def _extended(short: _Step, longer: _Step, counts: tuple[int, int], layers: int) -> _Step:
+    """The step of ``layers`` blocks from the steps of ``counts`` blocks: each term of
+    each phase's peak extended along the line through the two."""
+    low, high = counts
+    phases: dict[str, dict[str, int]] = {}
+    for phase in short.phases.keys() & longer.phases.keys():
+        a, b = short.phases[phase], longer.phases[phase]
+        phases[phase] = {
+            term: max(0, round(a[term] + (b[term] - a[term]) * (layers - low) / (high - low)))
+            for term in TERMS
+        }
+    if not phases:
+        raise _NotAlike("the short steps share no phase")
+    return _Step(phases, max(short.largest, longer.largest), longer.kernels)
+
+
+class Predictor:
+    """Predicts cells one after another. The cells of one family (the same model,
+    trainer, LoRA, checkpointing and optimizer; other sizes) share one build, cells
+    that differ only in how they shard (GPU count, framework) share one step, and a
+    decoder of many alike blocks is stepped with a few (``SHORT_LAYERS``).
+    ``shortcut=False``: every step with the whole model."""
+
+    def __init__(self, shortcut: bool = True) -> None:
+        self.shortcut = shortcut
+        self._built: dict[tuple[str, int | None], _Built] = {}
+        self._steps: dict[str, _Step] = {}
+        self._shapes: dict[str, _Shape] = {}
+        #: a block's signature, by model key, where the shortcut applies
+        self._signature: dict[str, tuple[Any, ...]] = {}
+
+    def _shape(self, cell: _Cell) -> _Shape:
+        key = cell.model_key
+        if key not in self._shapes:
+            config = model_config(cell.parsed, cell.task)
+            attn, _ = predicted_attention(cell.parsed, cell.on_gpu)
+            model = meta_model(cell.parsed, cell.task, config, attn=attn, on_gpu=cell.on_gpu)
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            blocks = _blocks(model)
+            total = getattr(config, "num_hidden_layers", None)
+            alike = (
+                self.shortcut
+                and not getattr(config, "is_encoder_decoder", False)
+                and isinstance(total, int)
+                and len(blocks) == total > max(SHORT_LAYERS)
+                and len({_signature(b) for b in blocks}) == 1
+            )
+            self._shapes[key] = _Shape(
+                layers=len(blocks) if alike else None,
+                trainable=sum(p.numel() for p in trainable),
+                trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
+                largest_block_bytes=_largest_block_bytes(model),
+            )
+            if alike:
+                self._signature[key] = _signature(blocks[0])
+        return self._shapes[key]
+
+    def _step_key(self, cell: _Cell) -> str:
+        """What a step holds: the model's key and the micro-batch (not the sharding)."""
+        return repr(
+            (
+                cell.model_key,
+                int(cell.settings.per_device_train_batch_size),
+                repr(cell.parsed.data),
+                int(cell.settings.gradient_accumulation_steps or 1) > 1,
+            )
+        )
 
     def step(self, cell: _Cell) -> tuple[dict[str, int], int, int, list[str]]:
         """(what is live at a steady step's peak, by ``TERMS``; the peak; the largest
         tensor made; the GPU kernels stood in for)."""
-        key = cell.model_key
+        key = self._step_key(cell)
+        if key not in self._steps:
+            shape = self._shape(cell)
+            found = None
+            if shape.layers is not None:
+                try:
+                    short = [self._run(cell, count) for count in SHORT_LAYERS]
+                    found = _extended(short[0], short[1], SHORT_LAYERS, shape.layers)
+                except _NotAlike:
+                    found = None
+            self._steps[key] = found if found is not None else self._run(cell, None)
+        done = self._steps[key]
+        terms, peak = done.peak()
+        return terms, peak, done.largest, list(done.kernels)
+
+    def _run(self, cell: _Cell, layers: int | None) -> _Step:
+        """One training step of the cell's model (``layers``: with that many blocks)."""
+        key = (cell.model_key, layers)
         if key not in self._built:
-            self._built = {key: _build(cell)}  # one family at a time: the last one's freed
+            # one family at a time: the last one's builds are freed
+            self._built = {k: v for k, v in self._built.items() if k[0] == cell.model_key}
+            self._built[key] = _build(cell, layers)
+            if layers is not None:
+                blocks = _blocks(self._built[key].model)
+                if len(blocks) != layers or {_signature(b) for b in blocks} != {
+                    self._signature.get(cell.model_key)
+                }:
+                    raise _NotAlike(f"{layers} blocks do not build as the model's")
         built = self._built[key]
         live, model, optimizer = built.live, built.model, built.optimizer
         autocast = (
@@ -611,18 +806,18 @@ class Predictor:
             finally:
                 # the next cell of the family starts clean, even after a step that failed
                 optimizer.zero_grad(set_to_none=True)
-        at_peak = {term: max(0, live.peak_by_label.get(term, 0)) for term in TERMS}
-        at_peak["activations"] += max(0, live.peak_by_label.get("other", 0))
-        return at_peak, live.peak, live.largest, kernels
+        phases = {}
+        for phase, (_, by_label) in live.phase_peaks.items():
+            terms = {term: max(0, by_label.get(term, 0)) for term in TERMS}
+            terms["activations"] += max(0, by_label.get("other", 0))
+            phases[phase] = terms
+        return _Step(phases, live.largest, kernels)
 
     def trainable(self, cell: _Cell) -> tuple[int, int, int]:
         """(the trainable parameters, their bytes, the largest repeated block's weight
-        bytes)."""
-        model = self._built[cell.model_key].model
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        count = sum(p.numel() for p in trainable)
-        size = sum(p.numel() * p.element_size() for p in trainable)
-        return count, size, _largest_block_bytes(model)
+        bytes), of the whole model."""
+        shape = self._shape(cell)
+        return shape.trainable, shape.trainable_bytes, shape.largest_block_bytes
 
 
 def shard(
@@ -694,7 +889,10 @@ def predict(spec: Any, predictor: Predictor | None = None) -> Prediction:
     if cell.parsed.training.get("use_liger_kernel"):
         raise SpecError("liger's fused loss is not run here, so its memory is not predicted")
     formulas: list[str] = []
-    if cell.on_gpu:
+    _, flash = predicted_attention(cell.parsed, cell.on_gpu)
+    if flash is not None:
+        formulas.append(flash)
+    elif cell.on_gpu:
         formulas.append("attention: the GPU's SDPA kernel (no scores kept)")
     try:
         terms, peak, largest, kernels = predictor.step(cell)
@@ -723,4 +921,5 @@ def predict(spec: Any, predictor: Predictor | None = None) -> Prediction:
         largest_block=int(largest),
         seconds=time.monotonic() - started,
         formulas=formulas,
+        nvml_lower_bound=cell.sharding.kind == "FSDP" and cell.sharding.gpus > 1,
     )
