@@ -14,12 +14,16 @@ memory (``trainer_entry.run.memoryplan``: its training step on fake tensors),
 or why it has none.
 
 A cell is checked by the child's own steps, in the order a job takes them: its
-preflight, its arguments sorted and named as the installed classes name them
-(``TrainerBackend.arguments``), its LoRA configuration, and its trainer
-configuration built (``TrainerBackend.configure``). The last is left out for GPU
+preflight, the fms-acceleration plugins its job environment names
+(``trainer_entry.models.acceleration``: run, or the cell refused), its arguments
+sorted and named as the installed classes name them
+(``TrainerBackend.arguments``), its LoRA configuration, its model built on the
+meta device with its attention kernel, LoRA and positions
+(``trainer_entry.run.modelcheck``), and its trainer configuration built
+(``TrainerBackend.configure``). The last is left out for GPU
 cells on a machine without a GPU (a setting such as ``tf32`` is refused there,
 rightly, and not where the jobs run): the answer counts them. Nothing is
-trained, no model is loaded and nothing is written.
+trained, no weights are loaded and nothing is written.
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ def _problem(cell: str, exc: BaseException) -> dict[str, Any]:
     message = first_line(exc)
     if not isinstance(exc, SpecError):
         message = f"{type(exc).__name__}: {message}"
-    return {"cell": cell, "key": None, "message": message}
+    return {"cell": cell, "key": getattr(exc, "key", None), "message": message}
 
 
 def resolve_models(specs: Iterable[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -102,10 +106,13 @@ def resolve_models(specs: Iterable[tuple[str, Any]]) -> dict[str, dict[str, Any]
     return out
 
 
-def check_cell(spec: Any, *, gpu_here: bool) -> bool:
+def check_cell(spec: Any, *, gpu_here: bool, builds: dict[str, Any] | None = None) -> bool:
     """Check one cell as a job would before its first step; False when its trainer
-    configuration was not built here (a GPU cell on a machine without one)."""
+    configuration was not built here (a GPU cell on a machine without one). ``builds``:
+    the models built for the cells before it (``trainer_entry.run.modelcheck``)."""
     from trainer_entry.backends import get_backend
+    from trainer_entry.models.acceleration import load_acceleration, requested
+    from trainer_entry.run.modelcheck import build_once
     from trainer_entry.run.parse import parse_arguments
     from trainer_entry.run.preflight import preflight
     from trainer_entry.tasks import get_task
@@ -115,11 +122,19 @@ def check_cell(spec: Any, *, gpu_here: bool) -> bool:
     backend = get_backend(parsed.backend)
     parsed = parse_arguments(spec, backend.argument_fields())
     on_gpu = spec.device == "gpu"
+    plugins = requested(spec.env)
+    if plugins is not None:
+        try:
+            load_acceleration(plugins, on_gpu=on_gpu)
+        except SpecError as exc:
+            raise SpecError(str(exc), key="framework_config") from None
     backend.arguments(spec, parsed, on_gpu=on_gpu)
+    task = get_task(parsed.task)
     if parsed.peft.method is not None:
         from trainer_entry.models.load import lora_config
 
-        lora_config(parsed.peft, get_task(parsed.task))
+        lora_config(parsed.peft, task)
+    build_once(spec, parsed, task, gpu_here=gpu_here, seen={} if builds is None else builds)
     if on_gpu and not gpu_here:
         return False
     try:
@@ -239,6 +254,7 @@ def check(request: Mapping[str, Any]) -> dict[str, Any]:
         failed_models = {name for name, found in models.items() if "error" in found}
         unbuilt: list[str] = []
         gpu_here: bool | None = None
+        builds: dict[str, Any] = {}
         for cell, spec in specs:
             try:
                 if spec.device == "gpu" and gpu_here is None:
@@ -248,7 +264,7 @@ def check(request: Mapping[str, Any]) -> dict[str, Any]:
                 name = spec.arguments.get("model_name_or_path") or spec.model_name_or_path
                 if name in failed_models:
                     continue  # said once, with the model
-                if not check_cell(spec, gpu_here=bool(gpu_here)):
+                if not check_cell(spec, gpu_here=bool(gpu_here), builds=builds):
                     unbuilt.append(cell)
             except Exception as exc:
                 problems.append(_problem(cell, exc))

@@ -2,7 +2,14 @@
 
 
 class SpecError(Exception):
-    """Bad input in the spec or its data: reported as one line, without a traceback."""
+    """Bad input in the spec or its data: reported as one line, without a traceback.
+
+    ``key``: the setting to blame, where one is (the check before launch places the
+    line at the place that set it)."""
+
+    def __init__(self, *args: object, key: str | None = None) -> None:
+        super().__init__(*args)
+        self.key = key
 
 
 def first_line(exc: BaseException) -> str:

@@ -80,16 +80,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _with_memory(plan: Any, args: argparse.Namespace) -> Any:
     """``plan`` with each GPU cell's predicted memory (the check before launch, asked for
     it), against ``--gpu-memory-gib`` or this machine's GPUs."""
+    from orchestrator.contract.gpumemory import MemoryPrediction
     from orchestrator.running.memoryfit import device_capacity, predicted, with_memory
     from orchestrator.running.stackcheck import check_stack
 
     if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
         raise UserError(f"--gpu-memory-gib must be positive, got {args.gpu_memory_gib:g}")
-    checked = check_stack(plan, keep=True, recheck=args.recheck, memory=predicted)
+    checked = check_stack(plan, keep=True, recheck=args.recheck, memory=predicted, stop=False)
     for line in checked.lines():
         print(line, file=sys.stderr)
+    if checked.refused:
+        print(
+            f"{len(checked.refused)} cell(s) refused before launch (run would stop at the "
+            "first; the table says why for each)",
+            file=sys.stderr,
+        )
     capacity, source = device_capacity(args.gpu_memory_gib)
-    return with_memory(checked.plan, checked.memory, capacity, source)
+    memory = dict(checked.memory)
+    memory.update((cell, MemoryPrediction(refused=why)) for cell, why in checked.refused.items())
+    return with_memory(checked.plan, memory, capacity, source)
 
 
 def add_parser(sub: Any) -> None:

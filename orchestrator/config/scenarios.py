@@ -59,6 +59,7 @@ from orchestrator.contract.applicability import (
     unknown_argument,
 )
 from orchestrator.contract.errors import ConfigError
+from orchestrator.contract.plugins import CONFIG_ENV
 from orchestrator.contract.steady import SteadyMeasure
 from orchestrator.contract.trainers import trainer_names
 
@@ -299,7 +300,7 @@ def _load_frameworks(
 
 
 #: the variable fms-acceleration's benchmark sets for each job to its plugin configuration
-ACCELERATION_CONFIG_ENV = "ACCELERATION_FRAMEWORK_CONFIG_FILE"
+ACCELERATION_CONFIG_ENV = CONFIG_ENV
 
 
 def _contents_frameworks(

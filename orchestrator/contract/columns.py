@@ -607,6 +607,9 @@ _DECLARED: tuple[Column, ...] = (
     # weights, gradients and optimizer states were kept in, and the optimizer that stepped
     _child(LOSS_IMPLEMENTATION, "", aggregate="first", path=(LOSS_IMPLEMENTATION,)),
     _child(ATTENTION_LOADED, "", aggregate="first", path=("model", "attn_implementation")),
+    # fms-acceleration's plugins that were active in the job, read from its framework (a
+    # framework_config that names them and cannot run them is refused before launch)
+    _child("acceleration_plugins", "", aggregate="first", path=("model", "acceleration_plugins")),
     _child(WEIGHTS_DTYPE, "", aggregate="first", path=(WEIGHTS_DTYPE,)),
     _child(GRADIENTS_DTYPE, "", aggregate="first", path=(GRADIENTS_DTYPE,)),
     _child(OPTIMIZER_STATES_DTYPE, "", aggregate="first", path=(OPTIMIZER_STATES_DTYPE,)),

@@ -231,6 +231,9 @@ class ModelRecord(_Record):
     trainable_params: int
     total_params: int
     peft_method: str | None
+    #: fms-acceleration's plugins active in the job, as its framework names them
+    #: (``trainer_entry.models.acceleration``), comma-separated; None: no framework
+    acceleration_plugins: str | None = None
 
 
 class DataRecord(_Record):

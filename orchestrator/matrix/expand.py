@@ -650,6 +650,13 @@ def _places(
         )
     for key, layer in variant.provenance.items():
         places[key] = place(_place(config, variant.scenario, variant.overlay, key, layer))
+    framework = config.frameworks.get(variant.overlay.label)
+    if framework is not None:
+        # what its environment or accelerate config asks (fms-acceleration's plugins):
+        # the framework's own entry
+        places["framework_config"] = Place(
+            framework.file, framework.line, f"framework '{framework.name}'"
+        )
     # the model: a scenario's list (or sweep), else the defaults'
     model = [
         k

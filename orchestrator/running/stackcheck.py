@@ -102,6 +102,9 @@ class StackCheck:
     skipped: bool = False
     #: cell id -> its predicted GPU memory, for the cells it was asked for
     memory: dict[str, MemoryPrediction] = field(default_factory=dict)
+    #: cell id -> why it is refused before launch, at the place that set it (only where
+    #: the check was asked not to stop at the first problem: ``plan --memory``)
+    refused: dict[str, str] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         """What the run's header says about it."""
@@ -216,6 +219,15 @@ def _problem_line(
     return where.error(f"{message} ({context}{more}); nothing was started")
 
 
+def _refusal(problem: Mapping[str, Any], experiment: Experiment) -> str:
+    """One cell's problem as a line at the place that set it."""
+    key = problem.get("key")
+    message = str(problem["message"])
+    if key and not experiment.has_place(key):
+        message = f"{key}: {message}"
+    return str(experiment.place(key).error(message))
+
+
 def check_stack(
     plan: Plan,
     *,
@@ -224,6 +236,7 @@ def check_stack(
     keep: bool = False,
     recheck: bool = False,
     memory: Callable[[Experiment], bool] | None = None,
+    stop: bool = True,
 ) -> StackCheck:
     """Check the plan's cells in each interpreter they run under; return the plan with
     each model's resolution applied. The first problem raises ``ConfigError`` (one line
@@ -231,7 +244,9 @@ def check_stack(
     ``skip`` (``--no-check``): check nothing, and say so. ``keep``: use and keep the
     verdicts of earlier checks (``checkverdicts``); ``recheck`` (``--recheck``): ask
     about every cell again, and keep what it finds. ``memory``: which cells' GPU memory
-    to predict as well (``StackCheck.memory``; kept with the verdicts)."""
+    to predict as well (``StackCheck.memory``; kept with the verdicts). ``stop=False``:
+    a problem refuses its cell (``StackCheck.refused``) instead of raising, and the other
+    cells are checked and predicted (``plan --memory`` shows them all)."""
     if skip:
         return StackCheck(plan, skipped=True)
     groups: dict[tuple[str | None, tuple[tuple[str, str], ...]], list[Experiment]] = {}
@@ -276,8 +291,10 @@ def check_stack(
         if kept is not None and asked:
             # what passed is kept before a problem stops the run: fixed, only it is asked again
             kept.keep(asked, answer, failed={p["cell"] for p in problems})
-        if problems:
+        if problems and stop:
             raise _problem_line(problems, by_cell, environment)
+        for problem in problems:
+            done.refused.setdefault(problem["cell"], _refusal(problem, by_cell[problem["cell"]]))
         offline.update((group, name) for name, found in models.items() if found.get("offline"))
         for verdict in earlier.values():
             models.setdefault(verdict["model"], verdict["found"])

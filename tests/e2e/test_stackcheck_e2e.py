@@ -204,3 +204,34 @@ def test_a_second_check_of_the_same_cells_on_the_same_stack_asks_the_child_nothi
     assert first.checked[0].versions["transformers"]
     assert second.checked[0].models == {"tiny-llama": {**first.checked[0].models["tiny-llama"]}}
     assert "all kept from an earlier check" in second.lines()[0]
+
+
+def test_a_plugin_cell_that_cannot_run_its_plugins_is_refused_and_never_ok(
+    tmp_path: Path,
+) -> None:
+    """A foak cell on the CPU (fms-acceleration absent, or its Triton kernels without a
+    GPU): one line before anything starts; with ``--no-check`` its job fails saying why,
+    and its row is never ``ok`` as the plain baseline under the plugin's name."""
+    contents = tmp_path / "sample-configurations"
+    shutil.copytree(REPO / "tests" / "fixtures" / "fms_sample_configurations", contents)
+    scenarios = (
+        _scenario("tiny-llama")
+        .replace(
+            "    device: cpu\n", "    device: cpu\n    framework_config: [foak-fast-kernels]\n"
+        )
+        .replace("[2, 4]", "[2]")
+    )
+    frameworks = ("--frameworks", str(contents / "CONTENTS.yaml"))
+    line = _one_line_exit_2(_run(tmp_path, scenarios, *frameworks, HF_HUB_OFFLINE="1"), tmp_path)
+    assert "CONTENTS.yaml" in line and "framework 'foak-fast-kernels'" in line
+    assert "training.fused_ops_and_kernels" in line and "use_liger_kernel: true" in line
+    assert line.endswith("(1 cell(s) of s); nothing was started")
+
+    done = _run(tmp_path, scenarios, *frameworks, "--no-check", HF_HUB_OFFLINE="1")
+    assert done.returncode != 0, done.stdout[-2000:]
+    with open(tmp_path / "results" / "raw_summary.csv", newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["framework_config"] == "foak-fast-kernels"
+    assert row["status"] == "failed", row
+    assert "training.fused_ops_and_kernels" in row["error"]
+    assert row.get("acceleration_plugins", "") == ""

@@ -26,10 +26,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from trainer_entry.models.tiny import TINY_NAME
 from trainer_entry.settings import installed
 from trainer_entry.settings.parsed import ModelConfig, PeftConfig
 from trainer_entry.spec_errors import SpecError
+
+if TYPE_CHECKING:
+    from trainer_entry.models.acceleration import Acceleration as Accelerating
 
 DTYPES = {
     "float32": torch.float32,
@@ -170,6 +173,7 @@ def load_model(
     placement: Placement | None = None,
     task_kwargs: Mapping[str, Any] | None = None,
     search_path: Sequence[str] = (),
+    acceleration: Accelerating | None = None,
 ) -> LoadedModel:
     """Model (with PEFT applied) and tokenizer, on the CPU or this rank's GPU.
 
@@ -179,6 +183,8 @@ def load_model(
     (default: this rank's GPU when ``on_gpu``, see ``config_placement``); other
     models load on the CPU and the trainer (or FSDP) moves them.
     ``search_path``: the folders a ``python:`` model's module is looked for in first.
+    ``acceleration``: fms-acceleration's framework, which may load the model itself and
+    augments it before LoRA (``trainer_entry.models.acceleration``).
     """
     from transformers import AutoConfig, AutoTokenizer
 
@@ -223,6 +229,15 @@ def load_model(
             if not name.startswith(CONFIG_PREFIX) and _has_tokenizer(Path(name).expanduser()):
                 # a folder with a config and a tokenizer but no weights: its own tokenizer
                 tokenizer_name = tokenizer_name or str(Path(name).expanduser())
+        elif acceleration is not None and acceleration.custom_loading:
+            if kind == "tiny":
+                raise SpecError(
+                    f"fms-acceleration's {', '.join(acceleration.plugins)} loads the model "
+                    f"from its checkpoint; {name} has none",
+                    key="framework_config",
+                )
+            model = acceleration.load(name, dtype=dtype, attn=attn)
+            tokenizer_name = tokenizer_name or name
         else:
             path = str(tiny_model_path(name)) if kind == "tiny" else name
             model = auto_model.from_pretrained(
@@ -259,7 +274,15 @@ def load_model(
         "built_on": place.device if kind == "config" else None,
         "weights_drawn": place.init_weights if kind == "config" else None,
     }
-    model = apply_peft(model, peft, quantized=quant is not None, task=task)
+    if acceleration is not None:
+        info["acceleration_plugins"] = ", ".join(acceleration.plugins)
+    model = apply_peft(
+        model,
+        peft,
+        quantized=quant is not None,
+        task=task,
+        augment=acceleration.augment if acceleration is not None else None,
+    )
     # ZeRO-3 (deepspeed.zero.Init) builds each parameter as an empty tensor and
     # keeps its full size as ds_numel
     trainable = sum(_numel(p) for p in model.parameters() if p.requires_grad)
@@ -489,28 +512,47 @@ def lora_config(cfg: PeftConfig, task: ModelTask, head: list[str] | None = None)
         raise installed.Refused(LORA_CONFIG, str(exc), "LoRA settings") from None
 
 
-def apply_peft(model: Any, cfg: PeftConfig, *, quantized: bool, task: ModelTask) -> Any:
-    if cfg.method is None:
+def apply_peft(
+    model: Any,
+    cfg: PeftConfig,
+    *,
+    quantized: bool,
+    task: ModelTask,
+    augment: Callable[[Any, Any], tuple[Any, Any]] | None = None,
+) -> Any:
+    """``model`` with the cell's LoRA. ``augment``: fms-acceleration's augmentation, given
+    the model and the LoRA configuration (None without LoRA) before LoRA wraps it; it
+    returns the model and the configuration still to apply (None: a plugin applied
+    its own adapters, or there is no LoRA)."""
+    if cfg.method is None and augment is None:
         return model
     from peft import get_peft_model, prepare_model_for_kbit_training
 
     available = linear_module_names(model)
-    target = cfg.target_modules
-    if isinstance(target, list):
-        module_names = {full.rsplit(".", 1)[-1] for full, _ in model.named_modules()}
-        missing = [t for t in target if t not in module_names]
-        if len(missing) == len(target):
-            raise SpecError(
-                f"target_modules {target} match no module of the model; its linear layers: "
-                f"{', '.join(available)}"
-            )
-    if quantized:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    # a new head (a classifier) is trained in full unless the scenario says otherwise
-    config = lora_config(cfg, task, task.head_modules(model) or None)
+    config = None
+    if cfg.method is not None:
+        target = cfg.target_modules
+        if isinstance(target, list):
+            module_names = {full.rsplit(".", 1)[-1] for full, _ in model.named_modules()}
+            missing = [t for t in target if t not in module_names]
+            if len(missing) == len(target):
+                raise SpecError(
+                    f"target_modules {target} match no module of the model; its linear "
+                    f"layers: {', '.join(available)}",
+                    key="target_modules",
+                )
+        if quantized:
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        # a new head (a classifier) is trained in full unless the scenario says otherwise
+        config = lora_config(cfg, task, task.head_modules(model) or None)
+    if augment is not None:
+        model, config = augment(model, config)
+    if config is None:
+        return model
     try:
         return get_peft_model(model, config)
     except ValueError as exc:
         raise SpecError(
-            f"LoRA could not be applied: {exc}; linear layers: {', '.join(available)}"
+            f"LoRA could not be applied: {exc}; linear layers: {', '.join(available)}",
+            key="target_modules",
         ) from None

@@ -50,6 +50,7 @@ from trainer_entry.measure.progressfile import ProgressFile
 from trainer_entry.measure.recompute import RecomputeWatch
 from trainer_entry.measure.steadystop import SteadyStop, steady_stop, with_step_cap
 from trainer_entry.measure.steps import RankStats, StepRecorder
+from trainer_entry.models.acceleration import Acceleration, load_acceleration, requested
 from trainer_entry.models.load import LoadedModel, config_placement, fsdp_loading, load_model
 from trainer_entry.results.evaluate import evaluate
 from trainer_entry.results.finished import build_result
@@ -213,6 +214,8 @@ class Job:
     rank: int
     world: int
     local_rank: int
+    #: fms-acceleration's framework, where the job's environment names a configuration
+    acceleration: Acceleration | None = None
 
 
 def configure(spec: RunSpec, backend: TrainerBackend) -> Job:
@@ -227,6 +230,13 @@ def configure(spec: RunSpec, backend: TrainerBackend) -> Job:
     settings = backend.configure(spec, parsed, on_gpu=on_gpu)
     per_process = devices_per_process(settings.native, on_gpu=on_gpu)
     check_devices(spec.num_gpus, world, per_process, on_gpu=on_gpu)
+    # the plugins its framework names run, or the run fails here: never the baseline
+    plugins = requested(spec.env) or requested(os.environ)
+    acceleration = (
+        replace(load_acceleration(plugins, on_gpu=on_gpu), training_args=settings.native)
+        if plugins is not None
+        else None
+    )
     memory = (
         MemoryCounters(
             torch.cuda.memory_allocated,
@@ -249,6 +259,7 @@ def configure(spec: RunSpec, backend: TrainerBackend) -> Job:
         rank=rank,
         world=world,
         local_rank=local_rank,
+        acceleration=acceleration,
     )
 
 
@@ -274,6 +285,7 @@ def load(job: Job, timings: dict[str, float]) -> tuple[LoadedModel, bool]:
         on_gpu=job.on_gpu,
         local_rank=job.local_rank,
         placement=placement,
+        acceleration=job.acceleration,
     )
     timings["model_load_s"] = time.perf_counter() - t
     timings["model_end_unix"] = time.time()
@@ -390,6 +402,12 @@ def build_trainer(
         parsed=job.parsed,
         hooks=measuring.hooks,
     )
+    if job.acceleration is not None:
+        # fms-acceleration's patches and callbacks, on the built model and accelerator
+        for callback in job.acceleration.callbacks(
+            getattr(trainer, "model", model), getattr(trainer, "accelerator", None)
+        ):
+            trainer.add_callback(callback)  # type: ignore[attr-defined]
     if job.memory is not None:
         job.memory.mark("init_end")
     timings["trainer_init_s"] = time.perf_counter() - t

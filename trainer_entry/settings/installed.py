@@ -48,11 +48,12 @@ class Owner:
 class SettingError(SpecError):
     """A setting the installed library does not take, under any of its names."""
 
+    key: str
+
     def __init__(self, key: str, owner: Owner, detail: str) -> None:
-        self.key = key
         self.owner = owner
         self.detail = detail
-        super().__init__(f"{key}: {detail}")
+        super().__init__(f"{key}: {detail}", key=key)
 
 
 class MissingPackage(SettingError):
