@@ -98,6 +98,8 @@ def resolve_models(specs: Iterable[tuple[str, Any]]) -> dict[str, dict[str, Any]
             out[model.name] = {
                 "cell": cell,
                 "where": found.describe(),
+                # where it was found, as data (``where`` says it, with its details)
+                "kind": found.where,
                 "offline": found.offline,
             }
         except SpecError as exc:

@@ -30,7 +30,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,16 +193,23 @@ class StackVerdicts:
         cells: Iterable[Experiment],
         answer: Mapping[str, Any],
         failed: set[str],
+        refusals: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     ) -> None:
         """Keep the verdict of each of ``cells`` the ``answer`` passed (``failed``: the cell
-        ids with a problem) whose model was found without the network; then save."""
+        ids with a problem) whose model was found without the network; then save.
+        ``refusals``: the problems of failed cells that are kept too (the child's own
+        findings about a cell, which the same stack, code, settings and files find again);
+        a failed cell without any is asked again."""
         models: Mapping[str, Mapping[str, Any]] = answer.get("models") or {}
         memory: Mapping[str, Any] = answer.get("memory") or {}
         unbuilt = set(answer.get("unbuilt_cells") or [])
         now = time.time()
         for e in cells:
             found = models.get(e.model_name_or_path)
-            if e.cell_id in failed or found is None or found.get("where") not in OFFLINE_WHERE:
+            refused = (refusals or {}).get(e.cell_id)
+            if found is None or (e.cell_id in failed and not refused):
+                continue
+            if found.get("kind", found.get("where")) not in OFFLINE_WHERE:
                 continue
             if found.get("offline"):
                 continue
@@ -216,7 +223,8 @@ class StackVerdicts:
                 "built": e.cell_id not in unbuilt,
                 "kept_at": now,
                 # its predicted memory, where it was ever asked for (the same key decides it)
-                **({"memory": predicted} if predicted is not None else {}),
+                **({"memory": predicted} if predicted is not None and not refused else {}),
+                **({"problems": [dict(p) for p in refused]} if refused else {}),
             }
         if answer.get("versions"):
             self.versions = dict(answer["versions"])

@@ -265,19 +265,21 @@ def check_stack(
         earlier = {
             cell: verdict
             for cell, verdict in earlier.items()
-            if cell not in wanted or "memory" in verdict
+            if cell not in wanted or "memory" in verdict or "problems" in verdict
         }
         asked = [e for e in cells if e.cell_id not in earlier]
         predict = [e.cell_id for e in asked if e.cell_id in wanted]
         answer = run(python, asked, **({"memory": predict} if predict else {})) if asked else {}
         predicted = {**(answer.get("memory") or {})}
         predicted.update(
-            (cell, verdict["memory"]) for cell, verdict in earlier.items() if cell in wanted
+            (cell, verdict["memory"])
+            for cell, verdict in earlier.items()
+            if cell in wanted and "memory" in verdict
         )
         done.memory.update(
             (cell, MemoryPrediction.from_answer(found)) for cell, found in predicted.items()
         )
-        by_cell = {e.cell_id: e for e in asked}
+        by_cell = {e.cell_id: e for e in cells}
         models: dict[str, Mapping[str, Any]] = dict(answer.get("models") or {})
         # a model that leads nowhere: one problem for each cell that names it
         failed = [
@@ -287,10 +289,26 @@ def check_stack(
             for e in asked
             if e.model_name_or_path == name
         ]
-        problems = [*failed, *(p for p in answer.get("problems") or [] if p["cell"] in by_cell)]
+        found = [p for p in answer.get("problems") or [] if p["cell"] in by_cell]
         if kept is not None and asked:
-            # what passed is kept before a problem stops the run: fixed, only it is asked again
-            kept.keep(asked, answer, failed={p["cell"] for p in problems})
+            # what passed is kept before a problem stops the run, and so is what the child
+            # found wrong with a cell (asked again once its settings or files change)
+            refusals: dict[str, list[Mapping[str, Any]]] = {}
+            for p in found:
+                refusals.setdefault(p["cell"], []).append(p)
+            kept.keep(
+                asked,
+                answer,
+                failed={p["cell"] for p in [*failed, *found]},
+                refusals={
+                    c: ps for c, ps in refusals.items() if c not in {f["cell"] for f in failed}
+                },
+            )
+        problems = [
+            *failed,
+            *(dict(p, cell=cell) for cell, v in earlier.items() for p in v.get("problems", [])),
+            *found,
+        ]
         if problems and stop:
             raise _problem_line(problems, by_cell, environment)
         for problem in problems:

@@ -150,24 +150,36 @@ def test_an_installed_package_is_part_of_the_key(plan, cache, dataset, tmp_path,
     assert [len(a) for a in child.asked] == [2, 2, 2]
 
 
-def test_only_passing_cells_found_without_the_network_are_kept(plan, cache, dataset) -> None:
+def test_only_cells_found_without_the_network_are_kept(plan, cache, dataset) -> None:
     # a hub model: its verdict depends on the hub, asked every time
     hub = Child(where="hub")
     built = plan(_scenarios(dataset, model="org/model"), num_gpus=(1,), device="cpu")
     check_stack(built, run=hub, keep=True)
     check_stack(built, run=hub, keep=True)
     assert len(hub.asked) == 2
-    # a refused cell stops the run; the cells that passed are kept, it is asked again
+    # a refused cell stops the run; the cells that passed are kept, and so is the refusal:
+    # the same stack, code, settings and files find it again, in the same line
     text = _scenarios(dataset) + _scenarios(dataset, rate="9").split("scenarios:\n")[1].replace(
         "name: a", "name: b"
     )
     both = plan(text, num_gpus=(1,), device="cpu")
     refusing = Child(problem_for="9")
-    with pytest.raises(ConfigError, match="refused"):
+    with pytest.raises(ConfigError, match="refused") as first:
         check_stack(both, run=refusing, keep=True)
-    with pytest.raises(ConfigError, match="refused"):
+    with pytest.raises(ConfigError, match="refused") as again:
         check_stack(both, run=refusing, keep=True)
-    assert [len(a) for a in refusing.asked] == [4, 2]
+    assert [len(a) for a in refusing.asked] == [4]
+    assert str(again.value) == str(first.value)
+    # plan --memory (stop=False) shows the kept refusal for its cells, asking nothing
+    shown = check_stack(both, run=refusing, keep=True, stop=False)
+    assert len(shown.refused) == 2 and [len(a) for a in refusing.asked] == [4]
+    # a model found through the hub: its refusal is asked again, as its passes are
+    hub_refusing = Child(where="hub", problem_for="9")
+    on_hub = plan(text.replace("tiny-llama", "org/model"), num_gpus=(1,), device="cpu")
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="refused"):
+            check_stack(on_hub, run=hub_refusing, keep=True)
+    assert [len(a) for a in hub_refusing.asked] == [4, 4]
 
 
 def test_an_unreadable_cache_is_checked_afresh_and_written_again(plan, cache, dataset) -> None:
