@@ -1,6 +1,6 @@
 """The GPU acceptance run: every figure tunematrix publishes, checked against an independent one.
 
-On one GPU with no network, in a window of minutes, in five parts, most needed first;
+On one GPU with no network, in a window of minutes, in six parts, most needed first;
 the table is written as each part ends, so a run cut off keeps every check that finished:
 
 1. **Independent figures**, in a process of their own: a plain PyTorch loop of the same
@@ -18,6 +18,11 @@ the table is written as each part ends, so a run cut off keeps every check that 
    masked-lm (``config:bert-base-uncased``), speech-recognition (``config:whisper-small``)
    and vision-language (``config:llava-1.5-7b``, LoRA under TRL's trainer), random weights
    on the shipped or generated data.
+6. **fms-acceleration's plugins**: a LoRA cell of the predecessor's ``foak-fast-kernels``
+   configuration, which either trains with the plugin active (its row names
+   ``FastKernelsAccelerationPlugin``, read from the framework) or is refused before
+   launch in one line (fms-acceleration not installed, its kernels not loadable); an
+   ``ok`` row without the plugin fails.
 
 Every check fails on a missing row, a status other than ``ok`` or a missing figure;
 only the rows marked ``reported`` may read n/a. With ``--cpu-smoke`` (a few steps of the
@@ -93,7 +98,18 @@ PARTS = (
     "fresh launches",
     "hf-tracker",
     "the task families",
+    "fms-acceleration plugins",
 )
+#: the predecessor's fused-kernels configuration (fms-acceleration's sample), for the last part
+FOAK_CONFIG = (
+    REPO
+    / "tests"
+    / "fixtures"
+    / "fms_sample_configurations"
+    / "foak-fast-kernels-sample-configuration.yaml"
+)
+#: what its framework names the plugin when it runs
+FOAK_PLUGIN = "FastKernelsAccelerationPlugin"
 #: one cell per task family besides causal-lm, sized for one GPU (on the CPU smoke, its
 #: tiny model): name -> (model, tiny model, arguments, the count column it must have)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any], str | None]] = {
@@ -265,6 +281,57 @@ def families_yaml(args: argparse.Namespace, device: str) -> str:
     return frameworks_yaml() + "scenarios:\n" + "".join(cells)
 
 
+def plugins_yaml(args: argparse.Namespace, device: str) -> str:
+    """The matrix's LoRA cell under the predecessor's foak-fast-kernels configuration."""
+    settings: dict[str, Any] = {
+        "model_name_or_path": args.model,
+        "trainer": "sft",
+        "peft_method": "lora",
+        **LORA,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+        "max_steps": args.steps,
+        "max_seq_len": args.seq,
+        "per_device_train_batch_size": args.batch,
+        "effective_batch_size": args.batch,
+        "activation_checkpointing": True,
+        **({"bf16": True, "torch_dtype": "bfloat16"} if device == "gpu" else {}),
+    }
+    return (
+        "frameworks:\n  foak-fast-kernels:\n    env:\n"
+        f"      ACCELERATION_FRAMEWORK_CONFIG_FILE: {json.dumps(str(FOAK_CONFIG))}\n"
+        "scenarios:\n" + scenario("foak-lora", device, "foak-fast-kernels", settings)
+    )
+
+
+def _plugin_checks(plugins: Runs, refusal: str = "") -> list[Check]:
+    """The plugin cell runs its plugin (named in an ok row) or is refused before launch,
+    in a line (``refusal``: the run's last line on stderr) about its plugins."""
+    name = "fms-acceleration foak-fast-kernels: its plugin runs, or the cell is refused"
+    expected = f"ok with {FOAK_PLUGIN} active, or refused before launch naming fms-acceleration"
+    row = plugins.one("foak-lora")
+    if row is None:
+        refused = plugins.returncode == 2 and not plugins.rows
+        about = "fms-acceleration" in refusal
+        measured = (
+            f"refused before launch: {refusal[-300:]}"
+            if refused
+            else f"no row (exit {plugins.returncode})"
+        )
+        return [judged(name, measured, expected, refused and about)]
+    active = str(row.get("acceleration_plugins") or "")
+    status = status_of(row)
+    measured = f"{status}, active plugins: {active or 'none'}"
+    if status != "ok" and row.get("error"):
+        measured += f" ({str(row.get('error'))[:160]})"
+    out = [judged(name, measured, expected, status == "ok" and FOAK_PLUGIN in active)]
+    speed = num(row, "tokens_per_second_per_device")
+    if status == "ok" and speed:
+        out.append(
+            Check("fms-acceleration foak LoRA: tokens/s", f"{speed:,.0f}", "reported", "reported")
+        )
+    return out
+
+
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["HF_HUB_OFFLINE"] = "1"
@@ -272,15 +339,25 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def tunematrix(work: Path, scenarios: Path, results: Path, *extra: str) -> int:
-    """One ``tunematrix run`` (its tables left out: the checks read its run folders)."""
+def tunematrix(
+    work: Path, scenarios: Path, results: Path, *extra: str, stderr: Path | None = None
+) -> int:
+    """One ``tunematrix run`` (its tables left out: the checks read its run folders);
+    ``stderr``: a file its stderr goes to as well as to this one's."""
     argv = [
         sys.executable,
         *("-m", "orchestrator", "run", "--scenarios", str(scenarios)),
         *("--results", str(results), "--no-report", *extra),
     ]
     print("$", " ".join(argv[1:]), flush=True)
-    return subprocess.run(argv, cwd=work, env=child_env(), check=False).returncode
+    if stderr is None:
+        return subprocess.run(argv, cwd=work, env=child_env(), check=False).returncode
+    done = subprocess.run(
+        argv, cwd=work, env=child_env(), check=False, stderr=subprocess.PIPE, text=True
+    )
+    sys.stderr.write(done.stderr)
+    stderr.write_text(done.stderr)
+    return done.returncode
 
 
 # ---------------------------------------------------------------------------
@@ -578,6 +655,7 @@ def checks(
     fresh: Runs | None,
     tracker: Runs | None,
     families: Runs | None = None,
+    plugins: tuple[Runs, str] | None = None,
     *,
     on_gpu: bool,
     wall_s: float | None = None,
@@ -593,6 +671,8 @@ def checks(
         out += _shared_checks(matrix, fresh, on_gpu)
     if families is not None:
         out += _family_checks(families, on_gpu)
+    if plugins is not None:
+        out += _plugin_checks(*plugins)
     if tracker is not None and matrix is not None:
         fixed = matrix.one("hf-full")
         tracked = tracker.one("hf-full")
@@ -1142,6 +1222,7 @@ def run(args: argparse.Namespace) -> int:
             parts.get("fresh"),
             parts.get("tracker"),
             parts.get("families"),
+            parts.get("plugins"),
             on_gpu=on_gpu,
             wall_s=time.monotonic() - started if index == len(PARTS) else None,
             limit_s=args.limit_s,
@@ -1204,6 +1285,18 @@ def run(args: argparse.Namespace) -> int:
     code = tunematrix(work, work / "families.yaml", work / "families", "--device", device)
     parts["families"] = Runs.read(work / "families", code, asked=sorted(FAMILIES))
     done(PARTS[4])
+
+    (work / "plugins.yaml").write_text(plugins_yaml(args, device))
+    stderr = work / "plugins.stderr"
+    code = tunematrix(
+        work, work / "plugins.yaml", work / "plugins", "--device", device, stderr=stderr
+    )
+    lines = stderr.read_text(errors="replace").strip().splitlines() if stderr.is_file() else []
+    parts["plugins"] = (
+        Runs.read(work / "plugins", code, asked=["foak-lora"]),
+        lines[-1] if lines else "",
+    )
+    done(PARTS[5])
 
     print(render(parts["table"], header))
     return 1 if any(c.result == "FAIL" for c in parts["table"]) else 0

@@ -357,3 +357,24 @@ def test_the_energy_check_holds_the_counter_to_the_power_samples() -> None:
     assert check([]).result == "FAIL"
     assert check([(1000.0, 1000.0)], energy_j=None).result == "FAIL"
     assert acceptance._energy_check(acceptance.Runs(), "hf-full").result == "FAIL"
+
+
+def test_the_plugin_cell_passes_running_its_plugin_or_refused_and_fails_as_a_baseline() -> None:
+    plugin = acceptance.FOAK_PLUGIN
+
+    def result(rows: list[dict[str, Any]], code: int, line: str = "") -> str:
+        runs = acceptance.Runs(rows=rows, returncode=code)
+        (check, *_) = acceptance._plugin_checks(runs, line)
+        return check.result
+
+    row = {"scenario": "foak-lora", "status": "ok", "tokens_per_second_per_device": "100"}
+    refusal = "tunematrix: error: CONTENTS.yaml: fms-acceleration configuration ... asks for"
+    assert result([], 2, refusal) == "pass"  # refused before launch, nothing launched
+    # refused for another reason (a model that is nowhere): not the plugin's verdict
+    assert result([], 2, "tunematrix: error: model 'nowhere' is neither ...") == "FAIL"
+    assert result([], 1) == "FAIL"  # no row and no refusal: a crash, not a verdict
+    assert result([{**row, "acceleration_plugins": plugin}], 0) == "pass"
+    # ok without its plugin: the plain baseline under the plugin's name
+    assert result([{**row, "acceleration_plugins": ""}], 0) == "FAIL"
+    failed = {**row, "status": "failed", "error": "its plugins run CUDA kernels"}
+    assert result([failed], 1) == "FAIL"

@@ -124,6 +124,19 @@ def test_a_length_past_the_models_learned_positions_is_refused_and_rotary_ones_a
     )
 
 
+def test_every_task_familys_tiny_model_passes_the_build() -> None:
+    """The build refuses what would fail, nothing else: a model of each task (a
+    vision-language model's lengths are its images', known only from its data)."""
+    cells = [
+        ("vlm", _cpu(model_name_or_path="tiny-vlm", task="vision-language")),
+        ("t5", _cpu(model_name_or_path="tiny-t5", task="seq2seq-lm")),
+        ("bert", _cpu(model_name_or_path="tiny-bert", task="masked-lm", max_seq_len=128)),
+        ("whisper", _cpu(model_name_or_path="tiny-whisper", task="speech-recognition")),
+        ("vit", _cpu(model_name_or_path="tiny-vit", task="image-classification")),
+    ]
+    assert _check(*cells)["problems"] == []
+
+
 def test_a_plugin_cell_without_fms_acceleration_is_refused_with_the_nearest_setting() -> None:
     if _installed("fms_acceleration"):
         pytest.skip("fms-acceleration is installed here; the fake framework below covers it")

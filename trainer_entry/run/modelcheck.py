@@ -77,8 +77,11 @@ def build_once(spec: Any, parsed: Any, task: Any, *, gpu_here: bool, seen: dict[
     if key not in seen:
         seen[key] = _build(spec, parsed, task, attn=attn, on_gpu=on_gpu)
     config, model = seen[key]
-    lengths = task.longest(parsed, config) if model is not None else None
     found = _positions(model, config) if model is not None else None
+    try:
+        lengths = task.longest(parsed, config) if found is not None else None
+    except SpecError:
+        lengths = None  # a task whose lengths are its data's (an image's positions)
     tokens = (lengths or {}).get("tokens")
     if found is not None and isinstance(tokens, int) and tokens > found[0]:
         limit, where = found
