@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-LAYERS = 8
+LAYERS = 6
 CONFIGS: dict[str, dict[str, Any]] = {
     "dense": {
         "architectures": ["LlamaForCausalLM"],
