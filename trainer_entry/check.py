@@ -126,10 +126,7 @@ def check_cell(spec: Any, *, gpu_here: bool, builds: dict[str, Any] | None = Non
     on_gpu = spec.device == "gpu"
     plugins = requested(spec.env)
     if plugins is not None:
-        try:
-            load_acceleration(plugins, on_gpu=on_gpu)
-        except SpecError as exc:
-            raise SpecError(str(exc), key="framework_config") from None
+        load_acceleration(plugins, on_gpu=on_gpu)
     backend.arguments(spec, parsed, on_gpu=on_gpu)
     task = get_task(parsed.task)
     if parsed.peft.method is not None:

@@ -299,10 +299,6 @@ def _load_frameworks(
         )
 
 
-#: the variable fms-acceleration's benchmark sets for each job to its plugin configuration
-ACCELERATION_CONFIG_ENV = CONFIG_ENV
-
-
 def _contents_frameworks(
     doc: YamlDoc,
 ) -> tuple[dict[str, FrameworkModel], dict[str, dict[str, str]]]:
@@ -330,10 +326,10 @@ def _contents_frameworks(
         plugins = ", ".join(entry.plugins) or "none"
         out[entry.shortname] = FrameworkModel(
             description=f"fms-acceleration {entry.filename} (plugins: {plugins})",
-            env={ACCELERATION_CONFIG_ENV: str(path)},
+            env={CONFIG_ENV: str(path)},
         )
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        identity[entry.shortname] = {ACCELERATION_CONFIG_ENV: f"{entry.filename}@sha256:{digest}"}
+        identity[entry.shortname] = {CONFIG_ENV: f"{entry.filename}@sha256:{digest}"}
     return out, identity
 
 

@@ -204,28 +204,22 @@ def _problem_line(
     same = [
         p for p in problems if (p.get("key"), p["message"]) == (first.get("key"), first["message"])
     ]
-    experiment = by_cell[first["cell"]]
-    key = first.get("key")
-    where = experiment.place(key)
     scenarios = sorted({by_cell[p["cell"]].scenario for p in same})
     context = f"{len(same)} cell(s) of {', '.join(scenarios)}"
     if environment:
         context += f", environment '{environment}'"
     others = len(problems) - len(same)
     more = f"; {others} other problem(s) after it" if others else ""
-    message = str(first["message"])
-    if key and not experiment.has_place(key):
-        message = f"{key}: {message}"  # a setting tunematrix sets: named, as no line is
-    return where.error(f"{message} ({context}{more}); nothing was started")
+    return _placed(first, by_cell[first["cell"]], f" ({context}{more}); nothing was started")
 
 
-def _refusal(problem: Mapping[str, Any], experiment: Experiment) -> str:
-    """One cell's problem as a line at the place that set it."""
+def _placed(problem: Mapping[str, Any], experiment: Experiment, after: str = "") -> UserError:
+    """One problem (and ``after``) at the place that set it."""
     key = problem.get("key")
     message = str(problem["message"])
     if key and not experiment.has_place(key):
-        message = f"{key}: {message}"
-    return str(experiment.place(key).error(message))
+        message = f"{key}: {message}"  # a setting tunematrix sets: named, as no line is
+    return experiment.place(key).error(message + after)
 
 
 def check_stack(
@@ -297,12 +291,7 @@ def check_stack(
             for p in found:
                 refusals.setdefault(p["cell"], []).append(p)
             kept.keep(
-                asked,
-                answer,
-                failed={p["cell"] for p in [*failed, *found]},
-                refusals={
-                    c: ps for c, ps in refusals.items() if c not in {f["cell"] for f in failed}
-                },
+                asked, answer, failed={p["cell"] for p in failed} | set(refusals), refusals=refusals
             )
         problems = [
             *failed,
@@ -312,7 +301,9 @@ def check_stack(
         if problems and stop:
             raise _problem_line(problems, by_cell, environment)
         for problem in problems:
-            done.refused.setdefault(problem["cell"], _refusal(problem, by_cell[problem["cell"]]))
+            done.refused.setdefault(
+                problem["cell"], str(_placed(problem, by_cell[problem["cell"]]))
+            )
         offline.update((group, name) for name, found in models.items() if found.get("offline"))
         for verdict in earlier.values():
             models.setdefault(verdict["model"], verdict["found"])

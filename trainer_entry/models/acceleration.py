@@ -48,6 +48,8 @@ class Acceleration:
     plugins: tuple[str, ...]
     #: whether a plugin loads the model itself (the 4-bit PEFT plugins)
     custom_loading: bool
+    #: the file's sections (``orchestrator.contract.plugins.sections``)
+    sections: tuple[str, ...] = ()
     #: the job's ``TrainingArguments``, which the plugins read as they augment
     training_args: Any = None
 
@@ -102,10 +104,14 @@ def _claimed(section: str, registrations: list[Any], active: set[str]) -> bool:
     return False
 
 
+def _refused(path: str, asked: list[str], why: str) -> SpecError:
+    """The cell's refusal, blaming its framework_config."""
+    return SpecError(refusal(Path(path).name, asked, why), key="framework_config")
+
+
 @functools.lru_cache(maxsize=16)
 def _built(path: str) -> Acceleration:
     """The framework for ``path``, built once per process (the check asks per cell)."""
-    name = Path(path).name
     asked = _plugin_sections(path)
     try:
         from fms_acceleration import AccelerationFramework
@@ -117,7 +123,7 @@ def _built(path: str) -> Acceleration:
             if missing
             else f"fms-acceleration does not import beside this stack ({exc})"
         )
-        raise SpecError(refusal(name, asked, why)) from None
+        raise _refused(path, asked, why) from None
     # the framework keeps its active plugins in class attributes: a second build in one
     # process would add to the first's
     framework = AccelerationFramework.__new__(AccelerationFramework)
@@ -126,23 +132,22 @@ def _built(path: str) -> Acceleration:
     try:
         framework.__init__(path)
     except (ValueError, AssertionError, KeyError, TypeError, ImportError) as exc:
-        raise SpecError(refusal(name, asked, f"fms-acceleration refuses it ({exc})")) from None
+        raise _refused(path, asked, f"fms-acceleration refuses it ({exc})") from None
     active = [str(plugin_name) for plugin_name, _ in framework.active_plugins]
     unclaimed = [s for s in asked if not _claimed(s, list(PLUGIN_REGISTRATIONS), set(active))]
     if unclaimed:
-        raise SpecError(
-            refusal(
-                name,
-                unclaimed,
-                "no installed plugin takes it (the framework would skip it; active: "
-                f"{', '.join(active) or 'none'})",
-            )
+        raise _refused(
+            path,
+            unclaimed,
+            "no installed plugin takes it (the framework would skip it; active: "
+            f"{', '.join(active) or 'none'})",
         )
     return Acceleration(
         path=path,
         framework=framework,
         plugins=tuple(active),
         custom_loading=bool(framework.requires_custom_loading),
+        sections=tuple(asked),
     )
 
 
@@ -151,12 +156,10 @@ def load_acceleration(path: str, *, on_gpu: bool) -> Acceleration:
     it (see the module's docstring)."""
     built = _built(str(path))
     if not on_gpu:
-        raise SpecError(
-            refusal(
-                Path(path).name,
-                _plugin_sections(path),
-                f"its plugins ({', '.join(built.plugins)}) run CUDA kernels and this cell "
-                "runs on the CPU",
-            )
+        raise _refused(
+            path,
+            list(built.sections),
+            f"its plugins ({', '.join(built.plugins)}) run CUDA kernels and this cell runs on "
+            "the CPU",
         )
     return built
