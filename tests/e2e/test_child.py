@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator.contract import columns as registry
 from orchestrator.contract.result import ChildResult
+from orchestrator.job.execute import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -55,9 +56,10 @@ def run_in_own_group(
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def child_argv(specs: list[Path], *, processes: int, port: int) -> list[str]:
+def child_argv(specs: list[Path], *, processes: int) -> list[str]:
     """The child's command on ``specs`` (one launch); ``processes`` 0 runs it bare, else
-    under accelerate launch (1: ``--cpu``; more: gloo DDP)."""
+    under accelerate launch (1: ``--cpu``; more: gloo DDP) on a port free now (tests
+    run side by side: no fixed port)."""
     flags = [arg for spec in specs for arg in ("--spec", str(spec))]
     if processes == 0:
         return [sys.executable, "-m", "trainer_entry", *flags]
@@ -69,7 +71,7 @@ def child_argv(specs: list[Path], *, processes: int, port: int) -> list[str]:
         "--num_machines",
         "1",
         "--main_process_port",
-        str(port),
+        str(free_port()),
         flag,
         "-m",
         "trainer_entry",
@@ -78,12 +80,12 @@ def child_argv(specs: list[Path], *, processes: int, port: int) -> list[str]:
 
 
 def run_child(
-    tmp: Path, arguments: dict, *, processes: int = 0, port: int = 29710, **spec: object
+    tmp: Path, arguments: dict, *, processes: int = 0, **spec: object
 ) -> tuple[subprocess.CompletedProcess[str], dict]:
     """Run the child on a spec; ``processes`` 0 runs it bare, else under accelerate launch."""
     spec_path = tmp / "spec.json"
     spec_path.write_text(json.dumps({"arguments": arguments, "device": "cpu", **spec}))
-    argv = child_argv([spec_path], processes=processes, port=port)
+    argv = child_argv([spec_path], processes=processes)
     proc = run_in_own_group(argv, env=child_env(), cwd=tmp, timeout=300)
     result_path = tmp / "result.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
@@ -145,9 +147,7 @@ def test_every_record_once_gives_the_exact_token_count(tmp_path, processes, peft
             target_modules=["q_proj", "v_proj"],
             activation_checkpointing=True,
         )
-    proc, result = run_child(
-        tmp_path, arguments, processes=processes, port=29700 + 10 * processes + (peft is not None)
-    )
+    proc, result = run_child(tmp_path, arguments, processes=processes)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert result["status"] == "ok" and result["error"] is None
     m = result["metrics"]
@@ -205,12 +205,20 @@ def test_packed_run_counts_full_blocks_and_reuses_the_prepared_data(tmp_path) ->
     assert first["metrics"]["padding_fraction"] == 0.0
     assert first["metrics"]["steps_measured"] == 6 - 3
     assert first["data"]["cache_hit"] is False
+    made = _files_written(Path(first["data"]["cache_path"]))
     (tmp_path / "result.json").unlink()
     proc, second = run_child(tmp_path, arguments)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert second["data"]["cache_hit"] is True
     assert second["data"]["cache_key"] == first["data"]["cache_key"]
-    assert second["timings"]["data_prep_s"] < first["timings"]["data_prep_s"]
+    # read, not made again: the same folder, none of its files written since
+    assert second["data"]["cache_path"] == first["data"]["cache_path"]
+    assert made and _files_written(Path(second["data"]["cache_path"])) == made
+
+
+def _files_written(folder: Path) -> dict[str, int]:
+    """Each file under ``folder``, with when it was last written (ns)."""
+    return {str(p): p.stat().st_mtime_ns for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.mark.parametrize(
@@ -271,7 +279,6 @@ def test_failure_under_two_processes_is_reported_once(tmp_path) -> None:
             "target_modules": ["nope_proj"],
         },
         processes=2,
-        port=29790,
     )
     assert proc.returncode != 0
     assert result["status"] == "failed"

@@ -65,15 +65,15 @@ def test_the_floors_are_what_is_installed() -> None:
 
 
 def _run_matrix(
-    tmp_path: Path, scenarios: str, *, timeout: int
+    tmp_path: Path, scenarios: str, *, timeout: int, **env: str
 ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, str]]]:
     """``scenarios`` run through ``run_benchmarks.sh`` on 1 and 2 processes, as a user runs
-    it: the finished process (exit 0) and raw_summary.csv's rows."""
+    it (``env``: its settings): the finished process (exit 0) and raw_summary.csv's rows."""
     (tmp_path / "scenarios.yaml").write_text(scenarios)
     done = subprocess.run(
         ["bash", str(REPO / "run_benchmarks.sh"), "1 2", "results", "scenarios.yaml"],
         cwd=tmp_path,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable},
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable, **env},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -188,13 +188,18 @@ FAMILY_COUNTS = {
 }
 
 
-@pytest.mark.timeout(1800)  # twelve cells, one at a time: longer than a test's default
+@pytest.mark.timeout(1800)  # twelve cells: longer than a test's default
 def test_the_task_families_run_end_to_end_at_the_floors(tmp_path: Path) -> None:
     """seq2seq-lm (1 and 2 processes), masked-lm, speech-recognition (Whisper and CTC) and
     vision-language (TRL's trainer), full and LoRA, with eval on, through
-    run_benchmarks.sh: every cell ok with its counts, counted FLOPs and an eval loss."""
-    _, rows = _run_matrix(tmp_path, FAMILIES, timeout=1800)
+    run_benchmarks.sh: every cell ok with its counts, counted FLOPs and an eval loss.
+
+    In shared launches (``LAUNCH=family``: a model's full and LoRA cells one after the
+    other in one process, 6 launches for 12 cells), so the floors run that path too; the
+    tiny matrix above keeps a launch per cell."""
+    _, rows = _run_matrix(tmp_path, FAMILIES, timeout=1800, LAUNCH="family")
     assert len(rows) == 12
+    assert len({r["launch_id"] for r in rows}) == 6 and {r["run_mode"] for r in rows} == {"shared"}
     assert {r["status"] for r in rows} == {"ok"}, [(r["experiment_id"], r["error"]) for r in rows]
     for row in rows:
         for column in ("tokens_per_second_global", "flops_per_token", "flops_per_sample"):

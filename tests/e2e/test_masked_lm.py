@@ -39,7 +39,7 @@ def test_every_review_once_gives_the_counts_and_the_flops(tmp_path) -> None:
         "learning_rate": 1e-3,
         "warmup_steps_excluded": 0,
     }
-    proc, result = run_child(tmp_path, arguments, processes=1, port=29783)
+    proc, result = run_child(tmp_path, arguments, processes=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert result["status"] == "ok", result.get("error")
     assert (result["task"], result["sample_unit"]) == ("masked-lm", "texts")

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -34,8 +34,7 @@ scenarios:
 """
 
 
-def _run(tmp: Path, results: str, *extra: str) -> tuple[float, list[dict[str, str]]]:
-    start = time.monotonic()
+def _run(tmp: Path, results: str, *extra: str) -> list[dict[str, str]]:
     proc = subprocess.run(
         [
             sys.executable,
@@ -59,22 +58,39 @@ def _run(tmp: Path, results: str, *extra: str) -> tuple[float, list[dict[str, st
         text=True,
         timeout=600,
     )
-    wall = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
     with (tmp / results / "raw_summary.csv").open() as f:
-        return wall, list(csv.DictReader(f))
+        return list(csv.DictReader(f))
 
 
-@pytest.mark.skipif(
-    (os.cpu_count() or 1) < 2, reason="packing two jobs needs two cores to gain anything"
-)
-def test_two_jobs_on_two_slots_beat_one_at_a_time(tmp_path) -> None:
+def _overlap(results: Path, rows: list[dict[str, str]]) -> float:
+    """Seconds the two runs' windows (their outcomes' start and finish) share; negative
+    for the gap between them."""
+    windows = []
+    for row in rows:
+        outcome = json.loads((results / "runs" / row["experiment_id"] / "outcome.json").read_text())
+        windows.append(
+            (
+                datetime.fromisoformat(outcome["started_at"]),
+                datetime.fromisoformat(outcome["finished_at"]),
+            )
+        )
+    (a_start, a_end), (b_start, b_end) = windows
+    return (min(a_end, b_end) - max(a_start, b_start)).total_seconds()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two slots side by side need two cores")
+def test_two_jobs_on_two_slots_run_side_by_side(tmp_path) -> None:
     (tmp_path / "scenarios.yaml").write_text(SCENARIOS)
-    packed_wall, packed = _run(tmp_path, "packed", "--pack", "--slots", "2")
-    exclusive_wall, exclusive = _run(tmp_path, "exclusive")
+    packed = _run(tmp_path, "packed", "--pack", "--slots", "2")
+    exclusive = _run(tmp_path, "exclusive")
     assert [r["status"] for r in packed] == ["ok"] * 2
     assert [r["status"] for r in exclusive] == ["ok"] * 2
-    assert packed_wall < 0.85 * exclusive_wall, (packed_wall, exclusive_wall)
+    # packed, the two ran at the same time; alone, one after the other (what it gains is
+    # benchmarks/bench_slurm.py --no-slurm times, against its target: a wall compared here
+    # would read the machine's load)
+    assert _overlap(tmp_path / "packed", packed) > 0
+    assert _overlap(tmp_path / "exclusive", exclusive) <= 0
     # each packed job says it was packed, and with whom
     ids = {r["experiment_id"] for r in packed}
     for row in packed:

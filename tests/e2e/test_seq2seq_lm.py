@@ -76,7 +76,7 @@ def test_every_pair_once_under_ddp_gives_the_counts_and_the_flops(tmp_path) -> N
         "r": 4,
         "target_modules": ["q_proj", "v_proj"],
     }
-    proc, result = run_child(tmp_path, arguments, processes=processes, port=29781)
+    proc, result = run_child(tmp_path, arguments, processes=processes)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert result["status"] == "ok", result.get("error")
     assert (result["task"], result["trainer"], result["sample_unit"]) == (

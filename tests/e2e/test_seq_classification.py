@@ -54,7 +54,7 @@ def test_every_review_once_gives_the_exact_counts(tmp_path, processes, peft) -> 
     }
     if peft:
         arguments.update(peft_method="lora", r=4, target_modules=["query", "value"])
-    proc, result = run_child(tmp_path, arguments, processes=processes, port=29760 + processes)
+    proc, result = run_child(tmp_path, arguments, processes=processes)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert result["status"] == "ok" and result["error"] is None
     assert (result["task"], result["trainer"], result["sample_unit"]) == (

@@ -37,7 +37,7 @@ def test_two_processes_unpacked_feed_every_cut_record_once(tmp_path) -> None:
         "r": 4,
         "target_modules": ["q_proj", "v_proj"],
     }
-    proc, result = run_child(tmp_path, arguments, processes=world, port=29850)
+    proc, result = run_child(tmp_path, arguments, processes=world)
     m = check_sft_result(proc, result)
     whole = prepared_lengths(result)  # the cache holds the sequences whole: TRL cuts them
     assert len(whole) == n and max(whole) > cut

@@ -67,7 +67,7 @@ def test_whisper_under_ddp_counts_the_audio_and_the_transcripts(tmp_path) -> Non
         "r": 4,
         "target_modules": ["q_proj", "v_proj"],
     }
-    proc, result = run_child(tmp_path, arguments, processes=processes, port=29785)
+    proc, result = run_child(tmp_path, arguments, processes=processes)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert result["status"] == "ok", result.get("error")
     assert (result["task"], result["sample_unit"]) == ("speech-recognition", "clips")
@@ -112,7 +112,7 @@ def test_wav2vec2_trains_on_the_generated_clips(tmp_path) -> None:
         "learning_rate": 1e-3,
         "warmup_steps_excluded": 0,
     }
-    proc, result = run_child(tmp_path, arguments, processes=1, port=29787)
+    proc, result = run_child(tmp_path, arguments, processes=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert result["status"] == "ok", result.get("error")
     assert result["model"]["architecture"] == "Wav2Vec2ForCTC"

@@ -72,7 +72,7 @@ def test_hf_under_ddp_counts_image_and_text_positions(tmp_path) -> None:
         "r": 4,
         "target_modules": ["q_proj", "v_proj"],
     }
-    proc, result = run_child(tmp_path, arguments, processes=processes, port=29791)
+    proc, result = run_child(tmp_path, arguments, processes=processes)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert result["status"] == "ok", result.get("error")
     assert (result["task"], result["sample_unit"]) == ("vision-language", "conversations")
@@ -141,7 +141,7 @@ def test_sft_trains_on_the_generated_set_with_checkpointing_and_eval(tmp_path) -
         "activation_checkpointing": True,
         "eval": True,
     }
-    proc, result = run_child(tmp_path, arguments, processes=1, port=29793)
+    proc, result = run_child(tmp_path, arguments, processes=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert result["status"] == "ok", result.get("error")
     assert result["trainer"] == "sft"
