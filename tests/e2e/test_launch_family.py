@@ -118,6 +118,13 @@ def test_a_shared_launch_measures_what_launches_of_their_own_do(tmp_path) -> Non
         assert mine.get("import_s") is None and mine.get("interpreter_start_s") is None
         # its clock starts after the run before it trained: what it waited for is not its own
         assert mine["run_start_unix"] >= before["train_end_unix"]
+    # and its row's wall starts at the hand-over: where the run before it ended
+    outcomes = [
+        json.loads((tmp_path / "shared" / "runs" / eid / "outcome.json").read_text())
+        for eid in by_shared
+    ]
+    for before, mine in itertools.pairwise(outcomes):
+        assert mine["started_at"] == before["finished_at"], (before, mine)
     (launch,) = (tmp_path / "shared" / "launches").iterdir()
     assert launch.name == first["launch_id"]
     assert launch.joinpath("stderr.log").read_text().count("==> tunematrix shared launch") == 3
