@@ -31,6 +31,58 @@ num_processes: 1
 """
 
 
+#: the marks of the tests that use the machine's own daemons, cgroups, mounts and
+#: namespaces (root): under ``--dist loadgroup`` they run one at a time, on a worker of
+#: their own, beside the other workers
+SYSTEM_MARKS = ("cluster", "faults")
+
+
+def _is_system(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(mark) for mark in SYSTEM_MARKS)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` (tox -e tests): the system tests are one group, first in
+    the queue, so they run in order on one worker from the start; every other test is in
+    the group of its file, so a module's fixtures are built once (as ``--dist loadfile``)."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    system = [item for item in items if _is_system(item)]
+    rest = [item for item in items if not _is_system(item)]
+    for item in system:
+        item.add_marker(pytest.mark.xdist_group("system"))
+    for item in rest:
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    items[:] = system + rest
+
+
+def _selects_system(config: pytest.Config) -> bool:
+    """Whether this session's ``-m`` keeps the system tests, and they can run (root)."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        from _pytest.mark.expression import Expression
+    except ImportError:
+        return False
+    if not config.option.markexpr:
+        return True
+    expression = Expression.compile(config.option.markexpr)
+
+    def marked(mark: str) -> bool:
+        return expression.evaluate(lambda name, /, **_: name in {"e2e", mark})
+
+    return any(marked(mark) for mark in SYSTEM_MARKS)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` with the system tests selected: a worker a core, and one more for them,
+    which spend most of their time waiting on daemons, time limits and kills."""
+    if not _selects_system(config):
+        return None
+    return (os.cpu_count() or 1) + 1
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _hermetic_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One tiny-model cache for the whole session, outside the user's home; no hub."""
