@@ -286,12 +286,15 @@ def run(
     else ``cell``). ``usd_per_kwh`` and ``grams_co2_per_kwh``: the report's energy cost
     and emissions (default: the file's ``cost:``). ``cool_down_s``: before each launch,
     wait at most this long for each of its GPUs to cool back to near its first temperature
-    (``--cool-down``).
+    (``--cool-down``). A scenario with ``search:`` then has its fit, the largest value
+    that fits, written into ``results/fit/`` after the matrix, as ``tunematrix run``
+    writes it (with a built :class:`Plan`, which carries no ``search:``, none runs).
     """
     from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
     from orchestrator.executors import registry
     from orchestrator.executors.packed import PackedExecutor
     from orchestrator.job.execute import RunOptions
+    from orchestrator.running.fitrun import check_searches, search_after_run
     from orchestrator.running.memoryfit import (
         device_capacity,
         flagged_lines,
@@ -312,6 +315,8 @@ def run(
         raise UserError(f"launch must be one of {', '.join(LAUNCH_MODES)}, got {launch!r}")
     if slots > 1 and not pack:
         raise UserError("slots only has a meaning with pack=True")
+    # the loaded file, for its scenarios' search: (a built plan carries none)
+    config: BenchConfig | None = None
     if isinstance(scenarios, Plan):
         if plan_options:
             raise UserError(
@@ -327,6 +332,9 @@ def run(
         launch = launch or config.launch
     chosen = PackedExecutor(slots=slots) if pack else registry.get(executor).default()
     require(the_plan.experiments, chosen.name)
+    if config is not None:
+        # a search: that cannot apply, refused now rather than after the matrix
+        check_searches(config, the_plan)
     options = RunOptions(
         timeout_s=timeout_s,
         resume=resume,
@@ -351,13 +359,19 @@ def run(
     the_plan = with_memory(checked.plan, checked.memory, capacity, source)
     for line in [*checked.lines(), *flagged_lines(the_plan)]:
         print(line, file=sys.stderr)
-    done = run_plan(
-        the_plan,
-        root,
-        options,
-        argv=[sys.executable, "-c", "orchestrator.run(...)"],
-        executor=chosen,
-    )
+    argv = [sys.executable, "-c", "orchestrator.run(...)"]
+    done = run_plan(the_plan, root, options, argv=argv, executor=chosen)
+    if config is not None:
+        # scenarios with search: the largest batch or length that fits, into RESULTS/fit/
+        search_after_run(
+            config,
+            the_plan,
+            done,
+            options,
+            executor=chosen,
+            argv=argv,
+            log=lambda line: print(line, file=sys.stderr),
+        )
     from orchestrator.results import collect
     from orchestrator.results.report import add_derived
 
