@@ -22,6 +22,7 @@ import difflib
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 # the tasks and trainer backends are declared in ``trainers``; named here too, as the
@@ -336,11 +337,30 @@ def backend_only_fields() -> dict[str, tuple[str, ...]]:
     return owners
 
 
-def backend_only_problem(key: str, backend: str, owners: tuple[str, ...]) -> str:
-    """The refusal of a setting of backends ``owners`` in a run of trainer ``backend``."""
+@dataclass(frozen=True)
+class Inapplicable:
+    """Why a setting does not apply to a run, and what to do about it: kept apart, so a
+    note on a setting left out says the reason alone, and a refusal says both."""
+
+    why: str
+    #: what to do (empty where the reason says it)
+    advice: str = ""
+
+    @property
+    def line(self) -> str:
+        """The refusal's one line: the reason, then what to do."""
+        return f"{self.why}; {self.advice}" if self.advice else self.why
+
+
+def _backend_only(key: str, backend: str, owners: tuple[str, ...]) -> Inapplicable:
     libraries = {t.name: t.library for t in TRAINERS}
     whose = " or ".join(f"trainer {o} ({libraries[o]})" for o in owners)
-    return f"'{key}' is an option of {whose}; this scenario runs trainer {backend}"
+    return Inapplicable(f"'{key}' is an option of {whose}", f"this scenario runs trainer {backend}")
+
+
+def backend_only_problem(key: str, backend: str, owners: tuple[str, ...]) -> str:
+    """The refusal of a setting of backends ``owners`` in a run of trainer ``backend``."""
+    return _backend_only(key, backend, owners).line
 
 
 def inapplicable_argument(
@@ -351,9 +371,9 @@ def inapplicable_argument(
     backend: str,
     arguments: Mapping[str, object],
     backend_only: Mapping[str, tuple[str, ...]] | None = None,
-) -> str | None:
+) -> Inapplicable | None:
     """Why ``key: value`` does not apply to a run of ``task`` with trainer ``backend``
-    (one line, saying what to do), or None when it does.
+    (its ``line`` says what to do), or None when it does.
 
     ``arguments``: the run's other arguments (the LoRA settings need ``peft_method``).
     ``backend_only``: ``backend_only_fields()``, when the caller asks for many keys at once.
@@ -361,29 +381,35 @@ def inapplicable_argument(
     """
     if key == TASK_KEY:
         if value not in TASKS:
-            return f"task must be one of {', '.join(TASKS)}, got {value!r}"
+            return Inapplicable(f"task must be one of {', '.join(TASKS)}, got {value!r}")
         return None
     if key == BACKEND_KEY:
         if value not in trainer_names():
-            return f"trainer must be one of {', '.join(trainer_names())}, got {value!r}"
+            return Inapplicable(
+                f"trainer must be one of {', '.join(trainer_names())}, got {value!r}"
+            )
         runs = task_backends(task)
         if value not in runs:
-            return (
-                f"trainer {value} does not train task {task}; it runs with "
-                f"{' or '.join(runs)} (remove trainer for the default, {runs[0]})"
+            return Inapplicable(
+                f"trainer {value} does not train task {task}",
+                f"it runs with {' or '.join(runs)} (remove trainer for the default, {runs[0]})",
             )
         return None
     name = RENAMED.get(key, key)
     tasks = ARGUMENT_TASKS.get(name)
     if tasks is not None and task not in tasks:
-        return f"'{key}' means nothing for task {task} (it is for {', '.join(tasks)}); remove it"
+        return Inapplicable(
+            f"'{key}' means nothing for task {task} (it is for {', '.join(tasks)})", "remove it"
+        )
     if name in LORA_KEYS and peft_method_of(arguments) not in LORA_METHODS:
-        return f"'{key}' needs peft_method: lora; set peft_method or remove {key}"
+        return Inapplicable(f"'{key}' needs peft_method: lora", f"set peft_method or remove {key}")
     if name == HOLDOUT_KEY and arguments.get(EVAL_KEY) is not True:
-        return f"'{key}' is the eval set's size and needs eval: true; set eval or remove {key}"
+        return Inapplicable(
+            f"'{key}' is the eval set's size and needs eval: true", f"set eval or remove {key}"
+        )
     owners = (backend_only_fields() if backend_only is None else backend_only).get(key)
     if owners and backend not in owners:
-        return backend_only_problem(key, backend, owners)
+        return _backend_only(key, backend, owners)
     return None
 
 

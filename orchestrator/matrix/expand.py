@@ -43,6 +43,7 @@ from orchestrator.contract.applicability import (
     LORA_KEYS,
     RENAMED,
     TASK_KEY,
+    Inapplicable,
     backend_only_fields,
     canonical_name,
     default_backend,
@@ -674,11 +675,6 @@ def _places(
     return places
 
 
-def _why(problem: str) -> str:
-    """A refusal without its advice (``; remove it``), for a note on what was left out."""
-    return problem.split("; ", 1)[0]
-
-
 def _decider(key: str, backend_only: Mapping[str, tuple[str, ...]]) -> str | None:
     """The argument that decides whether ``key`` applies: the task (for a task's setting,
     and the trainer), the PEFT method (LoRA's), ``eval`` (``holdout``) or the trainer
@@ -712,7 +708,7 @@ def _check_applicable(
     """
     task = merged.get(TASK_KEY, DEFAULT_TASK)
 
-    def refuse(key: str, problem: str) -> ConfigError:
+    def refuse(key: str, problem: Inapplicable) -> ConfigError:
         layer = provenance.get(key, _SCENARIO)
         # the swept values that make the cell what it is: the key's own, then those
         # that decide whether it applies
@@ -725,9 +721,9 @@ def _check_applicable(
         if layer == _FRAMEWORK:
             parts.insert(0, f"framework '{overlay.label}', scenario '{scenario.name}'")
         context = f" ({', '.join(parts)})" if parts else ""
-        return ConfigError(problem + context, **_place(config, scenario, overlay, key, layer))
+        return ConfigError(problem.line + context, **_place(config, scenario, overlay, key, layer))
 
-    def settle(key: str, problem: str | None) -> None:
+    def settle(key: str, problem: Inapplicable | None) -> None:
         layer = provenance.get(key)
         if problem is None:
             if layer != _DEFAULTS:
@@ -742,11 +738,11 @@ def _check_applicable(
         )
         if layer == _DEFAULTS:
             where = config.defaults_file.name if config.defaults_file else "the defaults"
-            why = _why(problem)
+            why = problem.why
         elif swept_decider:
             # a constant the sweep turns off here; refused if no cell takes it
             where = "the scenario" if layer == _SCENARIO else f"framework {overlay.label}"
-            why = f"{_why(problem)} (the sweep's {decider}: {swept[str(decider)]})"
+            why = f"{problem.why} (the sweep's {decider}: {swept[str(decider)]})"
             checks.deferred.setdefault((scenario.name, key), refuse(key, problem))
         else:
             raise refuse(key, problem)

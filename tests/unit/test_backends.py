@@ -163,12 +163,15 @@ def test_a_backend_is_one_module_and_one_registry_line(
     assert (
         inapplicable_argument("trainer", "loop", task="causal-lm", backend="", arguments={}) is None
     )
-    assert inapplicable_argument(
+    problem = inapplicable_argument(
         "trainer", "loop", task="seq-classification", backend="", arguments={}
-    ) == (
+    )
+    assert problem is not None and problem.line == (
         "trainer loop does not train task seq-classification; it runs with hf "
         "(remove trainer for the default, hf)"
     )
+    # the reason apart from what to do, for the note on a setting left out
+    assert problem.why == "trainer loop does not train task seq-classification"
     spec = RunSpec(
         device="cpu",
         arguments={

@@ -169,9 +169,10 @@ def test_eval_arguments_parse_and_are_ours() -> None:
 
 def test_holdout_needs_eval() -> None:
     def why(arguments: dict) -> str | None:
-        return inapplicable_argument(
+        problem = inapplicable_argument(
             "holdout", 10, task="causal-lm", backend="sft", arguments=arguments
         )
+        return None if problem is None else problem.line
 
     assert why({"eval": True}) is None
     assert "needs eval: true" in (why({}) or "")

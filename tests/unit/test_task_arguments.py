@@ -58,7 +58,8 @@ def _check(
     backend: str = "hf",
     arguments: dict[str, object] | None = None,
 ) -> str | None:
-    return inapplicable_argument(
+    """The refusal's line, or None."""
+    problem = inapplicable_argument(
         key,
         value,
         task=task,
@@ -66,6 +67,7 @@ def _check(
         arguments=arguments or {},
         backend_only={"padding_free": ("sft",), "packing_strategy": ("sft",)},
     )
+    return None if problem is None else problem.line
 
 
 # ---------------------------------------------------------------------------
@@ -170,12 +172,13 @@ def test_sft_only_settings_come_from_the_saved_sft_fields(sft_fields) -> None:
         "padding_free": ("sft",),
         "packing_strategy": ("sft",),
     }
-    message = inapplicable_argument(
+    problem = inapplicable_argument(
         "packing_strategy", "bfd", task="causal-lm", backend="hf", arguments={}
     )
-    assert message == (
+    assert problem is not None and problem.line == (
         "'packing_strategy' is an option of trainer sft (TRL); this scenario runs trainer hf"
     )
+    assert problem.why == "'packing_strategy' is an option of trainer sft (TRL)"
 
 
 def test_unknown_names_accept_sft_fields_for_trainer_sft_only(sft_fields) -> None:
