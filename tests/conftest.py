@@ -76,11 +76,14 @@ def _selects_system(config: pytest.Config) -> bool:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """``-n auto`` with the system tests selected: a worker a core, and one more for them,
-    which spend most of their time waiting on daemons, time limits and kills."""
+    """``-n auto`` with the system tests selected: xdist's own count (a worker a core, or
+    PYTEST_XDIST_AUTO_NUM_WORKERS), and one more for them, which spend most of their time
+    waiting on daemons, time limits and kills."""
     if not _selects_system(config):
         return None
-    return (os.cpu_count() or 1) + 1
+    from xdist.plugin import pytest_xdist_auto_num_workers as xdist_count
+
+    return xdist_count(config) + 1
 
 
 @pytest.fixture(scope="session", autouse=True)
