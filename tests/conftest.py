@@ -48,12 +48,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the group of its file, so a module's fixtures are built once (as ``--dist loadfile``)."""
     if config.getoption("dist", "no") != "loadgroup":
         return
-    system = [item for item in items if _is_system(item)]
-    rest = [item for item in items if not _is_system(item)]
-    for item in system:
-        item.add_marker(pytest.mark.xdist_group("system"))
-    for item in rest:
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    system: list[pytest.Item] = []
+    rest: list[pytest.Item] = []
+    for item in items:
+        if _is_system(item):
+            item.add_marker(pytest.mark.xdist_group("system"))
+            system.append(item)
+        else:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+            rest.append(item)
     items[:] = system + rest
 
 
