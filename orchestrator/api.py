@@ -25,28 +25,36 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.scenarios import BenchConfig
+from orchestrator.config.search import FitOptions
 from orchestrator.contract.clock import now
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout
+from orchestrator.job.execute import RunOptions
 from orchestrator.matrix.expand import Selection, build_plan
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.plan import Plan
+from orchestrator.results.options import ReportOptions
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from orchestrator.contract.outcome import Outcome
-    from orchestrator.executors.base import Settled
+    from orchestrator.executors.base import Executor, Settled
     from orchestrator.results.compare import Comparison
-    from orchestrator.results.fitreport import FitRecord
     from orchestrator.results.report import Report
+    from orchestrator.running.fitrun import FitReport
 
 __all__ = [
     "BenchConfig",
+    "CompareOptions",
     "Comparison",
     "Experiment",
+    "FitOptions",
     "Plan",
+    "PlanOptions",
     "Report",
+    "ReportOptions",
+    "RunOptions",
     "RunResult",
     "UserError",
     "compare",
@@ -131,62 +139,96 @@ def load(
     )
 
 
-def plan(
-    scenarios: ConfigSource | None = None,
-    *,
-    defaults: PathLike | None = None,
-    frameworks: Sequence[PathLike] = (),
-    accelerate_config: PathLike | None = None,
-    num_gpus: int | Sequence[int] | None = None,
-    effective_batch_size: int | Sequence[int] | None = None,
-    filters: str | Sequence[str] = (),
-    device: str = "auto",
-    repeats: int | None = None,
-    preview: bool = True,
-    gpus: int | Callable[[], int] | None = None,
-    notes: Sequence[str] = (),
-    profile: bool = False,
-    profile_steps: int | None = None,
-    measure: Mapping[str, Any] | None = None,
-) -> Plan:
-    """Expand the scenarios into the experiments to run; nothing is written.
-
-    ``profile`` (or ``profile_steps``, how many steps) profiles every cell, as a
-    scenario's ``profile: true`` does its own. ``measure`` (``{"until": "steady",
-    "precision": 0.02, "min_steps": 10, "max_steps": 200}``, or ``{"until": "steps"}``)
-    sets every cell's measuring over the scenarios' ``measure:``.
+@dataclass(frozen=True)
+class PlanOptions:
+    """What :func:`plan` takes beyond the scenarios: the files beside them and the selection.
 
     ``num_gpus`` and ``effective_batch_size`` override the file's matrix;
     ``filters`` picks scenarios by name or pattern (slow ones only when named);
-    ``device`` is ``auto``, ``gpu`` or ``cpu``. ``preview=True`` (as ``plan``
-    and DRY_RUN do) plans a file with no scenario for this machine for its
-    scenarios' own device; :func:`run` plans with ``preview=False``. ``gpus``
-    is the GPU count to plan for, or a function that counts them, called only
-    when the plan needs a count (``device="auto"``, or no GPU-count axis given);
-    default: the GPUs found here.
+    ``device`` is ``auto``, ``gpu`` or ``cpu``. ``profile`` (or ``profile_steps``,
+    how many steps) profiles every cell, as a scenario's ``profile: true`` does its
+    own. ``measure`` (``{"until": "steady", "precision": 0.02, "min_steps": 10,
+    "max_steps": 200}``, or ``{"until": "steps"}``) sets every cell's measuring over
+    the scenarios' ``measure:``. ``notes``: lines for the plan's header.
+    """
+
+    defaults: PathLike | None = None
+    frameworks: Sequence[PathLike] = ()
+    accelerate_config: PathLike | None = None
+    num_gpus: int | Sequence[int] | None = None
+    effective_batch_size: int | Sequence[int] | None = None
+    filters: str | Sequence[str] = ()
+    device: str = "auto"
+    repeats: int | None = None
+    notes: Sequence[str] = ()
+    profile: bool = False
+    profile_steps: int | None = None
+    measure: Mapping[str, Any] | None = None
+
+
+def _options(kinds: Mapping[str, Any], keywords: dict[str, Any], caller: str) -> list[Any]:
+    """The option objects of ``kinds`` (a name: the given object, or its class), each with
+    the ``keywords`` that name one of its fields; a keyword no kind has is refused."""
+    import dataclasses
+
+    known: set[str] = set()
+    out = []
+    for given in kinds.values():
+        cls = given if isinstance(given, type) else type(given)
+        names = {f.name for f in dataclasses.fields(cls)}
+        known |= names
+        mine = {k: v for k, v in keywords.items() if k in names}
+        out.append(dataclasses.replace(given() if isinstance(given, type) else given, **mine))
+    unknown = sorted(set(keywords) - known)
+    if unknown:
+        raise TypeError(f"{caller}() got unexpected keyword argument(s): {', '.join(unknown)}")
+    return out
+
+
+def plan(
+    scenarios: ConfigSource | None = None,
+    options: PlanOptions | None = None,
+    *,
+    preview: bool = True,
+    gpus: int | Callable[[], int] | None = None,
+    **keywords: Any,
+) -> Plan:
+    """Expand the scenarios into the experiments to run; nothing is written.
+
+    ``options`` (:class:`PlanOptions`), or its fields as keywords, say which files
+    and cells. ``preview=True`` (as ``plan`` and DRY_RUN do) plans a file with no
+    scenario for this machine for its scenarios' own device; :func:`run` plans with
+    ``preview=False``. ``gpus`` is the GPU count to plan for, or a function that
+    counts them, called only when the plan needs a count (``device="auto"``, or no
+    GPU-count axis given); default: the GPUs found here.
     """
     from orchestrator.config.measure import measure_override
     from orchestrator.matrix.expand import parse_filters
 
-    if device not in ("auto", "gpu", "cpu"):
-        raise UserError(f"device must be auto, gpu or cpu, got {device!r}")
-    if repeats is not None and (isinstance(repeats, bool) or repeats <= 0):
-        raise UserError(f"repeats must be a positive integer, got {repeats!r}")
-    if profile_steps is not None and (isinstance(profile_steps, bool) or profile_steps <= 0):
-        raise UserError(f"profile_steps must be a positive integer, got {profile_steps!r}")
+    (options,) = _options({"plan": options or PlanOptions}, keywords, "plan")
+    if options.device not in ("auto", "gpu", "cpu"):
+        raise UserError(f"device must be auto, gpu or cpu, got {options.device!r}")
+    for name in ("repeats", "profile_steps"):
+        value = getattr(options, name)
+        if value is not None and (isinstance(value, bool) or value <= 0):
+            raise UserError(f"{name} must be a positive integer, got {value!r}")
     config = load(
-        scenarios, defaults=defaults, frameworks=frameworks, accelerate_config=accelerate_config
+        scenarios,
+        defaults=options.defaults,
+        frameworks=options.frameworks,
+        accelerate_config=options.accelerate_config,
     )
+    filters = options.filters
     selection = Selection(
-        num_gpus=_ints(num_gpus, "num_gpus"),
-        effective_batch_size=_ints(effective_batch_size, "effective_batch_size"),
+        num_gpus=_ints(options.num_gpus, "num_gpus"),
+        effective_batch_size=_ints(options.effective_batch_size, "effective_batch_size"),
         filters=parse_filters([filters] if isinstance(filters, str) else list(filters)),
-        device=device,
-        repeats=repeats,
+        device=options.device,
+        repeats=options.repeats,
         preview=preview,
-        profile=profile,
-        profile_steps=profile_steps,
-        measure=measure_override(measure),
+        profile=options.profile,
+        profile_steps=options.profile_steps,
+        measure=measure_override(options.measure),
     )
     if gpus is None:
         from orchestrator.job.hardware import gpu_count
@@ -198,10 +240,10 @@ def plan(
 
         environments = resolve_all(config.environments)
     built = build_plan(config, selection, gpus, environments)
-    if notes:
+    if options.notes:
         import dataclasses
 
-        built = dataclasses.replace(built, notes=(*built.notes, *notes))
+        built = dataclasses.replace(built, notes=(*built.notes, *options.notes))
     return built
 
 
@@ -223,77 +265,178 @@ class RunResult:
     #: what ``tunematrix run`` would exit with: 0 when every experiment is ok (or an
     #: honest oom, or skipped on resume), 1 otherwise, 130 when interrupted
     exit_code: int
+    #: the plan as it ran (each cell's predicted memory, where checked)
+    plan: Plan | None = None
 
 
-def _load_and_plan(
-    scenarios: ConfigSource | None, plan_options: dict[str, Any]
-) -> tuple[BenchConfig, Plan]:
-    """The loaded config and its plan for running: ``plan_options`` are :func:`plan`'s
-    keywords (its file options are taken out of it for :func:`load`)."""
-    config = load(
-        scenarios,
-        defaults=plan_options.pop("defaults", None),
-        frameworks=plan_options.pop("frameworks", ()),
-        accelerate_config=plan_options.pop("accelerate_config", None),
+#: what :func:`run` says of the plan before it runs, given the plan, the loaded file
+#: (None for a built plan) and the checks' lines (default: the lines, on stderr)
+Announce = Callable[[Plan, "BenchConfig | None", list[str]], None]
+
+
+def _stderr_lines(plan: Plan, config: BenchConfig | None, lines: list[str]) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
+def _field_names(cls: type) -> set[str]:
+    import dataclasses
+
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+@dataclass
+class _Planned:
+    """A matrix planned for running: the file (None for a built plan), the plan, the
+    executor that runs it and the command recorded for it."""
+
+    config: BenchConfig | None
+    plan: Plan
+    executor: Executor
+    argv: list[str]
+
+
+def _planned(
+    scenarios: ConfigSource | Plan | None,
+    planning: PlanOptions | None,
+    executor: str | Executor | Callable[[BenchConfig], Executor],
+    argv: Sequence[str] | None,
+    caller: str,
+) -> _Planned:
+    """The scenarios loaded and planned for the chosen executor's machines (its GPU
+    count), a cell whose package is missing there refused.
+
+    ``executor``: a registered executor's name, an executor, or a function that makes
+    one from the loaded file (the command line's: its flags and the file's section).
+    """
+    from orchestrator.executors import registry
+    from orchestrator.executors.base import Executor
+    from orchestrator.running.needs import require
+
+    config = None
+    if isinstance(scenarios, Plan):
+        if planning is not None:
+            raise UserError("plan_options: options of plan(), not of an already built plan")
+        the_plan = scenarios
+    else:
+        planning = planning or PlanOptions()
+        config = load(
+            scenarios,
+            defaults=planning.defaults,
+            frameworks=planning.frameworks,
+            accelerate_config=planning.accelerate_config,
+        )
+    if isinstance(executor, str):
+        chosen = registry.get(executor).default()
+    elif isinstance(executor, Executor):
+        chosen = executor
+    elif config is None:
+        raise UserError("an executor made from the scenarios file needs the file, not a plan")
+    else:
+        chosen = executor(config)
+    if config is not None:
+        the_plan = plan(config, planning, preview=False, gpus=chosen.gpu_counter())
+    # a missing package, named once here rather than by every experiment's failure
+    require(the_plan.experiments, chosen.name)
+    shown = (
+        list(argv) if argv is not None else [sys.executable, "-c", f"orchestrator.{caller}(...)"]
     )
-    return config, plan(config, preview=False, **plan_options)
+    return _Planned(config, the_plan, chosen, shown)
 
 
 def run(
     scenarios: ConfigSource | Plan | None = None,
     results: PathLike = "results",
+    plan_options: PlanOptions | None = None,
+    run_options: RunOptions | None = None,
+    report_options: ReportOptions | None = None,
     *,
-    resume: bool = False,
-    timeout_s: float | None = None,
-    fail_fast: bool = False,
-    memory_logging: str = "all",
-    no_data_processing: bool = False,
-    usd_per_gpu_hour: float | None = None,
-    tokens: float | None = None,
-    usd_per_kwh: float | None = None,
-    grams_co2_per_kwh: float | None = None,
-    cool_down_s: float = 0.0,
-    pack: bool = False,
-    slots: int = 1,
-    report: bool = True,
-    executor: str = "local",
-    prune: bool = True,
-    stop_early: bool = True,
-    check: bool = True,
-    recheck: bool = False,
-    launch: str | None = None,
-    gpu_memory_gib: float | None = None,
-    **plan_options: Any,
+    executor: str | Executor | Callable[[BenchConfig], Executor] = "local",
+    announce: Announce | None = None,
+    argv: Sequence[str] | None = None,
+    **keywords: Any,
 ) -> RunResult:
-    """Run a plan (or plan ``scenarios`` first, with ``plan_options``) into ``results``.
+    """Run a plan (or plan ``scenarios`` first) into ``results``: what ``tunematrix run`` does.
 
-    Each experiment is a real ``accelerate launch`` of the training child, one
-    at a time (or packed side by side with ``pack=True``). Progress goes to
-    stderr. ``resume=True`` keeps the experiments already ok (NO_OVERWRITE);
-    otherwise an earlier run of a different plan in ``results`` is moved aside,
-    never deleted. Runs here; ``executor`` names another registered executor
-    (``orchestrator.executors.registry``; its flags and file section are the
-    command line's: ``tunematrix run --executor NAME``). ``prune=False``: launch every
-    experiment, even one certain to run out of memory (``--no-prune``): one predicted
-    before launch to need more than its GPU's memory (``gpu_memory_gib``, default this
-    machine's smallest GPU), or larger than one that ran out. ``stop_early=False``:
-    launch every experiment like two cells that already failed with the same error
-    (``--no-stop-early``). ``check=False``: launch without checking every cell against the
-    installed libraries first (``--no-check``); ``recheck=True``: check every cell again,
-    even one whose verdict was kept from an earlier check (``--recheck``).
-    ``launch="family"``: the experiments of
-    one family share a launch (``--launch family``; default: the file's ``launch:``,
-    else ``cell``). ``usd_per_kwh`` and ``grams_co2_per_kwh``: the report's energy cost
-    and emissions (default: the file's ``cost:``). ``cool_down_s``: before each launch,
-    wait at most this long for each of its GPUs to cool back to near its first temperature
-    (``--cool-down``). A scenario with ``search:`` then has its fit, the largest value
-    that fits, written into ``results/fit/`` after the matrix, as ``tunematrix run``
-    writes it (with a built :class:`Plan`, which carries no ``search:``, none runs).
+    Each experiment is a real ``accelerate launch`` of the training child, one at a
+    time (or packed side by side: ``pack=True``, ``slots=N``). Progress goes to stderr.
+    The options are :class:`PlanOptions` (which cells), the run's
+    ``orchestrator.job.execute.RunOptions`` and the report's
+    ``orchestrator.results.report.ReportOptions``: objects, or their fields as keywords.
+
+    ``resume=True`` keeps the experiments already ok (NO_OVERWRITE); otherwise an
+    earlier run of a different plan in ``results`` is moved aside, never deleted.
+    ``prune=False``: launch every experiment, even one certain to run out of memory
+    (``--no-prune``): one predicted before launch to need more than its GPU's memory
+    (``gpu_memory_gib``, default this machine's smallest GPU), or larger than one that
+    ran out. ``stop_early=False``: launch every experiment like two cells that already
+    failed with the same error (``--no-stop-early``). ``check=False``: launch without
+    checking every cell against the installed libraries first (``--no-check``);
+    ``recheck=True``: check every cell again, even one whose verdict was kept from an
+    earlier check. ``launch="family"``: the experiments of one family share a launch
+    (default: the file's ``launch:``, else ``cell``). The prices default to the file's
+    ``cost:``. ``cool_down_s``: before each launch, wait at most this long for each of
+    its GPUs to cool back to near its first temperature (``--cool-down``).
+
+    ``executor``: where the jobs run (a registered executor's name, its flags and file
+    section being the command line's: ``tunematrix run --executor NAME``; an executor;
+    or a function making one from the loaded file). ``announce`` is told the plan and
+    the checks' lines before the first launch; ``argv`` is the command env.json records.
+    A scenario with ``search:`` then has its fit, the largest value that fits, written
+    into ``results/fit/`` after the matrix (a built :class:`Plan` carries no ``search:``).
     """
-    from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
-    from orchestrator.executors import registry
     from orchestrator.executors.packed import PackedExecutor
-    from orchestrator.job.execute import RunOptions
+
+    pack, slots = keywords.pop("pack", False), keywords.pop("slots", 1)
+    if slots != 1 and not pack:
+        raise UserError("slots only has a meaning with pack=True")
+    if isinstance(scenarios, Plan) and set(keywords) & _field_names(PlanOptions):
+        raise UserError(
+            f"{', '.join(sorted(set(keywords) & _field_names(PlanOptions)))}: options of "
+            "plan(), not of an already built plan"
+        )
+    kinds: dict[str, Any] = {
+        "run": run_options or RunOptions,
+        "report": report_options or ReportOptions,
+    }
+    if not isinstance(scenarios, Plan):
+        kinds["plan"] = plan_options or PlanOptions
+    found = _options(kinds, keywords, "run")
+    running, reporting = found[0], found[1]
+    planning = found[2] if len(found) > 2 else plan_options
+    if running.gpu_memory_gib is not None and running.gpu_memory_gib <= 0:
+        raise UserError(f"gpu_memory_gib must be positive, got {running.gpu_memory_gib:g}")
+    _check_run_options(running)
+    planned = _planned(
+        scenarios, planning, PackedExecutor(slots=slots) if pack else executor, argv, "run"
+    )
+    return _run_planned(planned, Path(results), running, reporting, announce or _stderr_lines)
+
+
+def _check_run_options(running: RunOptions) -> None:
+    from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
+
+    if running.memory_logging not in MEMORY_LOGGING:
+        raise UserError(
+            f"memory_logging must be one of {', '.join(MEMORY_LOGGING)}, "
+            f"got {running.memory_logging!r}"
+        )
+    if running.launch is not None and running.launch not in LAUNCH_MODES:
+        raise UserError(f"launch must be one of {', '.join(LAUNCH_MODES)}, got {running.launch!r}")
+
+
+def _run_planned(
+    planned: _Planned,
+    root: Path,
+    running: RunOptions,
+    reporting: ReportOptions,
+    announce: Announce,
+) -> RunResult:
+    """The matrix run: checked, announced, run, its searches fitted, its rows read back."""
+    import dataclasses
+
+    from orchestrator.results import collect
+    from orchestrator.results.report import add_derived
     from orchestrator.running.fitrun import check_searches, search_after_run
     from orchestrator.running.memoryfit import (
         device_capacity,
@@ -301,83 +444,52 @@ def run(
         predicted,
         with_memory,
     )
-    from orchestrator.running.needs import require
-    from orchestrator.running.runner import preflight, report_cost, run_plan
+    from orchestrator.running.runner import preflight, run_plan
     from orchestrator.running.stackcheck import check_stack
 
-    if gpu_memory_gib is not None and gpu_memory_gib <= 0:
-        raise UserError(f"gpu_memory_gib must be positive, got {gpu_memory_gib:g}")
-    if memory_logging not in MEMORY_LOGGING:
-        raise UserError(
-            f"memory_logging must be one of {', '.join(MEMORY_LOGGING)}, got {memory_logging!r}"
-        )
-    if launch is not None and launch not in LAUNCH_MODES:
-        raise UserError(f"launch must be one of {', '.join(LAUNCH_MODES)}, got {launch!r}")
-    if slots > 1 and not pack:
-        raise UserError("slots only has a meaning with pack=True")
-    # the loaded file, for its scenarios' search: (a built plan carries none)
-    config: BenchConfig | None = None
-    if isinstance(scenarios, Plan):
-        if plan_options:
-            raise UserError(
-                f"{', '.join(sorted(plan_options))}: options of plan(), not of an already "
-                "built plan"
-            )
-        the_plan = scenarios
-    else:
-        config, the_plan = _load_and_plan(scenarios, plan_options)
-        usd_per_gpu_hour = usd_per_gpu_hour or config.usd_per_gpu_hour
-        usd_per_kwh = usd_per_kwh or config.usd_per_kwh
-        grams_co2_per_kwh = grams_co2_per_kwh or config.grams_co2_per_kwh
-        launch = launch or config.launch
-    chosen = PackedExecutor(slots=slots) if pack else registry.get(executor).default()
-    require(the_plan.experiments, chosen.name)
+    config, chosen = planned.config, planned.executor
     if config is not None:
+        # the file's launch and prices, where none is given
+        running = dataclasses.replace(running, launch=running.launch or config.launch)
+        reporting = dataclasses.replace(
+            reporting,
+            usd_per_gpu_hour=reporting.usd_per_gpu_hour or config.usd_per_gpu_hour,
+            usd_per_kwh=reporting.usd_per_kwh or config.usd_per_kwh,
+            grams_co2_per_kwh=reporting.grams_co2_per_kwh or config.grams_co2_per_kwh,
+        )
         # a search: that cannot apply, refused now rather than after the matrix
-        check_searches(config, the_plan)
-    options = RunOptions(
-        timeout_s=timeout_s,
-        resume=resume,
-        fail_fast=fail_fast,
-        memory_logging=memory_logging,
-        no_data_processing=no_data_processing,
-        usd_per_gpu_hour=usd_per_gpu_hour,
-        tokens=tokens,
-        usd_per_kwh=usd_per_kwh,
-        grams_co2_per_kwh=grams_co2_per_kwh,
-        cool_down_s=cool_down_s,
-        report=report,
-        prune=prune,
-        stop_early=stop_early,
-        launch=launch or "cell",
-    )
-    root = Path(results)
-    preflight(chosen, the_plan, ResultsLayout(root), options)
+        check_searches(config, planned.plan)
+    running = dataclasses.replace(running, launch=running.launch or "cell")
+    # everything the executor would refuse later, refused here, before a folder is touched
+    preflight(chosen, planned.plan, ResultsLayout(root), running)
     settle_earlier_jobs(ResultsLayout(root))
-    checked = check_stack(the_plan, skip=not check, keep=True, recheck=recheck, memory=predicted)
-    capacity, source = device_capacity(gpu_memory_gib, here=chosen.gpu_counter() is None)
+    # every cell's settings against the installed stack, each model found, once
+    checked = check_stack(
+        planned.plan,
+        skip=not running.check,
+        keep=True,
+        recheck=running.recheck,
+        memory=predicted,
+    )
+    capacity, source = device_capacity(running.gpu_memory_gib, here=chosen.gpu_counter() is None)
     the_plan = with_memory(checked.plan, checked.memory, capacity, source)
-    for line in [*checked.lines(), *flagged_lines(the_plan)]:
-        print(line, file=sys.stderr)
-    argv = [sys.executable, "-c", "orchestrator.run(...)"]
-    done = run_plan(the_plan, root, options, argv=argv, executor=chosen)
+    announce(the_plan, config, [*checked.lines(), *flagged_lines(the_plan)])
+    done = run_plan(
+        the_plan, root, running, argv=planned.argv, executor=chosen, reporting=reporting
+    )
     if config is not None:
         # scenarios with search: the largest batch or length that fits, into RESULTS/fit/
         search_after_run(
             config,
             the_plan,
             done,
-            options,
+            running,
             executor=chosen,
-            argv=argv,
+            argv=planned.argv,
             log=lambda line: print(line, file=sys.stderr),
         )
-    from orchestrator.results import collect
-    from orchestrator.results.report import add_derived
-
-    rows = add_derived(collect.load(done.layout.root), report_cost(options))
     return RunResult(
-        rows=rows,
+        rows=add_derived(collect.load(done.layout.root), reporting.cost),
         outcomes=done.outcomes,
         results=done.layout.root,
         summary=done.layout.summary_md if done.reported else None,
@@ -385,64 +497,63 @@ def run(
         moved_to=done.moved_to,
         history_run_id=done.history_run_id,
         exit_code=done.exit_code,
+        plan=the_plan,
     )
 
 
 def fit(
     scenarios: ConfigSource | None = None,
     results: PathLike = "results/fit",
+    plan_options: PlanOptions | None = None,
+    run_options: RunOptions | None = None,
+    fit_options: FitOptions | None = None,
     *,
-    search: str | None = None,
-    low: int | None = None,
-    limit: int | None = None,
-    margin: float | None = None,
-    probe_steps: int = 3,
-    memory_gib: float | None = None,
-    resume: bool = False,
-    timeout_s: float | None = None,
-    executor: str = "local",
-    recheck: bool = False,
-    **plan_options: Any,
-) -> FitRecord:
+    executor: str | Executor | Callable[[BenchConfig], Executor] = "local",
+    argv: Sequence[str] | None = None,
+    **keywords: Any,
+) -> FitReport:
     """The largest per-device batch (or ``max_seq_len``) that fits, per cell family.
 
     What ``tunematrix fit`` does (``orchestrator.running.fitrun``): probes of
     ``probe_steps`` steps, fresh launches into ``results``, for the scenarios with
     ``search:`` (``search`` names what to search in every selected scenario
-    instead). Returns each family's answer and probes; fit.json and fit.md are
-    written. The matrix itself is never changed. ``recheck=True``: check every cell
-    against the installed libraries again, kept verdicts or not (``--recheck``).
+    instead; ``low``, ``limit``, ``margin``, ``memory_gib``: ``FitOptions``). Returns
+    each family's answer and probes (``.record``) and where they were written
+    (fit.json, fit.md). The matrix itself is never changed. ``recheck=True``: check
+    every cell against the installed libraries again, kept verdicts or not.
     """
-    from orchestrator.executors import registry
-    from orchestrator.job.execute import RunOptions
-    from orchestrator.running.fitrun import FitOptions, run_fit
-    from orchestrator.running.needs import require
+    import dataclasses
+
+    from orchestrator.running.fitrun import run_fit
     from orchestrator.running.stackcheck import check_stack
 
-    config, the_plan = _load_and_plan(scenarios, plan_options)
-    chosen = registry.get(executor).default()
-    require(the_plan.experiments, chosen.name)
-    checked = check_stack(the_plan, keep=True, recheck=recheck)
+    planning, running, searching = _options(
+        {
+            "plan": plan_options or PlanOptions,
+            "run": run_options or RunOptions,
+            "fit": fit_options or FitOptions,
+        },
+        keywords,
+        "fit",
+    )
+    low, limit = searching.low, searching.limit
+    if low is not None and limit is not None and low > limit:
+        raise UserError(f"the search's lower bound {low} is above its limit {limit}")
+    planned = _planned(scenarios, planning, executor, argv, "fit")
+    assert planned.config is not None
+    checked = check_stack(planned.plan, keep=True, recheck=running.recheck)
     for line in checked.lines():
         print(line, file=sys.stderr)
-    the_plan = checked.plan
     return run_fit(
-        config,
-        the_plan,
+        planned.config,
+        checked.plan,
         Path(results),
-        RunOptions(timeout_s=timeout_s, resume=resume, report=False),
-        FitOptions(
-            probe_steps=probe_steps,
-            key=search,
-            low=low,
-            limit=limit,
-            margin=margin,
-            capacity_bytes=memory_gib * 2**30 if memory_gib is not None else None,
-        ),
-        executor=chosen,
-        argv=[sys.executable, "-c", "orchestrator.api.fit(...)"],
-        log=lambda text: print(text, file=sys.stderr),
-    ).record
+        dataclasses.replace(running, report=False),
+        searching,
+        executor=planned.executor,
+        argv=planned.argv,
+        log=lambda text: print(text, file=sys.stderr, flush=True),
+    )
 
 
 def ids_text(jobs: Sequence[str], most: int = 5) -> str:
@@ -502,58 +613,36 @@ class Reported:
 def report(
     source: PathLike,
     out: PathLike | None = None,
-    *,
-    usd_per_gpu_hour: float | None = None,
-    tokens: float | None = None,
-    gpu_memory_gib: float | None = None,
-    plots: bool = True,
-    loss_tolerance: float | None = None,
-    usd_per_kwh: float | None = None,
-    grams_co2_per_kwh: float | None = None,
-    rank_by: str = "speed",
+    options: ReportOptions | None = None,
+    **keywords: Any,
 ) -> Report:
     """Write ``raw_summary.csv``, ``benchmarks.csv``, ``summary.md`` and plots.
 
     ``source`` is a results folder or a summary CSV (ours or the predecessor's
     result table); ``out`` defaults to the results folder itself, else a
-    ``tunematrix-report`` folder beside the table. The price of a GPU-hour
-    defaults to the run's own (its ``env.json``); ``gpu_memory_gib`` is one
-    device's memory where the source does not say it (a predecessor's table),
-    so rows without figures near it read as likely out of memory. ``loss_tolerance``:
-    the loss gap past which a variant differs from its baseline (summary.md's 'Loss
-    against the baseline'). ``usd_per_kwh``, ``grams_co2_per_kwh``: the energy's cost
-    and emissions per 1M tokens (default: the run's own). ``rank_by``: what the
-    recommendation ranks cells by, ``speed`` (tokens/s) or ``energy`` (joules per token).
-    A results folder of jobs submitted without waiting is settled first, as
-    :func:`settle_and_report` says. Returns the rows and cells.
+    ``tunematrix-report`` folder beside the table. ``options``
+    (``orchestrator.results.report.ReportOptions``), or its fields as keywords: the
+    price of a GPU-hour (default: the run's own, its ``env.json``) and a token budget;
+    ``gpu_memory_gib``, one device's memory where the source does not say it (a
+    predecessor's table), so rows without figures near it read as likely out of
+    memory; ``plots``; ``loss_tolerance``, the loss gap past which a variant differs
+    from its baseline (summary.md's 'Loss against the baseline'); ``usd_per_kwh``,
+    ``grams_co2_per_kwh``: the energy's cost and emissions per 1M tokens (default: the
+    run's own); ``rank_by``: what the recommendation ranks cells by, ``speed``
+    (tokens/s) or ``energy`` (joules per token). A results folder of jobs submitted
+    without waiting is settled first, as :func:`settle_and_report` says. Returns the
+    rows and cells.
     """
-    return settle_and_report(
-        source,
-        out,
-        usd_per_gpu_hour=usd_per_gpu_hour,
-        tokens=tokens,
-        gpu_memory_gib=gpu_memory_gib,
-        plots=plots,
-        loss_tolerance=loss_tolerance,
-        usd_per_kwh=usd_per_kwh,
-        grams_co2_per_kwh=grams_co2_per_kwh,
-        rank_by=rank_by,
-    ).report
+    return settle_and_report(source, out, options, **keywords).report
 
 
 def settle_and_report(
     source: PathLike,
     out: PathLike | None = None,
+    options: ReportOptions | None = None,
     *,
-    usd_per_gpu_hour: float | None = None,
-    tokens: float | None = None,
-    gpu_memory_gib: float | None = None,
-    plots: bool = True,
     flags: bool = False,
-    loss_tolerance: float | None = None,
-    usd_per_kwh: float | None = None,
-    grams_co2_per_kwh: float | None = None,
-    rank_by: str = "speed",
+    **keywords: Any,
 ) -> Reported:
     """:func:`report`, and what ``tunematrix report`` does around it.
 
@@ -565,47 +654,39 @@ def settle_and_report(
     against it). ``flags``: name the options in errors as the command line
     spells them.
     """
-    from orchestrator.results import equivalence
-    from orchestrator.results.recommend import RANK_BY
-    from orchestrator.results.report import GIB, CostSettings, cost_from_env, write_report
+    import dataclasses
 
-    for value, name in (
-        (usd_per_gpu_hour, "usd_per_gpu_hour"),
-        (tokens, "tokens"),
-        (gpu_memory_gib, "gpu_memory_gib"),
-        (usd_per_kwh, "usd_per_kwh"),
-        (grams_co2_per_kwh, "grams_co2_per_kwh"),
+    from orchestrator.results.envfile import cost_from_env
+    from orchestrator.results.recommend import RANK_BY
+
+    (options,) = _options({"report": options or ReportOptions}, keywords, "report")
+    for name in (
+        "usd_per_gpu_hour",
+        "tokens",
+        "gpu_memory_gib",
+        "usd_per_kwh",
+        "grams_co2_per_kwh",
     ):
+        value = getattr(options, name)
         if value is not None and not value > 0:
             shown = "--" + name.replace("_", "-") if flags else name
             raise UserError(f"{shown} must be a positive number, got {value:g}")
-    if rank_by not in RANK_BY:
+    if options.rank_by not in RANK_BY:
         shown = "--rank-by" if flags else "rank_by"
-        raise UserError(f"{shown} must be one of {', '.join(RANK_BY)}, got {rank_by!r}")
-    _check_loss_tolerance(loss_tolerance, flags)
+        raise UserError(f"{shown} must be one of {', '.join(RANK_BY)}, got {options.rank_by!r}")
+    _check_loss_tolerance(options.loss_tolerance, flags)
     path = Path(source)
     settled = _settle_jobs(path)
     if path.is_dir():  # the run's own prices, where none is given
-        usd_per_gpu_hour = usd_per_gpu_hour or cost_from_env(path)
-        usd_per_kwh = usd_per_kwh or cost_from_env(path, "usd_per_kwh")
-        grams_co2_per_kwh = grams_co2_per_kwh or cost_from_env(path, "grams_co2_per_kwh")
-    written = write_report(
-        path,
-        report_folder(path, out),
-        CostSettings(
-            usd_per_gpu_hour=usd_per_gpu_hour,
-            tokens=tokens,
-            usd_per_kwh=usd_per_kwh,
-            grams_co2_per_kwh=grams_co2_per_kwh,
-        ),
-        plots=plots,
-        gpu_memory_bytes=gpu_memory_gib * GIB if gpu_memory_gib is not None else None,
-        loss_tolerance=equivalence.DEFAULT_TOLERANCE if loss_tolerance is None else loss_tolerance,
-        rank_by=rank_by,
-    )
-    done = Reported(written, settled=settled)
+        options = dataclasses.replace(
+            options,
+            usd_per_gpu_hour=options.usd_per_gpu_hour or cost_from_env(path),
+            usd_per_kwh=options.usd_per_kwh or cost_from_env(path, "usd_per_kwh"),
+            grams_co2_per_kwh=options.grams_co2_per_kwh or cost_from_env(path, "grams_co2_per_kwh"),
+        )
+    done = Reported(options.write(path, report_folder(path, out)), settled=settled)
     if path.is_dir() and not done.running:
-        done.history, done.history_run_id = _record_awaited_run(path, written.rows)
+        done.history, done.history_run_id = _record_awaited_run(path, done.report.rows)
     return done
 
 
@@ -667,19 +748,29 @@ def load_rows(value: PathLike | pd.DataFrame, history_db: Path | None = None) ->
     return add_derived(collect.load(Path(text)), CostSettings())
 
 
+@dataclass(frozen=True)
+class CompareOptions:
+    """What :func:`compare` compares, and how: ``metrics`` (default: every metric both
+    sides have), ``threshold`` (a fraction), ``plots``, the ``history`` that ``run:N``
+    is looked up in, ``across`` and ``baseline`` (within one side), ``loss_tolerance``."""
+
+    metrics: Sequence[str] | None = None
+    threshold: float = 0.1
+    plots: bool = True
+    history: PathLike | None = None
+    across: str | None = None
+    baseline: str | None = None
+    loss_tolerance: float | None = None
+
+
 def compare(
     new: PathLike | pd.DataFrame,
     ref: PathLike | pd.DataFrame | None = None,
+    options: CompareOptions | None = None,
     *,
-    metrics: Sequence[str] | None = None,
-    threshold: float = 0.1,
     out: PathLike | None = None,
-    plots: bool = True,
-    history: PathLike | None = None,
     flags: bool = False,
-    across: str | None = None,
-    baseline: str | None = None,
-    loss_tolerance: float | None = None,
+    **keywords: Any,
 ) -> Comparison:
     """Compare ``new`` against the reference ``ref``, cell by cell.
 
@@ -694,11 +785,15 @@ def compare(
     more than the noise of the repeats. With ``out``, ``compare.csv``,
     ``compare.md`` and plots are written there (``.written`` lists them).
     ``flags``: name the options in errors as the command line spells them.
+    ``options`` (:class:`CompareOptions`) or its fields as keywords.
 
     ``across`` (``environment``, or another key column) compares within ``new``
     alone: its rows of ``baseline`` (default: the first value) are the reference,
     the rows of each other value the new runs, matched on every other key.
     """
+    (options,) = _options({"compare": options or CompareOptions}, keywords, "compare")
+    metrics, threshold, history = options.metrics, options.threshold, options.history
+    across, baseline, loss_tolerance = options.across, options.baseline, options.loss_tolerance
     from orchestrator.results import compare as comparing
 
     dash = "--" if flags else ""
@@ -749,7 +844,7 @@ def compare(
         raise UserError(str(exc)) from None
     if out is not None:
         result.written = comparing.write(
-            result, Path(out), new_label, ref_label, threshold, with_plots=plots
+            result, Path(out), new_label, ref_label, threshold, with_plots=options.plots
         )
     return result
 

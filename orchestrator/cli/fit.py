@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
+from orchestrator import api
+from orchestrator.api import FitOptions, RunOptions
 from orchestrator.cli.common import (
     PROG,
     Formatter,
     add_recheck_arg,
     positive_float,
 )
-from orchestrator.cli.selection import add_selection_args, plan_from_args
+from orchestrator.cli.selection import add_selection_args
 from orchestrator.config.search import DEFAULT_MARGIN, SEARCH_KEYS
 from orchestrator.config.values import MEMORY_LOGGING
 from orchestrator.contract.errors import UserError
@@ -52,46 +53,33 @@ def _margin(text: str) -> float:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from orchestrator.cli.run import _Once, choose_executor
-    from orchestrator.job.execute import RunOptions
+    from orchestrator.cli.selection import plan_options
     from orchestrator.results.fitreport import answer_rows
     from orchestrator.results.mdtable import md_table
-    from orchestrator.running.fitrun import FitOptions, run_fit
-    from orchestrator.running.needs import require
-    from orchestrator.running.stackcheck import check_stack
 
     if args.min is not None and args.limit is not None and args.min > args.limit:
         raise UserError(f"--min {args.min} is above --limit {args.limit}")
-    executor_for = _Once(choose_executor(args), args)
-    planned = plan_from_args(args, gpu_counter=lambda config: executor_for(config).gpu_counter())
-    executor = executor_for(planned.config)
-    require(planned.plan.experiments, executor.name)
-    checked = check_stack(planned.plan, keep=True, recheck=args.recheck)
-    for line in checked.lines():
-        print(line, file=sys.stderr)
-    run_options = RunOptions(
-        timeout_s=args.timeout,
-        resume=args.resume,
-        memory_logging=args.memory_logging,
-        no_data_processing=args.no_data_processing,
-        report=False,
-    )
-    options = FitOptions(
-        probe_steps=args.probe_steps,
-        key=args.max,
-        low=args.min,
-        limit=args.limit,
-        margin=args.margin,
-        capacity_bytes=args.memory_gib * 2**30 if args.memory_gib else None,
-    )
-    report = run_fit(
-        planned.config,
-        checked.plan,
-        Path(args.results),
-        run_options,
-        options,
-        executor=executor,
+    report = api.fit(
+        args.scenarios or None,
+        args.results,
+        plan_options(args),
+        RunOptions(
+            timeout_s=args.timeout,
+            resume=args.resume,
+            memory_logging=args.memory_logging,
+            no_data_processing=args.no_data_processing,
+            recheck=args.recheck,
+        ),
+        FitOptions(
+            probe_steps=args.probe_steps,
+            search=args.max,
+            low=args.min,
+            limit=args.limit,
+            margin=args.margin,
+            memory_gib=args.memory_gib,
+        ),
+        executor=_Once(choose_executor(args), args),
         argv=[PROG, *sys.argv[1:]],
-        log=lambda text: print(text, file=sys.stderr, flush=True),
     )
     print()
     print("\n".join(md_table(*answer_rows(report.record))))

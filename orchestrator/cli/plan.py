@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from orchestrator import api
 from orchestrator.cli.common import Formatter, add_recheck_arg
-from orchestrator.cli.selection import add_selection_args, plan_from_args
+from orchestrator.cli.selection import add_selection_args, plan_options
 from orchestrator.config.values import LAUNCH_MODES
 from orchestrator.contract.errors import UserError
+from orchestrator.contract.layout import ResultsLayout
 
 _PLAN_EPILOG = """\
 Examples:
@@ -39,8 +41,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         write_plan_csv,
     )
 
-    planned = plan_from_args(args)
-    plan = planned.plan
+    config = api.load(
+        args.scenarios or None,
+        defaults=args.defaults,
+        frameworks=args.frameworks,
+        accelerate_config=args.accelerate_config,
+    )
+    plan = api.plan(config, plan_options(args))
+    layout = ResultsLayout(Path(args.results))
     if args.memory:
         plan = _with_memory(plan, args)
     elif args.gpu_memory_gib is not None:
@@ -49,19 +57,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.output == "-":
         sys.stdout.write(plan_csv(plan))
         return 0
-    print(
-        format_header(
-            plan, planned.config.scenarios_file, planned.config.defaults_file, notes=args.note
-        )
-    )
+    print(format_header(plan, config.scenarios_file, config.defaults_file, notes=args.note))
     print()
     print(format_table(plan))
     # what it will cost, from the results folder's history (results/estimate.py)
     from orchestrator.results.estimate import estimate_plan
 
-    price = args.usd_per_gpu_hour or planned.config.usd_per_gpu_hour
+    price = args.usd_per_gpu_hour or config.usd_per_gpu_hour
     print()
-    print(*estimate_plan(plan.experiments, planned.layout.history).lines(price), sep="\n")
+    print(*estimate_plan(plan.experiments, layout.history).lines(price), sep="\n")
     if args.memory:
         from orchestrator.running.memoryfit import memory_table
 
@@ -69,8 +73,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(*memory_table(plan), sep="\n")
     if args.commands:
         print()
-        launch = args.launch or planned.config.launch or "cell"
-        print(format_commands(plan.experiments, planned.layout, launch))
+        launch = args.launch or config.launch or "cell"
+        print(format_commands(plan.experiments, layout, launch))
     if args.output:
         write_plan_csv(plan, Path(args.output))
         print(f"\nwrote {args.output}", file=sys.stderr)

@@ -6,10 +6,17 @@ import argparse
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from orchestrator.api import settle_earlier_jobs
+from orchestrator import api
+from orchestrator.api import (
+    Announce,
+    BenchConfig,
+    Plan,
+    ReportOptions,
+    RunOptions,
+    RunResult,
+)
 from orchestrator.cli.common import (
     PROG,
     Formatter,
@@ -17,15 +24,16 @@ from orchestrator.cli.common import (
     add_recheck_arg,
     positive_float,
 )
-from orchestrator.cli.selection import add_selection_args, plan_from_args
-from orchestrator.config.scenarios import BenchConfig
+from orchestrator.cli.selection import add_selection_args, plan_options
 from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
 from orchestrator.contract.errors import UserError
+from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import (
     NOT_LAUNCHED_PREFIX,
     PRUNED_PREFIX,
     is_not_launched,
     is_pruned,
+    tally,
 )
 from orchestrator.executors import registry
 from orchestrator.executors.base import Executor, ExecutorSection, positive_int
@@ -76,89 +84,80 @@ class _Once:
         return self.made
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _announce(args: argparse.Namespace) -> Announce:
+    """What ``run`` prints before the first launch: the header, the checks, the table."""
     from orchestrator.matrix.table import format_header, format_table
-    from orchestrator.running.fitrun import check_searches, search_after_run
-    from orchestrator.running.memoryfit import (
-        device_capacity,
-        flagged_lines,
-        predicted,
-        with_memory,
-    )
-    from orchestrator.running.needs import require
-    from orchestrator.running.runner import RunOptions, preflight, run_plan
-    from orchestrator.running.stackcheck import check_stack
 
+    def announce(plan: Plan, config: BenchConfig | None, lines: list[str]) -> None:
+        assert config is not None
+        print(format_header(plan, config.scenarios_file, config.defaults_file, notes=args.note))
+        for line in lines:
+            print(f"  {line}")
+        print()
+        print(format_table(plan), flush=True)
+        print()
+
+    return announce
+
+
+def cmd_run(args: argparse.Namespace) -> int:
     if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
         raise UserError(f"--gpu-memory-gib must be positive, got {args.gpu_memory_gib:g}")
-    executor_for = _Once(choose_executor(args), args)
-    planned = plan_from_args(args, gpu_counter=lambda config: executor_for(config).gpu_counter())
-    plan = planned.plan
-    executor = executor_for(planned.config)
-    # a missing package, named once here rather than by every experiment's failure
-    require(plan.experiments, executor.name)
-    # a search: that cannot apply, refused now rather than after the matrix
-    check_searches(planned.config, plan)
-    options = RunOptions(
-        timeout_s=args.timeout,
-        resume=args.resume,
-        fail_fast=args.fail_fast,
-        memory_logging=args.memory_logging,
-        no_data_processing=args.no_data_processing,
-        usd_per_gpu_hour=args.usd_per_gpu_hour or planned.config.usd_per_gpu_hour,
-        tokens=args.tokens,
-        cool_down_s=args.cool_down or 0.0,
-        usd_per_kwh=args.usd_per_kwh or planned.config.usd_per_kwh,
-        grams_co2_per_kwh=args.grams_co2_per_kwh or planned.config.grams_co2_per_kwh,
-        report=not args.no_report,
-        prune=not args.no_prune,
-        stop_early=not args.no_stop_early,
-        launch=args.launch or planned.config.launch or "cell",
-    )
-    # everything the executor would refuse later, refused here, before a folder is touched
-    preflight(executor, plan, planned.layout, options)
-    settle_earlier_jobs(planned.layout)
-    # every cell's settings against the installed stack, each model found, once
-    checked = check_stack(
-        plan, skip=args.no_check, keep=True, recheck=args.recheck, memory=predicted
-    )
-    capacity, source = device_capacity(args.gpu_memory_gib, here=executor.gpu_counter() is None)
-    plan = with_memory(checked.plan, checked.memory, capacity, source)
-    print(
-        format_header(
-            plan, planned.config.scenarios_file, planned.config.defaults_file, notes=args.note
-        )
-    )
-    for line in [*checked.lines(), *flagged_lines(plan)]:
-        print(f"  {line}")
-    print()
-    print(format_table(plan), flush=True)
-    print()
     started = time.monotonic()
-    report = run_plan(
-        plan, Path(args.results), options, argv=[PROG, *sys.argv[1:]], executor=executor
+    done = api.run(
+        args.scenarios or None,
+        args.results,
+        plan_options(args),
+        RunOptions(
+            timeout_s=args.timeout,
+            resume=args.resume,
+            fail_fast=args.fail_fast,
+            memory_logging=args.memory_logging,
+            no_data_processing=args.no_data_processing,
+            cool_down_s=args.cool_down or 0.0,
+            report=not args.no_report,
+            prune=not args.no_prune,
+            stop_early=not args.no_stop_early,
+            launch=args.launch,
+            check=not args.no_check,
+            recheck=args.recheck,
+            gpu_memory_gib=args.gpu_memory_gib,
+        ),
+        ReportOptions(
+            usd_per_gpu_hour=args.usd_per_gpu_hour,
+            tokens=args.tokens,
+            usd_per_kwh=args.usd_per_kwh,
+            grams_co2_per_kwh=args.grams_co2_per_kwh,
+        ),
+        executor=_Once(choose_executor(args), args),
+        announce=_announce(args),
+        argv=[PROG, *sys.argv[1:]],
     )
-    # scenarios with search: the largest batch or length that fits, into RESULTS/fit/
-    search_after_run(
-        planned.config, plan, report, options, executor=executor, argv=[PROG, *sys.argv[1:]]
-    )
-    counts = ", ".join(f"{status} {n}" for status, n in sorted(report.counts().items()))
-    minutes, seconds = divmod(int(time.monotonic() - started), 60)
+    _say_done(args, done, time.monotonic() - started)
+    return done.exit_code
+
+
+def _say_done(args: argparse.Namespace, done: RunResult, seconds: float) -> None:
+    """The run's last lines: the counts, the files, and each cell that did not run ok."""
+    layout = ResultsLayout(done.results)
+    counts = tally(done.outcomes.values())
+    minutes, secs = divmod(int(seconds), 60)
     print(
-        f"\ntunematrix run: {len(plan.experiments)} experiments in {args.results} — {counts} "
-        f"({minutes}:{seconds:02d})"
+        f"\ntunematrix run: {len(done.outcomes)} experiments in {args.results} — "
+        f"{', '.join(f'{status} {n}' for status, n in sorted(counts.items()))} "
+        f"({minutes}:{secs:02d})"
     )
-    if report.reported:
-        print(f"  summary: {report.layout.summary_md}")
-        print(f"  tables:  {report.layout.raw_summary}, {report.layout.benchmarks}")
+    if done.summary is not None:
+        print(f"  summary: {layout.summary_md}")
+        print(f"  tables:  {layout.raw_summary}, {layout.benchmarks}")
     else:
-        print(f"  table:   {report.layout.raw_summary}")
+        print(f"  table:   {layout.raw_summary}")
         print(f"  report:  not written; `{PROG} report {args.results}` writes it")
-    if report.history_run_id is not None:
-        print(f"  recorded as run {report.history_run_id} in {report.layout.history}")
-    if report.moved_to is not None:
-        print(f"  the earlier run is in {report.moved_to}")
-    for eid, outcome in report.outcomes.items():
+    if done.history_run_id is not None:
+        print(f"  recorded as run {done.history_run_id} in {layout.history}")
+    if done.moved_to is not None:
+        print(f"  the earlier run is in {done.moved_to}")
+    for eid, outcome in done.outcomes.items():
         if is_pruned(outcome.status, outcome.error):
             print(f"  pruned: {eid} ({(outcome.error or '').removeprefix(PRUNED_PREFIX)})")
         elif is_not_launched(outcome.status, outcome.error):
@@ -169,11 +168,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"  {outcome.status}: {eid}: {outcome.error}")
             if outcome.log:
                 print(f"      log: {outcome.log}")
-    if any(o.status == "planned" for o in report.outcomes.values()):
+    if any(o.status == "planned" for o in done.outcomes.values()):
         print(f"  submitted; when the jobs are done: tunematrix report {args.results}")
-    if report.interrupted:
+    if done.interrupted:
         print(f"{PROG}: interrupted; finished experiments are kept", file=sys.stderr)
-    return report.exit_code
 
 
 class _Recorder:

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
+from orchestrator.api import PlanOptions
 from orchestrator.cli.common import parse_int_list
 from orchestrator.cli.steadyflags import add_measure_args, measure_from_args
-from orchestrator.config.scenarios import BenchConfig
-from orchestrator.contract.layout import ResultsLayout
 from orchestrator.executors.base import positive_int
-from orchestrator.matrix.plan import Plan
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:
@@ -103,35 +98,12 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass(frozen=True)
-class Planned:
-    """What ``plan`` and ``run`` planned: the loaded config (for the header), the plan,
-    and the results folder."""
-
-    config: BenchConfig
-    plan: Plan
-    layout: ResultsLayout
-
-
-def plan_from_args(
-    args: argparse.Namespace,
-    gpu_counter: Callable[[BenchConfig], Callable[[], int] | None] | None = None,
-) -> Planned:
-    """The selection flags, read into :func:`orchestrator.api.plan`.
-
-    ``gpu_counter``: given the loaded config, how to count the GPUs the plan
-    is for when they are not this machine's (the chosen executor's answer).
-    """
-    from orchestrator import api
-
-    config = api.load(
-        args.scenarios or None,
+def plan_options(args: argparse.Namespace) -> PlanOptions:
+    """The selection flags, as :func:`orchestrator.api.plan` takes them."""
+    return PlanOptions(
         defaults=args.defaults,
         frameworks=args.frameworks,
         accelerate_config=args.accelerate_config,
-    )
-    plan = api.plan(
-        config,
         num_gpus=parse_int_list(args.num_gpus, "--num-gpus") if args.num_gpus else None,
         effective_batch_size=(
             parse_int_list(args.effective_batch_size, "--effective-batch-size")
@@ -141,10 +113,7 @@ def plan_from_args(
         filters=args.filter,
         device=args.device,
         repeats=args.repeats,
-        preview=args.command == "plan",
         profile=args.profile,
         profile_steps=args.profile_steps,
         measure=measure_from_args(args),
-        gpus=gpu_counter(config) if gpu_counter is not None else None,
     )
-    return Planned(config=config, plan=plan, layout=ResultsLayout(Path(args.results)))

@@ -19,6 +19,8 @@ SEARCH_KEYS = ("per_device_train_batch_size", "max_seq_len")
 DEFAULT_MIN = {"per_device_train_batch_size": 1, "max_seq_len": 64}
 #: a probe whose peak memory is above (1 - margin) of the device's does not fit
 DEFAULT_MARGIN = 0.1
+#: steps of a probe: enough for the optimizer's state to exist (its memory is counted)
+DEFAULT_PROBE_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,20 @@ class Search:
     def start(self) -> int:
         """The lower bound the search probes first."""
         return self.low if self.low is not None else DEFAULT_MIN[self.key]
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """How to search; ``None`` fields take the scenario's ``search:``, else the defaults."""
+
+    probe_steps: int = DEFAULT_PROBE_STEPS
+    #: what to search in every selected scenario (``--max``), overriding ``search:``
+    search: str | None = None
+    low: int | None = None
+    limit: int | None = None
+    margin: float | None = None
+    #: one device's memory in GiB, where it is known better than here (``--memory-gib``)
+    memory_gib: float | None = None
 
 
 def resolve_search(doc: YamlDoc, model: SearchModel | None, loc: Loc) -> Search | None:

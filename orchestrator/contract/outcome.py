@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -112,6 +113,15 @@ def shown(status: Any, error: Any) -> str:
     if is_not_launched(status, error):
         return NOT_LAUNCHED
     return str(status)
+
+
+def tally(outcomes: Iterable[Outcome]) -> dict[str, int]:
+    """How many outcomes of each status, as tables show it (``shown``)."""
+    out: dict[str, int] = {}
+    for outcome in outcomes:
+        status = shown(outcome.status, outcome.error)
+        out[status] = out.get(status, 0) + 1
+    return out
 
 
 OOM_PATTERNS = (

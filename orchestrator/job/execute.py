@@ -93,13 +93,8 @@ class RunOptions:
     #: 0: never
     cool_down_s: float = 0.0
     grace_s: float = GRACE_S
-    #: for the report: the price of a GPU-hour and a token budget to estimate
-    usd_per_gpu_hour: float | None = None
-    tokens: float | None = None
-    #: for the report: the price of a kWh and grams of CO2 per kWh (energy's cost, emissions)
-    usd_per_kwh: float | None = None
-    grams_co2_per_kwh: float | None = None
-    #: write benchmarks.csv, summary.md and plots after the run
+    #: write benchmarks.csv, summary.md and plots after the run (their prices and token
+    #: budget: ``orchestrator.results.report.ReportOptions``)
     report: bool = True
     #: once an experiment ran out of memory, record the experiments of its family that
     #: need at least as much as pruned instead of launching them (``--no-prune``: off)
@@ -110,8 +105,15 @@ class RunOptions:
     stop_early: bool = True
     #: ``cell``: a launch per experiment; ``family``: the experiments of one family
     #: (``orchestrator.matrix.launches``) one after another in one launch
-    #: (``orchestrator.job.shared``)
-    launch: str = "cell"
+    #: (``orchestrator.job.shared``); None: the file's ``launch:``, else ``cell``
+    launch: str | None = None
+    #: check every cell against the installed libraries before launch (``--no-check``: off);
+    #: ``recheck``: every cell again, even one whose verdict was kept (``--recheck``)
+    check: bool = True
+    recheck: bool = False
+    #: one GPU's memory to set each GPU cell's predicted memory against (``--gpu-memory-gib``;
+    #: default: the smallest GPU here, for the executors that run jobs here)
+    gpu_memory_gib: float | None = None
 
 
 class Interrupted(Exception):

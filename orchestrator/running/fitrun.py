@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.scenarios import BenchConfig, Scenario
-from orchestrator.config.search import DEFAULT_MARGIN, DEFAULT_MIN, Search
+from orchestrator.config.search import DEFAULT_MARGIN, DEFAULT_MIN, FitOptions, Search
 from orchestrator.contract.columns import (
     NVML_PEAK,
     PROCESS_RSS_PEAK,
@@ -53,7 +53,7 @@ from orchestrator.matrix.plan import Plan
 from orchestrator.results.fitreport import FamilyFit, FitRecord, ProbeRecord, write_fit
 from orchestrator.results.numbers import number
 from orchestrator.results.rows import build_row, write_raw_summary
-from orchestrator.running.runner import RunReport, preflight, report_cost, run_plan
+from orchestrator.running.runner import RunReport, preflight, run_plan
 
 #: a probe's peak memory, in order of preference: on a GPU, one device's; on the CPU, the
 #: job's whole process tree (what a memory cgroup counts), else one process
@@ -68,27 +68,11 @@ PEAK_COLUMNS = {
         (PROCESS_RSS_PEAK, "RSS of a training process"),
     ),
 }
-#: steps of a probe: enough for the optimizer's state to exist (its memory is counted)
-DEFAULT_PROBE_STEPS = 3
 #: how far the memory prediction looks for a search's first probe: the lower bound times
 #: up to 2**this
 PREDICTED_DOUBLINGS = 10
 #: a cgroup v1 limit at or above this is "no limit"
 _NO_LIMIT = 2**62
-
-
-@dataclass(frozen=True)
-class FitOptions:
-    """How to search; ``None`` fields take the scenario's ``search:``, else the defaults."""
-
-    probe_steps: int = DEFAULT_PROBE_STEPS
-    #: what to search in every selected scenario (``--max``), overriding ``search:``
-    key: str | None = None
-    low: int | None = None
-    limit: int | None = None
-    margin: float | None = None
-    #: one device's memory, where it is known better than here (``--memory-gib``)
-    capacity_bytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -151,7 +135,7 @@ def families(config: BenchConfig, plan: Plan, options: FitOptions) -> list[_Fami
 
 def _settings(scenario: Scenario | None, options: FitOptions) -> Search | None:
     own = scenario.search if scenario is not None else None
-    key = options.key or (own.key if own is not None else None)
+    key = options.search or (own.key if own is not None else None)
     if key is None:
         return None
     same = own is not None and own.key == key
@@ -391,8 +375,8 @@ class _FitRun:
         """One device's memory, looked up once per kind of device."""
         if device not in self.capacities:
             self.capacities[device] = (
-                Capacity(self.options.capacity_bytes, "given with --memory-gib")
-                if self.options.capacity_bytes is not None
+                Capacity(self.options.memory_gib * 2**30, "given with --memory-gib")
+                if self.options.memory_gib is not None
                 else Capacity(None, f"the {self.executor.name} executor's jobs run elsewhere")
                 if self.remote
                 else local_capacity(device)
@@ -595,11 +579,11 @@ def search_after_run(
         log(f"fit: {family.family}: largest {family.searched} that fits: {answer}")
     log(f"fit: {fitted.layout.fit_md}")
     if done.reported:
-        from orchestrator.results.report import write_report
+        from orchestrator.results.options import ReportOptions
 
         root = done.layout.root
         try:
-            write_report(root, root, report_cost(options))
+            (done.reporting or ReportOptions()).write(root, root)
         except Exception as exc:  # the fit's own files are written; the report can be redone
             log(f"summary.md was not rewritten ({type(exc).__name__}: {exc})")
     return fitted

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.contract.clock import now
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout
-from orchestrator.contract.outcome import ACCEPTABLE, Outcome, shown
+from orchestrator.contract.outcome import ACCEPTABLE, Outcome, tally
 from orchestrator.contract.result import read_result
 from orchestrator.executors.base import Executor, Preflight, RunContext
 from orchestrator.executors.console import Progress
@@ -31,7 +31,7 @@ from orchestrator.running import envinfo
 from orchestrator.running.resultsdir import open_results
 
 if TYPE_CHECKING:
-    from orchestrator.results.aggregate import CostSettings
+    from orchestrator.results.options import ReportOptions
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Outcome", "RunOptions", "RunReport", "preflight", "run_plan"]
 
@@ -45,13 +45,11 @@ class RunReport:
     history_run_id: int | None = None
     report_error: str | None = None
     reported: bool = False  # summary.md and benchmarks.csv were written by this run
+    #: what the report was written with (None: the defaults)
+    reporting: ReportOptions | None = None
 
     def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for o in self.outcomes.values():
-            status = shown(o.status, o.error)
-            out[status] = out.get(status, 0) + 1
-        return out
+        return tally(self.outcomes.values())
 
     @property
     def exit_code(self) -> int:
@@ -76,37 +74,19 @@ def _write_summary(plan: Plan, layout: ResultsLayout, outcomes: Mapping[str, Out
     write_raw_summary(_summary_rows(plan, layout, outcomes), layout.raw_summary)
 
 
-def report_cost(options: RunOptions) -> CostSettings:
-    """The report's prices and token budget, as the run was given them."""
-    from orchestrator.results.aggregate import CostSettings
-
-    return CostSettings(
-        usd_per_gpu_hour=options.usd_per_gpu_hour,
-        tokens=options.tokens,
-        usd_per_kwh=options.usd_per_kwh,
-        grams_co2_per_kwh=options.grams_co2_per_kwh,
-    )
-
-
 def _report_and_record(
     run_report: RunReport,
     rows: list[dict[str, Any]],
     env: dict[str, Any],
-    options: RunOptions,
     say: Callable[[str], None],
 ) -> None:
     """The full report and the history entry; a failure here never costs the results."""
     try:
         from orchestrator.results import history
-        from orchestrator.results.report import write_report
+        from orchestrator.results.options import ReportOptions
 
         root = run_report.layout.root
-        report = write_report(
-            root,
-            root,
-            report_cost(options),
-            rows=rows,
-        )
+        report = (run_report.reporting or ReportOptions()).write(root, root, rows=rows)
         run_report.reported = True
         run_report.history_run_id = history.record(history.path_for(root), report.rows, env, root)
     except Exception as exc:  # the run's files are written; the report can be redone
@@ -146,11 +126,13 @@ def run_plan(
     progress: Progress | None = None,
     log: Callable[[str], None] | None = None,
     executor: Executor | None = None,
+    reporting: ReportOptions | None = None,
 ) -> RunReport:
     """Run every experiment of ``plan`` into ``results``; return what happened.
 
     ``executor`` runs the experiments (default: the local one, one at a
     time); its ``check`` (``preflight``) is the caller's, before this.
+    ``reporting``: the report's prices and token budget (recorded in env.json too).
     """
     from orchestrator.executors.local import LocalExecutor
     from orchestrator.matrix.table import write_plan_csv
@@ -178,9 +160,9 @@ def run_plan(
                 say(f"the earlier run in {results} was moved to {opened.moved_to}")
             env = envinfo.collect(argv)
             env["cost"] = {
-                "usd_per_gpu_hour": options.usd_per_gpu_hour,
-                "usd_per_kwh": options.usd_per_kwh,
-                "grams_co2_per_kwh": options.grams_co2_per_kwh,
+                "usd_per_gpu_hour": reporting.usd_per_gpu_hour if reporting else None,
+                "usd_per_kwh": reporting.usd_per_kwh if reporting else None,
+                "grams_co2_per_kwh": reporting.grams_co2_per_kwh if reporting else None,
             }
             env["mode"] = executor.mode
             env["executor"] = executor.name
@@ -212,12 +194,11 @@ def run_plan(
                 layout=layout,
                 moved_to=opened.moved_to,
                 interrupted=interrupted,
+                reporting=reporting,
             )
             finished = any(o.status != "planned" for o in ctx.outcomes.values())
             if options.report and finished:  # nothing to report while jobs are only submitted
-                _report_and_record(
-                    run_report, _summary_rows(plan, layout, ctx.outcomes), env, options, say
-                )
+                _report_and_record(run_report, _summary_rows(plan, layout, ctx.outcomes), env, say)
             return run_report
     finally:
         for sig, handler in previous_handlers.items():

@@ -103,7 +103,7 @@ def fit(load, tmp_path):
 
 
 def test_a_fit_finds_the_answer_and_writes_its_files(fit, tmp_path) -> None:
-    report, executor = fit(up_to(5), capacity_bytes=100 * GIB)
+    report, executor = fit(up_to(5), memory_gib=100)
     (family,) = report.record.families  # eb 2 and 4 are one family; 'plain' has no search
     assert len(family.cells) == 2
     assert executor.launched == [1, 2, 4, 8, 6, 5]
@@ -126,8 +126,8 @@ def test_a_fit_finds_the_answer_and_writes_its_files(fit, tmp_path) -> None:
 
 
 def test_a_resumed_fit_reuses_ok_and_oom_probes(fit) -> None:
-    fit(up_to(5), capacity_bytes=100 * GIB)
-    report, executor = fit(up_to(5), resume=True, capacity_bytes=100 * GIB)
+    fit(up_to(5), memory_gib=100)
+    report, executor = fit(up_to(5), resume=True, memory_gib=100)
     assert executor.launched == []
     assert all(p.reused for p in report.record.families[0].probes)
     assert report.record.families[0].largest_fit == 5
@@ -137,27 +137,27 @@ def test_a_failed_probe_stops_and_is_tried_again_on_resume(fit) -> None:
     def flaky(v: int) -> tuple[str, float | None]:
         return ("failed", None) if v == 4 else up_to(5)(v)
 
-    report, executor = fit(flaky, capacity_bytes=100 * GIB)
+    report, executor = fit(flaky, memory_gib=100)
     (family,) = report.record.families
     assert executor.launched == [1, 2, 4]
     assert family.ending == "stopped" and family.largest_fit == 2
     assert family.stopped_by == "per_device_train_batch_size 4: failed: ValueError: boom"
     assert report.exit_code == 1
-    report, executor = fit(up_to(5), resume=True, capacity_bytes=100 * GIB)
+    report, executor = fit(up_to(5), resume=True, memory_gib=100)
     assert executor.launched == [4, 8, 6, 5]  # 1 and 2 reused, the failed 4 run again
     assert report.record.families[0].largest_fit == 5
 
 
 def test_the_margin_counts_a_run_near_the_capacity_as_not_fitting(fit) -> None:
     # 0.5 GiB per sample, 4 GiB device, margin 0.25: above 3 GiB does not fit, so 6 is too big
-    report, _ = fit(up_to(100), capacity_bytes=4 * GIB, margin=0.25, limit=16)
+    report, _ = fit(up_to(100), memory_gib=4, margin=0.25, limit=16)
     (family,) = report.record.families
     assert (family.largest_fit, family.first_too_big) == (6, 7)
     assert family.why_too_big is not None and "above 75% of 4.00 GiB" in family.why_too_big
 
 
 def test_a_probe_still_queued_stops_the_search(fit) -> None:
-    report, _ = fit(lambda v: ("planned", None), capacity_bytes=100 * GIB)
+    report, _ = fit(lambda v: ("planned", None), memory_gib=100)
     (family,) = report.record.families
     assert family.ending == "stopped"
     assert "waits for each probe" in str(family.stopped_by)
@@ -165,7 +165,7 @@ def test_a_probe_still_queued_stops_the_search(fit) -> None:
 
 def test_the_command_line_overrides_the_scenario_and_can_search_any(fit) -> None:
     report, executor = fit(
-        up_to(100), key="per_device_train_batch_size", limit=3, capacity_bytes=GIB * 100
+        up_to(100), search="per_device_train_batch_size", limit=3, memory_gib=100
     )
     # both scenarios now; each stops at the limit 3
     assert [f.scenario for f in report.record.families] == ["s", "plain"]
@@ -192,7 +192,7 @@ def test_nothing_to_search_is_one_line(load, tmp_path) -> None:
 
 def test_the_summary_section_reads_the_fit_of_a_run(fit, tmp_path) -> None:
     assert summary_section(tmp_path) == []
-    fit(up_to(5), capacity_bytes=100 * GIB)
+    fit(up_to(5), memory_gib=100)
     (tmp_path / "res").rename(tmp_path / "fit")
     text = "\n".join(summary_section(tmp_path))
     assert "## Largest that fits" in text and "(fit/fit.md)" in text
@@ -310,7 +310,7 @@ def test_a_gpu_search_starts_from_the_prediction(load, tmp_path, monkeypatch) ->
         plan,
         tmp_path / "res",
         RunOptions(report=False),
-        FitOptions(capacity_bytes=100 * GIB),
+        FitOptions(memory_gib=100),
         executor=executor,
         argv=["tunematrix", "fit"],
         log=lambda text: None,
