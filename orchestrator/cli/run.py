@@ -28,13 +28,7 @@ from orchestrator.cli.selection import add_selection_args, plan_options
 from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout
-from orchestrator.contract.outcome import (
-    NOT_LAUNCHED_PREFIX,
-    PRUNED_PREFIX,
-    is_not_launched,
-    is_pruned,
-    tally,
-)
+from orchestrator.contract.outcome import PRUNED, tally
 from orchestrator.executors import registry
 from orchestrator.executors.base import Executor, ExecutorSection, positive_int
 
@@ -158,12 +152,9 @@ def _say_done(args: argparse.Namespace, done: RunResult, seconds: float) -> None
     if done.moved_to is not None:
         print(f"  the earlier run is in {done.moved_to}")
     for eid, outcome in done.outcomes.items():
-        if is_pruned(outcome.status, outcome.error):
-            print(f"  pruned: {eid} ({(outcome.error or '').removeprefix(PRUNED_PREFIX)})")
-        elif is_not_launched(outcome.status, outcome.error):
-            print(
-                f"  not launched: {eid} ({(outcome.error or '').removeprefix(NOT_LAUNCHED_PREFIX)})"
-            )
+        if outcome.skip is not None:
+            said = "pruned" if outcome.skip.kind == PRUNED else "not launched"
+            print(f"  {said}: {eid} ({outcome.skip.because})")
         elif outcome.status not in ("ok", "skipped", "planned"):
             print(f"  {outcome.status}: {eid}: {outcome.error}")
             if outcome.log:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orchestrator.contract.jsonio import read_json_object
 from orchestrator.contract.layout import RunPaths, write_atomic
@@ -31,96 +31,118 @@ MEASURED: tuple[Status, ...] = ("ok", "skipped")
 #: statuses of a run that was tried and lost
 LOST: tuple[Status, ...] = ("oom", "failed", "timeout", "interrupted")
 
-#: the error of a pruned experiment (status ``skipped``, never launched) begins with
-#: this: ``pruned: <id> ran out of memory`` (``orchestrator.matrix.prune``)
-PRUNED_PREFIX = "pruned: "
-#: how tables show a pruned experiment's status
+#: how tables show a pruned experiment's status (``skipped``: a cell of its family ran out
+#: of memory, or it was predicted to need more than its device has)
 PRUNED = "pruned"
-
-
-def pruned_error(out_of_memory_id: str) -> str:
-    """The error of an experiment pruned because ``out_of_memory_id`` ran out of memory."""
-    return f"{PRUNED_PREFIX}{out_of_memory_id} ran out of memory"
-
-
-def is_pruned(status: Any, error: Any) -> bool:
-    """Whether a row (or outcome) is a pruned experiment: ``skipped`` without running, so
-    no measurement (a ``skipped`` row otherwise kept an earlier ok run's figures)."""
-    return status == "skipped" and isinstance(error, str) and error.startswith(PRUNED_PREFIX)
-
-
-#: the error of an experiment not launched because two of its model's experiments had
-#: failed with the same error (status ``skipped``): ``not launched: same error as <id>``
-NOT_LAUNCHED_PREFIX = "not launched: "
-#: how tables show such an experiment's status (one word: a cell of repeats shows
-#: ``failed×2 spared×1``)
+#: how tables show a spared one's (one word: a cell of repeats shows ``failed×2 spared×1``)
 NOT_LAUNCHED = "spared"
 
-
+#: why an experiment was recorded ``skipped`` without being launched
+SkipCause = Literal["out_of_memory", "predicted_over", "same_error", "disk_full"]
+#: the words its error starts with, by the kind of skip
+_PREFIX = {PRUNED: "pruned: ", NOT_LAUNCHED: "not launched: "}
+_RAN_OUT = re.compile(r"^(\S+) ran out of memory$")
+_FULL_WHEN = re.compile(r"^(?:the disk of (.+)|the disk) was full when (\S+) ran \(see its row\)$")
 _SAME_ERROR_AS = "same error as "
 
 
-def not_launched_error(first_id: str) -> str:
-    """The error of an experiment spared because cells like it fail as ``first_id`` did."""
-    return f"{NOT_LAUNCHED_PREFIX}{_SAME_ERROR_AS}{first_id}"
+class Skip(BaseModel):
+    """Why an experiment was not launched: the data its error's words are made from.
+
+    ``cause``: a cell of its family ran out of memory (``out_of_memory``), its predicted
+    memory is over its device's (``predicted_over``), cells like it failed with the same
+    error (``same_error``), or the disk was full (``disk_full``). ``follows``: the
+    experiment it follows from (the one that ran out of memory, failed first, or found
+    the disk full); ``detail``: the prediction's words, or the full disk's folder.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    cause: SkipCause
+    follows: str | None = None
+    detail: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """``pruned`` (memory) or ``spared`` (a repeated failure, a full disk)."""
+        return PRUNED if self.cause in ("out_of_memory", "predicted_over") else NOT_LAUNCHED
+
+    @property
+    def because(self) -> str:
+        """Why, in words (the error without its first words)."""
+        if self.cause == "out_of_memory":
+            return f"{self.follows} ran out of memory"
+        if self.cause == "predicted_over":
+            return self.detail or "predicted to need more memory than the device has"
+        if self.cause == "disk_full":
+            disk = f"the disk of {self.detail}" if self.detail else "the disk"
+            return f"{disk} was full when {self.follows} ran (see its row)"
+        return f"{_SAME_ERROR_AS}{self.follows}"
+
+    @property
+    def error(self) -> str:
+        """The outcome's error: ``pruned: <why>`` or ``not launched: <why>``."""
+        return _PREFIX[self.kind] + self.because
 
 
-#: the end of a spared experiment's error after a full disk (``not_launched_disk_full``)
-_FULL_WHEN = re.compile(r" was full when (\S+) ran \(see its row\)$")
+def skip_from_error(error: Any) -> Skip | None:
+    """The skip an error's words were made from, for the records that hold only the words:
+    a summary table (raw_summary.csv), an ``outcome.json`` written before ``skip``. The one
+    place the words are read back; everything else reads the ``Skip``."""
+    if not isinstance(error, str):
+        return None
+    if error.startswith(_PREFIX[PRUNED]):
+        rest = error[len(_PREFIX[PRUNED]) :]
+        ran_out = _RAN_OUT.match(rest)
+        if ran_out:
+            return Skip(cause="out_of_memory", follows=ran_out.group(1))
+        return Skip(cause="predicted_over", detail=rest)
+    if error.startswith(_PREFIX[NOT_LAUNCHED]):
+        rest = error[len(_PREFIX[NOT_LAUNCHED]) :]
+        full = _FULL_WHEN.match(rest)
+        if full:
+            return Skip(cause="disk_full", follows=full.group(2), detail=full.group(1))
+        return Skip(cause="same_error", follows=rest.removeprefix(_SAME_ERROR_AS))
+    return None
 
 
-def not_launched_disk_full(first_id: str, folder: str | None) -> str:
-    """The error of an experiment spared because the disk was full when ``first_id`` ran
-    (every later run would fail alike, whatever its model)."""
-    disk = f"the disk of {folder}" if folder else "the disk"
-    return f"{NOT_LAUNCHED_PREFIX}{disk} was full when {first_id} ran (see its row)"
+def skip_of(status: Any, error: Any) -> Skip | None:
+    """A row's (or outcome's) skip: ``skipped`` without running, pruned or spared; None for
+    any other row (a ``skipped`` row otherwise kept an earlier ok run's figures)."""
+    return skip_from_error(error) if status == "skipped" else None
 
 
-def _full_when(error: str) -> re.Match[str] | None:
-    return _FULL_WHEN.search(error) if error.startswith(NOT_LAUNCHED_PREFIX) else None
-
-
-def spared_by_full_disk(error: str) -> bool:
-    """Whether a spared experiment's error is ``not_launched_disk_full``'s."""
-    return _full_when(error) is not None
-
-
-def not_launched_by(error: str) -> str:
-    """The id of the failure a spared experiment's error names (``not_launched_error``,
-    ``not_launched_disk_full``)."""
-    full = _full_when(error)
-    if full is not None:
-        return full.group(1)
-    return error.removeprefix(NOT_LAUNCHED_PREFIX).removeprefix(_SAME_ERROR_AS)
+def is_pruned(status: Any, error: Any) -> bool:
+    """Whether a row (or outcome) is a pruned experiment: no measurement."""
+    skip = skip_of(status, error)
+    return skip is not None and skip.kind == PRUNED
 
 
 def is_not_launched(status: Any, error: Any) -> bool:
-    """Whether a row (or outcome) was spared after its model's repeated failure."""
-    return status == "skipped" and isinstance(error, str) and error.startswith(NOT_LAUNCHED_PREFIX)
+    """Whether a row (or outcome) was spared after its model's repeated failure (or a
+    full disk)."""
+    skip = skip_of(status, error)
+    return skip is not None and skip.kind == NOT_LAUNCHED
 
 
 def never_launched(status: Any, error: Any) -> bool:
     """``skipped`` without running (pruned, or spared): no measurement, and decided afresh
     by a resumed run."""
-    return is_pruned(status, error) or is_not_launched(status, error)
+    return skip_of(status, error) is not None
 
 
 def shown(status: Any, error: Any) -> str:
     """A status as tables show it: ``pruned`` and ``spared`` for the experiments skipped
     without running, else the status itself."""
-    if is_pruned(status, error):
-        return PRUNED
-    if is_not_launched(status, error):
-        return NOT_LAUNCHED
-    return str(status)
+    skip = skip_of(status, error)
+    return skip.kind if skip is not None else str(status)
 
 
 def tally(outcomes: Iterable[Outcome]) -> dict[str, int]:
     """How many outcomes of each status, as tables show it (``shown``)."""
     out: dict[str, int] = {}
     for outcome in outcomes:
-        status = shown(outcome.status, outcome.error)
-        out[status] = out.get(status, 0) + 1
+        out[outcome.shown_status] = out.get(outcome.shown_status, 0) + 1
     return out
 
 
@@ -149,6 +171,8 @@ class Outcome(BaseModel):
 
     status: Status
     error: str | None = None
+    #: why a ``skipped`` experiment was not launched (its ``error`` is made from it)
+    skip: Skip | None = None
     #: the log that explains the run, relative to the results folder
     log: str | None = None
     returncode: int | None = None
@@ -195,6 +219,22 @@ class Outcome(BaseModel):
     #: ``target_c``, and ``note`` where the wait ran out or could not be made
     cooldown: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _skip_from_words(cls, data: Any) -> Any:
+        """A ``skipped`` record with only its error's words (written before ``skip``, or
+        made from a table's row) gets the skip they were made from."""
+        if isinstance(data, dict) and data.get("status") == "skipped" and not data.get("skip"):
+            found = skip_from_error(data.get("error"))
+            if found is not None:
+                data = {**data, "skip": found}
+        return data
+
+    @property
+    def shown_status(self) -> str:
+        """The status as tables show it: ``pruned`` and ``spared`` for a skip."""
+        return self.skip.kind if self.skip is not None else self.status
+
     def as_dict(self, *, recorded_only: bool = False) -> dict[str, Any]:
         """Every field, as JSON values (what ``outcome.json`` holds).
 
@@ -224,6 +264,11 @@ def outcome_from_record(record: dict[str, Any]) -> Outcome | None:
         return Outcome.model_validate(record)
     except ValidationError:
         return None
+
+
+def skipped(skip: Skip, attempt: int = 1) -> Outcome:
+    """The outcome of an experiment not launched, for ``skip``'s reason."""
+    return Outcome(status="skipped", error=skip.error, skip=skip, attempt=attempt)
 
 
 def read_outcome(run: RunPaths | Path) -> Outcome | None:

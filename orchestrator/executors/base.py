@@ -34,13 +34,10 @@ from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout, RunPaths
 from orchestrator.contract.outcome import (
     ACCEPTABLE,
-    PRUNED_PREFIX,
     Outcome,
-    never_launched,
-    not_launched_disk_full,
-    not_launched_error,
-    pruned_error,
+    Skip,
     read_outcome,
+    skipped,
     write_outcome,
 )
 from orchestrator.contract.result import read_result
@@ -254,17 +251,18 @@ class RunContext:
             if self.options.prune and self._out_of_memory
             else None
         )
-        error = pruned_error(culprit) if culprit is not None else None
-        if error is None and self.options.prune:
-            error = predicted_over(experiment)
-        if error is None and self.options.stop_early and self._disk_full is not None:
-            error = not_launched_disk_full(*self._disk_full)
-        first = self.failed_alike(experiment) if error is None and self.options.stop_early else None
+        skip = Skip(cause="out_of_memory", follows=culprit) if culprit is not None else None
+        if skip is None and self.options.prune:
+            skip = predicted_over(experiment)
+        if skip is None and self.options.stop_early and self._disk_full is not None:
+            first_id, folder = self._disk_full
+            skip = Skip(cause="disk_full", follows=first_id, detail=folder)
+        first = self.failed_alike(experiment) if skip is None and self.options.stop_early else None
         if first is not None:
-            error = not_launched_error(first)
-        if error is None:
+            skip = Skip(cause="same_error", follows=first)
+        if skip is None:
             return False
-        outcome = Outcome(status="skipped", error=error, attempt=ready.attempt)
+        outcome = skipped(skip, attempt=ready.attempt)
         try:
             ready.run.dir.mkdir(parents=True, exist_ok=True)
             write_outcome(ready.run, outcome)
@@ -401,19 +399,21 @@ def _drop_unlaunched_record(run: RunPaths) -> None:
     """Remove the record of an earlier pruning or sparing (a folder with only that
     ``outcome.json``): nothing ran, so it is no attempt to keep."""
     previous = read_outcome(run)
-    if previous is None or not never_launched(previous.status, previous.error):
+    if previous is None or previous.skip is None:
         return
     if [p.name for p in run.dir.iterdir()] == [run.outcome.name]:
         run.outcome.unlink()
 
 
-def predicted_over(experiment: Experiment) -> str | None:
-    """The pruned error of an experiment predicted to need more memory than its device
-    has (``orchestrator.running.memoryfit``); None when it is not."""
+def predicted_over(experiment: Experiment) -> Skip | None:
+    """Why an experiment predicted to need more memory than its device has is pruned
+    (``orchestrator.running.memoryfit``); None when it is not."""
     memory = experiment.memory
     if memory is None or not memory.prunes or not memory.capacity_bytes:
         return None
-    return PRUNED_PREFIX + memory.prediction.pruned_reason(memory.capacity_bytes)
+    return Skip(
+        cause="predicted_over", detail=memory.prediction.pruned_reason(memory.capacity_bytes)
+    )
 
 
 def _skipped(run: RunPaths, layout: ResultsLayout) -> Outcome | None:

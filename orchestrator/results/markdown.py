@@ -36,13 +36,7 @@ from orchestrator.contract.columns import (
     TIME_TO_TRAIN,
     TOKENS_PER_SECOND,
 )
-from orchestrator.contract.outcome import (
-    NOT_LAUNCHED,
-    NOT_LAUNCHED_PREFIX,
-    PRUNED_PREFIX,
-    not_launched_by,
-    spared_by_full_disk,
-)
+from orchestrator.contract.outcome import NOT_LAUNCHED, skip_from_error
 from orchestrator.contract.trainers import DEFAULT_TASK, TaskLine, count_column, task_line
 from orchestrator.contract.wording import worker, workers
 from orchestrator.results import energyreport, equivalence, fitreport, quality, recommend
@@ -216,10 +210,11 @@ def not_launched_note(rows: pd.DataFrame) -> list[str]:
     )
     causes: dict[bool, list[str]] = {True: [], False: []}  # by: was it a full disk
     for reason in dict.fromkeys(str(e) for e in spared["error"]):
-        first = not_launched_by(reason)
-        error = errors.get(first)
-        text = f"`{first}`" + (f" ({error})" if isinstance(error, str) else "")
-        causes[spared_by_full_disk(reason)].append(text)
+        skip = skip_from_error(reason)
+        assert skip is not None  # a spared row's error is its skip's
+        error = errors.get(str(skip.follows))
+        text = f"`{skip.follows}`" + (f" ({error})" if isinstance(error, str) else "")
+        causes[skip.cause == "disk_full"].append(text)
     why = []
     if causes[True]:
         why.append(
@@ -506,9 +501,9 @@ def summary_markdown(
             lines += ["", "Not ok:"]
             for c in table.rows(problems):
                 where = f" (log: `{c['log']}`)" if c.get("log") else ""
-                # a pruned (or spared) cell's error says "pruned: ..." itself
-                error = str(c.get("error") or "no error recorded")
-                error = error.removeprefix(PRUNED_PREFIX).removeprefix(NOT_LAUNCHED_PREFIX)
+                # a pruned (or spared) cell's status says so: its reason alone follows
+                skip = skip_from_error(c.get("error"))
+                error = skip.because if skip else str(c.get("error") or "no error recorded")
                 lines.append(
                     f"- {c['status']}: {c.get('model_name_or_path')}, {c.get('framework_config')}, "
                     f"{workers(str(c.get('device')) == 'cpu', whole(c.get('num_gpus')))}: "

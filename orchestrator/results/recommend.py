@@ -45,7 +45,7 @@ from orchestrator.contract.columns import (
     GPU_CONDITIONS,
     TOKENS_PER_SECOND,
 )
-from orchestrator.contract.outcome import PRUNED_PREFIX
+from orchestrator.contract.outcome import PRUNED, skip_from_error
 from orchestrator.contract.wording import fewer, times, workers
 from orchestrator.results import equivalence
 from orchestrator.results.energyreport import conditions_differ
@@ -113,7 +113,8 @@ def candidates(cells: pd.DataFrame, ranking: Ranking = SPEED) -> pd.DataFrame:
     tps = pd.to_numeric(cells[TPS], errors="coerce")
     ranked = pd.to_numeric(cells[ranking.metric], errors="coerce")
     error = cells["error"] if "error" in cells.columns else pd.Series("", index=cells.index)
-    pruned = error.astype(str).str.startswith(PRUNED_PREFIX)
+    skips = [skip_from_error(e) for e in error]
+    pruned = pd.Series([s is not None and s.kind == PRUNED for s in skips], index=cells.index)
     usable: pd.DataFrame = cells[
         (cells["status"] == "ok") & tps.notna() & (tps > 0) & (ranked > 0) & ~pruned
     ]

@@ -15,12 +15,12 @@ import pytest
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import (
     Outcome,
+    Skip,
     is_not_launched,
     never_launched,
-    not_launched_by,
-    not_launched_disk_full,
     read_outcome,
     shown,
+    skip_from_error,
     write_outcome,
 )
 from orchestrator.executors.base import RunContext
@@ -239,7 +239,7 @@ def test_one_disk_full_failure_spares_every_later_experiment(tmp_path: Path, pla
             outcome.status, outcome.error
         )
         assert shown(outcome.status, outcome.error) == "spared"
-        assert not_launched_by(outcome.error) == first.experiment_id
+        assert skip_from_error(outcome.error).follows == first.experiment_id
         assert read_outcome(ResultsLayout(tmp_path).run(experiment.experiment_id)) == outcome
     assert ctx.outcomes[first.experiment_id].status == "failed"
 
@@ -258,7 +258,12 @@ def test_a_resumed_run_decides_afresh_after_a_full_disk(tmp_path: Path, plan) ->
     experiment = the_plan.experiments[1]
     run = ResultsLayout(tmp_path).run(experiment.experiment_id)
     run.dir.mkdir(parents=True)
-    write_outcome(run, Outcome(status="skipped", error=not_launched_disk_full("s.earlier", "/r")))
+    write_outcome(
+        run,
+        Outcome(
+            status="skipped", error=Skip(cause="disk_full", follows="s.earlier", detail="/r").error
+        ),
+    )
     ready = _context(tmp_path, the_plan, resume=True).prepare(experiment)
     assert ready is not None and not run.outcome.exists()
 

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from orchestrator.contract.outcome import pruned_error
+from orchestrator.contract.outcome import Skip
 from orchestrator.results.drift import (
     add_position_trend,
     cell_trends,
@@ -52,7 +52,9 @@ def test_fewer_than_three_runs_give_no_cell_trend_and_pruned_rows_do_not_count()
     rows = pd.concat(
         [
             _rows([("a", 1, 100.0), ("a", 5, 120.0)]),
-            _rows([("a", 9, math.nan)], status="skipped").assign(error=pruned_error("x")),
+            _rows([("a", 9, math.nan)], status="skipped").assign(
+                error=Skip(cause="out_of_memory", follows="x").error
+            ),
         ],
         ignore_index=True,
     )

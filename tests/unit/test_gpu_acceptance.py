@@ -19,9 +19,8 @@ import pytest
 from orchestrator.contract.gpumemory import MemoryPrediction
 from orchestrator.contract.layout import RunPaths
 from orchestrator.contract.outcome import (
-    PRUNED_PREFIX,
     Outcome,
-    pruned_error,
+    Skip,
     read_outcome,
     write_outcome,
 )
@@ -247,7 +246,10 @@ def _oversized(root: Path, statuses: list[Outcome]) -> None:
 
 def _predicted_over(batch: int) -> Outcome:
     prediction = MemoryPrediction(peak_bytes=batch * 13 * 10**9, terms={"activations": 1})
-    return Outcome(status="skipped", error=PRUNED_PREFIX + prediction.pruned_reason(80 * 2**30))
+    return Outcome(
+        status="skipped",
+        error=Skip(cause="predicted_over", detail=prediction.pruned_reason(80 * 2**30)).error,
+    )
 
 
 def test_the_gpu_checks_read_statuses_as_the_tables_show_them(folders: Path) -> None:
@@ -267,7 +269,15 @@ def test_the_gpu_checks_read_statuses_as_the_tables_show_them(folders: Path) -> 
     shutil.rmtree(folders / "matrix" / "runs" / "oversized.tiny-llama.ddp.g1.eb64-000000064")
     shutil.rmtree(folders / "matrix" / "runs" / "oversized.tiny-llama.ddp.g1.eb128-0000000128")
     oom = Outcome(status="oom", error="CUDA out of memory. Tried to allocate 4.00 GiB")
-    _oversized(folders, [oom, Outcome(status="skipped", error=pruned_error("oversized…eb64"))])
+    _oversized(
+        folders,
+        [
+            oom,
+            Outcome(
+                status="skipped", error=Skip(cause="out_of_memory", follows="oversized…eb64").error
+            ),
+        ],
+    )
     check = _checks(folders, on_gpu=True)[name]
     assert (check.result, check.measured) == ("FAIL", "oom then pruned")
 

@@ -14,8 +14,8 @@ from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import (
     ACCEPTABLE,
     Outcome,
+    Skip,
     is_pruned,
-    pruned_error,
     read_outcome,
     write_outcome,
 )
@@ -240,7 +240,9 @@ def test_resume_decides_pruning_afresh(tmp_path, plan) -> None:
     big = _by(the_plan, "none", 4)
     run = ResultsLayout(tmp_path).run(big.experiment_id)
     run.dir.mkdir(parents=True)
-    write_outcome(run, Outcome(status="skipped", error=pruned_error("s.earlier")))
+    write_outcome(
+        run, Outcome(status="skipped", error=Skip(cause="out_of_memory", follows="s.earlier").error)
+    )
     # no OOM in this run: the pruned experiment is not done, and runs as a first attempt
     ready = _context(tmp_path, the_plan, resume=True).prepare(big)
     assert ready is not None and ready.attempt == 1
@@ -256,8 +258,8 @@ def _rows() -> pd.DataFrame:
             {"cell_id": "a", "repeat": 0, "status": "ok", "error": None, "tokens_per_second_global": 100.0},
             {"cell_id": "a", "repeat": 1, "status": "skipped", "error": None, "tokens_per_second_global": 110.0},
             {"cell_id": "b", "repeat": 0, "status": "oom", "error": "CUDA out of memory", "tokens_per_second_global": None},
-            {"cell_id": "b", "repeat": 1, "status": "skipped", "error": pruned_error("b"), "tokens_per_second_global": None},
-            {"cell_id": "c", "repeat": 0, "status": "skipped", "error": pruned_error("b"), "tokens_per_second_global": None},
+            {"cell_id": "b", "repeat": 1, "status": "skipped", "error": Skip(cause="out_of_memory", follows="b").error, "tokens_per_second_global": None},
+            {"cell_id": "c", "repeat": 0, "status": "skipped", "error": Skip(cause="out_of_memory", follows="b").error, "tokens_per_second_global": None},
         ]
     )  # fmt: skip
 

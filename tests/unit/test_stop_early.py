@@ -14,9 +14,8 @@ from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import (
     ACCEPTABLE,
     Outcome,
+    Skip,
     is_not_launched,
-    not_launched_disk_full,
-    not_launched_error,
     read_outcome,
     shown,
     write_outcome,
@@ -151,7 +150,9 @@ def test_resume_decides_sparing_afresh(tmp_path, plan) -> None:
     c = _cells(the_plan, "s")[2]
     run = ResultsLayout(tmp_path).run(c.experiment_id)
     run.dir.mkdir(parents=True)
-    write_outcome(run, Outcome(status="skipped", error=not_launched_error("s.earlier")))
+    write_outcome(
+        run, Outcome(status="skipped", error=Skip(cause="same_error", follows="s.earlier").error)
+    )
     ready = _context(tmp_path, the_plan, resume=True).prepare(c)
     assert ready is not None and ready.attempt == 1
     assert not run.outcome.exists()
@@ -172,8 +173,8 @@ def test_a_spared_row_is_never_a_measurement_and_the_summary_says_why() -> None:
         [
             {"experiment_id": first, "cell_id": "a", "repeat": 0, "status": "failed", "error": "bad data"},
             {"experiment_id": "s.m.none.g1.eb2-bbbb", "cell_id": "b", "repeat": 0, "status": "failed", "error": "bad data"},
-            {"experiment_id": "s.m.none.g1.eb4-cccc", "cell_id": "c", "repeat": 0, "status": "skipped", "error": not_launched_error(first)},
-            {"experiment_id": "s.m.none.g1.eb4-cccc.r1", "cell_id": "c", "repeat": 1, "status": "skipped", "error": not_launched_error(first)},
+            {"experiment_id": "s.m.none.g1.eb4-cccc", "cell_id": "c", "repeat": 0, "status": "skipped", "error": Skip(cause="same_error", follows=first).error},
+            {"experiment_id": "s.m.none.g1.eb4-cccc.r1", "cell_id": "c", "repeat": 1, "status": "skipped", "error": Skip(cause="same_error", follows=first).error},
         ]
     )  # fmt: skip
     assert not measured(rows).any()
@@ -189,7 +190,7 @@ def test_a_spared_row_is_never_a_measurement_and_the_summary_says_why() -> None:
     # after a full disk, the note says so, and names the failure that found it
     full = "disk full: /r/runs/x has 0 B free (No space left on device)"
     rows.loc[0, "error"] = full
-    rows.loc[2:, "error"] = not_launched_disk_full(first, "/r/runs/x")
+    rows.loc[2:, "error"] = Skip(cause="disk_full", follows=first, detail="/r/runs/x").error
     (note, _) = not_launched_note(rows)
     assert "the disk was full when an earlier experiment ran" in note, note
     assert f"(first: `{first}` ({full}))" in note and "two cells" not in note
