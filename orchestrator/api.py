@@ -265,8 +265,6 @@ class RunResult:
     #: what ``tunematrix run`` would exit with: 0 when every experiment is ok (or an
     #: honest oom, or skipped on resume), 1 otherwise, 130 when interrupted
     exit_code: int
-    #: the plan as it ran (each cell's predicted memory, where checked)
-    plan: Plan | None = None
 
 
 #: what :func:`run` says of the plan before it runs, given the plan, the loaded file
@@ -497,7 +495,6 @@ def _run_planned(
         moved_to=done.moved_to,
         history_run_id=done.history_run_id,
         exit_code=done.exit_code,
-        plan=the_plan,
     )
 
 
