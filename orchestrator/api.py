@@ -165,6 +165,15 @@ class PlanOptions:
     profile_steps: int | None = None
     measure: Mapping[str, Any] | None = None
 
+    def load(self, scenarios: ConfigSource | None) -> BenchConfig:
+        """:func:`load` of ``scenarios`` with these options' files."""
+        return load(
+            scenarios,
+            defaults=self.defaults,
+            frameworks=self.frameworks,
+            accelerate_config=self.accelerate_config,
+        )
+
 
 def _options(kinds: Mapping[str, Any], keywords: dict[str, Any], caller: str) -> list[Any]:
     """The option objects of ``kinds`` (a name: the given object, or its class), each with
@@ -174,8 +183,7 @@ def _options(kinds: Mapping[str, Any], keywords: dict[str, Any], caller: str) ->
     known: set[str] = set()
     out = []
     for given in kinds.values():
-        cls = given if isinstance(given, type) else type(given)
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = _field_names(given if isinstance(given, type) else type(given))
         known |= names
         mine = {k: v for k, v in keywords.items() if k in names}
         out.append(dataclasses.replace(given() if isinstance(given, type) else given, **mine))
@@ -212,12 +220,7 @@ def plan(
         value = getattr(options, name)
         if value is not None and (isinstance(value, bool) or value <= 0):
             raise UserError(f"{name} must be a positive integer, got {value!r}")
-    config = load(
-        scenarios,
-        defaults=options.defaults,
-        frameworks=options.frameworks,
-        accelerate_config=options.accelerate_config,
-    )
+    config = options.load(scenarios)
     filters = options.filters
     selection = Selection(
         num_gpus=_ints(options.num_gpus, "num_gpus"),
@@ -296,7 +299,7 @@ class _Planned:
 
 def _planned(
     scenarios: ConfigSource | Plan | None,
-    planning: PlanOptions | None,
+    planning: PlanOptions,
     executor: str | Executor | Callable[[BenchConfig], Executor],
     argv: Sequence[str] | None,
     caller: str,
@@ -313,17 +316,9 @@ def _planned(
 
     config = None
     if isinstance(scenarios, Plan):
-        if planning is not None:
-            raise UserError("plan_options: options of plan(), not of an already built plan")
         the_plan = scenarios
     else:
-        planning = planning or PlanOptions()
-        config = load(
-            scenarios,
-            defaults=planning.defaults,
-            frameworks=planning.frameworks,
-            accelerate_config=planning.accelerate_config,
-        )
+        config = planning.load(scenarios)
     if isinstance(executor, str):
         chosen = registry.get(executor).default()
     elif isinstance(executor, Executor):
@@ -386,24 +381,24 @@ def run(
     from orchestrator.executors.packed import PackedExecutor
 
     pack, slots = keywords.pop("pack", False), keywords.pop("slots", 1)
-    if slots != 1 and not pack:
+    if slots > 1 and not pack:
         raise UserError("slots only has a meaning with pack=True")
-    if isinstance(scenarios, Plan) and set(keywords) & _field_names(PlanOptions):
-        raise UserError(
-            f"{', '.join(sorted(set(keywords) & _field_names(PlanOptions)))}: options of "
-            "plan(), not of an already built plan"
-        )
-    kinds: dict[str, Any] = {
-        "run": run_options or RunOptions,
-        "report": report_options or ReportOptions,
-    }
-    if not isinstance(scenarios, Plan):
-        kinds["plan"] = plan_options or PlanOptions
-    found = _options(kinds, keywords, "run")
-    running, reporting = found[0], found[1]
-    planning = found[2] if len(found) > 2 else plan_options
-    if running.gpu_memory_gib is not None and running.gpu_memory_gib <= 0:
-        raise UserError(f"gpu_memory_gib must be positive, got {running.gpu_memory_gib:g}")
+    if isinstance(scenarios, Plan):
+        given = sorted(set(keywords) & _field_names(PlanOptions))
+        if plan_options is not None or given:
+            raise UserError(
+                f"{', '.join(given) or 'plan_options'}: options of plan(), not of an "
+                "already built plan"
+            )
+    planning, running, reporting = _options(
+        {
+            "plan": plan_options or PlanOptions,
+            "run": run_options or RunOptions,
+            "report": report_options or ReportOptions,
+        },
+        keywords,
+        "run",
+    )
     _check_run_options(running)
     planned = _planned(
         scenarios, planning, PackedExecutor(slots=slots) if pack else executor, argv, "run"
@@ -414,6 +409,8 @@ def run(
 def _check_run_options(running: RunOptions) -> None:
     from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
 
+    if running.gpu_memory_gib is not None and running.gpu_memory_gib <= 0:
+        raise UserError(f"gpu_memory_gib must be positive, got {running.gpu_memory_gib:g}")
     if running.memory_logging not in MEMORY_LOGGING:
         raise UserError(
             f"memory_logging must be one of {', '.join(MEMORY_LOGGING)}, "

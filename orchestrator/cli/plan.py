@@ -41,13 +41,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         write_plan_csv,
     )
 
-    config = api.load(
-        args.scenarios or None,
-        defaults=args.defaults,
-        frameworks=args.frameworks,
-        accelerate_config=args.accelerate_config,
-    )
-    plan = api.plan(config, plan_options(args))
+    options = plan_options(args)
+    config = options.load(args.scenarios or None)
+    plan = api.plan(config, options)
     layout = ResultsLayout(Path(args.results))
     if args.memory:
         plan = _with_memory(plan, args)

@@ -579,11 +579,9 @@ def search_after_run(
         log(f"fit: {family.family}: largest {family.searched} that fits: {answer}")
     log(f"fit: {fitted.layout.fit_md}")
     if done.reported:
-        from orchestrator.results.options import ReportOptions
-
         root = done.layout.root
         try:
-            (done.reporting or ReportOptions()).write(root, root)
+            done.reporting.write(root, root)
         except Exception as exc:  # the fit's own files are written; the report can be redone
             log(f"summary.md was not rewritten ({type(exc).__name__}: {exc})")
     return fitted

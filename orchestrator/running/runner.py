@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrator.contract.clock import now
 from orchestrator.contract.errors import UserError
@@ -26,12 +26,10 @@ from orchestrator.executors.console import Progress
 from orchestrator.job.execute import DEFAULT_TIMEOUT_S, Interrupted, RunOptions
 from orchestrator.matrix.expand import Plan
 from orchestrator.matrix.experiment import Experiment
+from orchestrator.results.options import ReportOptions
 from orchestrator.results.rows import build_row, write_raw_summary
 from orchestrator.running import envinfo
 from orchestrator.running.resultsdir import open_results
-
-if TYPE_CHECKING:
-    from orchestrator.results.options import ReportOptions
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Outcome", "RunOptions", "RunReport", "preflight", "run_plan"]
 
@@ -45,8 +43,8 @@ class RunReport:
     history_run_id: int | None = None
     report_error: str | None = None
     reported: bool = False  # summary.md and benchmarks.csv were written by this run
-    #: what the report was written with (None: the defaults)
-    reporting: ReportOptions | None = None
+    #: what the report was written with
+    reporting: ReportOptions = field(default_factory=ReportOptions)
 
     def counts(self) -> dict[str, int]:
         return tally(self.outcomes.values())
@@ -83,10 +81,9 @@ def _report_and_record(
     """The full report and the history entry; a failure here never costs the results."""
     try:
         from orchestrator.results import history
-        from orchestrator.results.options import ReportOptions
 
         root = run_report.layout.root
-        report = (run_report.reporting or ReportOptions()).write(root, root, rows=rows)
+        report = run_report.reporting.write(root, root, rows=rows)
         run_report.reported = True
         run_report.history_run_id = history.record(history.path_for(root), report.rows, env, root)
     except Exception as exc:  # the run's files are written; the report can be redone
@@ -138,6 +135,7 @@ def run_plan(
     from orchestrator.matrix.table import write_plan_csv
 
     executor = executor or LocalExecutor()
+    reporting = reporting or ReportOptions()
     progress = progress or Progress(len(plan.experiments), parallel=executor.parallel(plan))
     say = log or progress.message
     interrupted = False
@@ -160,9 +158,9 @@ def run_plan(
                 say(f"the earlier run in {results} was moved to {opened.moved_to}")
             env = envinfo.collect(argv)
             env["cost"] = {
-                "usd_per_gpu_hour": reporting.usd_per_gpu_hour if reporting else None,
-                "usd_per_kwh": reporting.usd_per_kwh if reporting else None,
-                "grams_co2_per_kwh": reporting.grams_co2_per_kwh if reporting else None,
+                "usd_per_gpu_hour": reporting.usd_per_gpu_hour,
+                "usd_per_kwh": reporting.usd_per_kwh,
+                "grams_co2_per_kwh": reporting.grams_co2_per_kwh,
             }
             env["mode"] = executor.mode
             env["executor"] = executor.name
