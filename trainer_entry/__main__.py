@@ -171,8 +171,9 @@ def _die_with_launcher() -> None:
     cancel kills a task's worker and its children but not their children: a launcher
     killed outright would leave its ranks training, on a GPU, with no one to end them.
     A rank in a session of its own gets SIGKILL: its launcher passes SIGTERM on before
-    it dies, unless it was killed outright. One in the launcher's group (a single
-    process) gets SIGTERM, and ends as if stopped, its failure recorded. By hand (no
+    it dies, unless it was killed outright (as the tether kills it when the
+    orchestrator dies). One in the launcher's group (a single process) gets SIGTERM,
+    and ends as if stopped, its failure recorded. By hand (no
     launch id) a run outlives its shell as any command does.
     """
     from orchestrator.contract.parentdeath import die_with_parent

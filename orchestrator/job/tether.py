@@ -5,11 +5,18 @@ The job's launcher (``accelerate launch``) runs in a session of its own, so that
 stop can end its whole process group; that also takes it out of reach of anything
 that ends the orchestrator's. Killed outright (``kill -9``, the OOM killer, a
 scheduler ending the login process), the orchestrator would leave its job training.
-This asks the kernel to send the launcher SIGTERM when its parent dies
-(``PR_SET_PDEATHSIG``, kept across ``exec``), then becomes the launcher: its pid,
-exit code and process group are the launcher's own. SIGTERM, not SIGKILL: the
-launcher passes it on to its ranks, a single process in its group gets its own
-signal from the kernel (``trainer_entry``), and the run records ``interrupted``.
+This asks the kernel to kill the launcher when its parent dies (``PR_SET_PDEATHSIG``,
+kept across ``exec``), then becomes the launcher: its pid, exit code and process
+group are the launcher's own.
+
+SIGKILL, not SIGTERM. The kernel sends the signal each time the launcher passes to
+another of the dying orchestrator's threads, so a launcher gets it several times
+within milliseconds. From accelerate 1.16 a launcher that gets SIGTERM stops its
+child and kills it at a second SIGTERM (or after 5 s): the child, cut short, wrote no
+result. Killed at once, the launcher leaves its child to the child's own parent-death
+signal (``trainer_entry``): a single process gets SIGTERM, with no clock running, and
+records ``interrupted``; a rank in a session of its own gets SIGKILL, as when its
+launcher is killed by hand.
 
 The request is tied to the thread that started the process; every executor's thread
 waits for the job it started, so the job outlives no thread of a live orchestrator.
@@ -36,7 +43,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m orchestrator.job.tether PARENT_PID -- COMMAND...", file=sys.stderr)
         return 2
     parent, command = int(argv[0]), argv[2:]
-    die_with_parent(signal.SIGTERM, parent)  # exits at once if the orchestrator is gone
+    die_with_parent(signal.SIGKILL, parent)  # exits at once if the orchestrator is gone
     try:
         os.execvp(command[0], command)
     except OSError as exc:

@@ -125,11 +125,14 @@ def test_an_attempt_that_cannot_be_stopped_here_is_refused(
 
 def test_a_tethered_command_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
-    # a parent that starts a tethered sleeper, says its pid, then waits forever
+    # a parent that starts a tethered sleeper, says its pid, then waits forever; the
+    # sleeper ignores SIGTERM, as accelerate's launcher from 1.16 on takes it to stop
+    # its child: the tether's signal is SIGKILL
+    sleeper = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
     parent_code = (
         "import subprocess, sys, time\n"
         "from orchestrator.job.tether import tethered\n"
-        "child = subprocess.Popen(tethered([sys.executable, '-c', 'import time; time.sleep(120)']),"
+        f"child = subprocess.Popen(tethered([sys.executable, '-c', {sleeper!r}]),"
         " start_new_session=True)\n"
         f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
         "time.sleep(120)\n"
