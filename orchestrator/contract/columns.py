@@ -2,9 +2,9 @@
 
 A ``Column`` says what a column is: its name and unit, the record it comes
 from, how the repeats of a cell combine it, which way is better, how tables
-and plots label it, and the lists of the report it is in: its roles
-(``ROLES``: what compare matches rows on, what orders the cells, what a plot's
-label may name, summary.md's figures, …), each with its place in the list.
+and plots label it. The lists of the report (``ROLES``: what compare matches
+rows on, what orders the cells, what a plot's label may name, summary.md's
+figures, …) are each one ordered tuple of column names.
 ``raw_summary.csv`` (its columns and their order), ``benchmarks.csv`` (which
 figures a cell gets, in which order), compare (which metrics it knows, their
 direction, which rows match), the report's tables and the plots all read these
@@ -17,9 +17,9 @@ To add a metric the child measures: compute it in the child
 (``ChildMetrics`` in ``orchestrator/contract/result.py``), and declare it here
 with one ``Column`` line, where ``raw_summary.csv`` should show it. With
 ``aggregate="median"`` it is in ``benchmarks.csv``; with a ``better``
-direction, compare checks it when asked (``--metric NAME``); with a role,
-it joins that list at its place (``roles={"summary": 3}`` puts it third among
-summary.md's figures: renumber the ones after it). A figure the
+direction, compare checks it when asked (``--metric NAME``); put where it
+belongs in a role's tuple (``ROLES["summary"]``: summary.md's figures), it
+joins that list there. A figure the
 child reports but no line declares is left out of the tables, with a warning
 that names it; a unit test fails while ``ChildMetrics`` and this registry differ.
 
@@ -29,7 +29,7 @@ The contract package imports nothing else of the project.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -65,42 +65,120 @@ SPREAD_SUFFIXES = ("_cv", "_min", "_max")
 #: Which way a metric improves; compare flags a change in the other direction.
 Better = Literal["higher", "lower", "none"]
 
-#: The lists of columns the report reads from the registry (``with_role``), and what
-#: each is for. A column takes a role with its place in that role's list (1, 2, …):
-#: ``roles={"compare": 3}``. Each list is in the order of those places.
-ROLES: Mapping[str, str] = MappingProxyType(
+
+@dataclass(frozen=True)
+class Role:
+    """A list of columns the report reads (``with_role``): what it is for, and its
+    columns in their order. A column joins the list where its name is put in it."""
+
+    meaning: str
+    columns: tuple[str, ...]
+
+
+def _role(meaning: str, names: str) -> Role:
+    return Role(meaning, tuple(names.split()))
+
+
+#: The lists of columns the report reads from the registry, by role.
+ROLES: Mapping[str, Role] = MappingProxyType(
     {
-        # -- key columns -------------------------------------------------------------------
-        "compare": "what makes two rows the same experiment: compare matches rows on "
-        "these where both sides have them (results/compare.py)",
-        "baseline": "what must be equal between a framework or trainer variant and its "
-        "baseline cell (results/equivalence.py)",
-        "sort": "the order of the cells in benchmarks.csv (results/aggregate.py)",
-        "family": "a scaling family: cells equal in these that differ in their GPU count "
-        "(results/aggregate.py)",
-        "numeric": "read as numbers from every table, empty where no number (results/collect.py)",
-        "cell_order": "the order of a scenario's cells in summary.md's tables and in the "
-        "plots (results/tablecolumns.py)",
-        "label_base": "what a cell's label in the plots starts with (results/plots.py)",
-        "label": "what a cell's label in the plots may add, in this order, where it tells "
-        "cells apart (results/plots.py)",
-        # -- figures -------------------------------------------------------------------------
-        "summary": "the figure columns of a scenario's table in summary.md (results/markdown.py)",
-        "compared": "what compare checks when no metric is named (results/compare.py)",
-        "varying": "the keys a scenario's table in summary.md shows in a column of their "
-        "own where its cells differ in them (results/markdown.py)",
-        "environment_row": "what a row of summary.md's environments side by side always "
-        "names, first (results/envtables.py)",
-        "environment_figure": "the figures summary.md shows side by side per environment "
-        "(results/envtables.py)",
-        "run_figure": "figures every run that trained reports: a failed run without any "
-        "left no metrics (results/capacity.py)",
-        "annotated": "conditions of a run that are not part of the experiment but change "
-        "its figures: compare marks a matched cell whose sides differ in one "
-        "(results/compare.py)",
-        "cell_figure": "the order of the median figures of a cell in benchmarks.csv, after "
-        "the spread ones; a median figure without this role follows them, in the "
-        "registry's order (results/aggregate.py)",
+        "compare": _role(
+            "what makes two rows the same experiment: compare matches rows on these where "
+            "both sides have them (results/compare.py)",
+            "scenario trainer task framework_config model_name_or_path num_gpus "
+            "per_device_train_batch_size peft_method max_seq_len packing torch_dtype device "
+            "environment",
+        ),
+        "baseline": _role(
+            "what must be equal between a framework or trainer variant and its baseline cell "
+            "(results/equivalence.py)",
+            "scenario task model_name_or_path num_gpus effective_batch_size max_seq_len "
+            "packing peft_method torch_dtype device environment",
+        ),
+        "sort": _role(
+            "the order of the cells in benchmarks.csv (results/aggregate.py)",
+            "scenario framework_config model_name_or_path num_gpus effective_batch_size "
+            "max_seq_len",
+        ),
+        "family": _role(
+            "a scaling family: cells equal in these that differ in their GPU count "
+            "(results/aggregate.py)",
+            "scenario task trainer framework_config model_name_or_path effective_batch_size "
+            "max_seq_len packing peft_method torch_dtype device",
+        ),
+        "numeric": _role(
+            "read as numbers from every table, empty where no number (results/collect.py)",
+            "num_gpus per_device_train_batch_size gradient_accumulation_steps "
+            "effective_batch_size max_seq_len repeat position",
+        ),
+        "cell_order": _role(
+            "the order of a scenario's cells in summary.md's tables and in the plots "
+            "(results/tablecolumns.py)",
+            "model_name_or_path framework_config num_gpus effective_batch_size "
+            "per_device_train_batch_size",
+        ),
+        "label_base": _role(
+            "what a cell's label in the plots starts with (results/plots.py)",
+            "model_name_or_path framework_config num_gpus",
+        ),
+        "label": _role(
+            "what a cell's label in the plots may add, in this order, where it tells cells "
+            "apart (results/plots.py)",
+            "task trainer effective_batch_size per_device_train_batch_size peft_method "
+            "max_seq_len torch_dtype packing gradient_accumulation_steps environment device "
+            "processes",
+        ),
+        "summary": _role(
+            "the figure columns of a scenario's table in summary.md (results/markdown.py)",
+            "tokens_per_second_global tokens_per_second_per_device train_tokens_per_second "
+            "peak_memory_bytes mfu cost_per_1m_tokens_usd train_loss gpu_util_mean_pct "
+            "cpu_util_mean_pct energy_per_token_j",
+        ),
+        "compared": _role(
+            "what compare checks when no metric is named (results/compare.py)",
+            "tokens_per_second_global tokens_per_second_per_device train_tokens_per_second "
+            "step_time_median_s peak_memory_bytes mfu energy_per_token_j",
+        ),
+        "varying": _role(
+            "the keys a scenario's table in summary.md shows in a column of their own where "
+            "its cells differ in them (results/markdown.py)",
+            "task trainer peft_method max_seq_len torch_dtype packing environment",
+        ),
+        "environment_row": _role(
+            "what a row of summary.md's environments side by side always names, first "
+            "(results/envtables.py)",
+            "scenario model_name_or_path framework_config num_gpus",
+        ),
+        "environment_figure": _role(
+            "the figures summary.md shows side by side per environment (results/envtables.py)",
+            "tokens_per_second_global peak_memory_bytes",
+        ),
+        "run_figure": _role(
+            "figures every run that trained reports: a failed run without any left no metrics "
+            "(results/capacity.py)",
+            "train_runtime tokens_per_second_global train_tokens_per_second "
+            "step_time_median_s train_loss",
+        ),
+        "annotated": _role(
+            "conditions of a run that are not part of the experiment but change its figures: "
+            "compare marks a matched cell whose sides differ in one (results/compare.py)",
+            "gpu_device_name peak_memory_source memory_backend run_mode allocator "
+            "allocator_settings gpu_conditions",
+        ),
+        "cell_figure": _role(
+            "the order of the median figures of a cell in benchmarks.csv, after the spread "
+            "ones; a median figure without this role follows them, in the registry's order "
+            "(results/aggregate.py)",
+            "train_tokens_per_second train_samples_per_second train_runtime step_time_cv "
+            "train_loss loss_last mfu achieved_tflops_per_device flops_per_token "
+            "peak_memory_bytes mem_nvidia_mem_reserved mem_peak_torch_mem_alloc_in_bytes "
+            "mem_torch_mem_alloc_in_bytes mem_peak_rss_bytes torch_max_memory_reserved_bytes "
+            "mem_tree_peak_pss_bytes mem_tree_peak_rss_bytes time_to_first_step_s job_s "
+            "padding_fraction data_tokens cost_per_1m_tokens_usd cost_per_run_usd "
+            "time_per_epoch_s cost_per_epoch_usd time_to_train_s cost_to_train_usd "
+            "energy_per_token_j power_mean_w kwh_per_1m_tokens energy_cost_per_1m_tokens_usd "
+            "co2_per_1m_tokens_g",
+        ),
     }
 )
 
@@ -145,16 +223,8 @@ class Column:
     meaning: str = ""
     """What the figure means, as summary.md's reading guide says it; ``{worker}`` and
     ``{workers}`` are GPU and GPUs, or process and processes on the CPU."""
-    roles: Mapping[str, int] = field(default_factory=dict, hash=False)
-    """The lists of ``ROLES`` the column is in, each with its place in the list (from 1)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "roles", MappingProxyType(dict(self.roles)))
-        for role, place in self.roles.items():
-            if role not in ROLES:
-                raise ValueError(f"{self.name}: no role {role!r}; the roles are {sorted(ROLES)}")
-            if isinstance(place, bool) or not isinstance(place, int) or place < 1:
-                raise ValueError(f"{self.name}: the place in {role!r} is 1 or more, got {place!r}")
         if not self.name or not self.name.isidentifier():
             raise ValueError(f"a column name is an identifier, got {self.name!r}")
         if self.source not in SOURCES:
@@ -330,112 +400,68 @@ _DECLARED: tuple[Column, ...] = (
     _key("experiment_id", aggregate="none"),
     _key(
         "scenario",
-        roles={"compare": 1, "baseline": 1, "sort": 1, "family": 1, "environment_row": 1},
     ),
     _key(
         "framework_config",
-        roles={
-            "compare": 4,
-            "sort": 2,
-            "family": 4,
-            "cell_order": 2,
-            "label_base": 2,
-            "environment_row": 3,
-        },
     ),
     _key(
         "model_name_or_path",
-        roles={
-            "compare": 5,
-            "baseline": 3,
-            "sort": 3,
-            "family": 5,
-            "cell_order": 1,
-            "label_base": 1,
-            "environment_row": 2,
-        },
     ),
     _key(
         "num_gpus",
         unit="count",
         short="{v} {unit}",
-        roles={
-            "compare": 6,
-            "baseline": 4,
-            "sort": 4,
-            "numeric": 1,
-            "cell_order": 3,
-            "label_base": 3,
-            "environment_row": 4,
-        },
     ),
     # training processes: num_gpus, but 1 under dp (one DataParallel process drives
     # all the cell's GPUs); empty in tables written before it existed
-    _key("processes", unit="count", roles={"label": 12}),
+    _key("processes", unit="count"),
     _key(
         "per_device_train_batch_size",
         unit="count",
         short="bs {v}/{per}",
-        roles={"compare": 7, "numeric": 2, "cell_order": 5, "label": 4},
     ),
     _key(
         "gradient_accumulation_steps",
         unit="count",
         short="accum {v}",
-        roles={"numeric": 3, "label": 9},
     ),
     _key(
         "effective_batch_size",
         unit="count",
         short="eb {v}",
-        roles={"baseline": 5, "sort": 5, "family": 6, "numeric": 4, "cell_order": 4, "label": 3},
     ),
     _key(
         "max_seq_len",
         unit="tokens",
         short="seq {v}",
-        roles={
-            "compare": 9,
-            "baseline": 6,
-            "sort": 6,
-            "family": 7,
-            "numeric": 5,
-            "label": 6,
-            "varying": 4,
-        },
     ),
     _key(
         "packing",
         flags=("packed", "unpacked"),
-        roles={"compare": 10, "baseline": 7, "family": 8, "label": 8, "varying": 6},
     ),
     _key(
         "task",
         path=("arguments", "task"),
-        roles={"compare": 3, "baseline": 2, "family": 2, "label": 1, "varying": 1},
     ),
     _key(
         "trainer",
         path=("arguments", "trainer"),
-        roles={"compare": 2, "family": 3, "label": 2, "varying": 2},
     ),
     _key(
         "peft_method",
         path=("arguments", "peft_method"),
-        roles={"compare": 8, "baseline": 8, "family": 9, "label": 5, "varying": 3},
     ),
     _key(
         "torch_dtype",
         path=("arguments", "torch_dtype"),
-        roles={"compare": 11, "baseline": 9, "family": 10, "label": 7, "varying": 5},
     ),
-    _key("device", roles={"compare": 12, "baseline": 10, "family": 11, "label": 11}),
+    _key("device"),
     # the environments: entry a cell ran under (empty without one)
-    _key("environment", roles={"compare": 13, "baseline": 11, "label": 10, "varying": 7}),
-    _key("repeat", aggregate="none", roles={"numeric": 6}),
+    _key("environment"),
+    _key("repeat", aggregate="none"),
     # plan order and OOM pruning: the experiment's 1-based place in the plan's run order
     # (orchestrator/matrix/order.py); empty in tables written before it existed
-    _key("position", unit="count", aggregate="none", roles={"numeric": 7}),
+    _key("position", unit="count", aggregate="none"),
     _key("cell_id", aggregate="none"),
     Column(name="status", source="outcome", key=True, aggregate="mix"),
     # -- the design's figures --------------------------------------------------------------
@@ -446,14 +472,12 @@ _DECLARED: tuple[Column, ...] = (
         "s",
         aggregate="median",
         better="lower",
-        roles={"cell_figure": 3, "run_figure": 1},
     ),
     _child(
         "train_samples_per_second",
         "samples/s",
         aggregate="median",
         better="higher",
-        roles={"cell_figure": 2},
     ),
     _child("train_steps_per_second", "steps/s", better="higher"),
     _child(
@@ -462,7 +486,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="higher",
         label="HF est. tokens/s/GPU",
-        roles={"summary": 3, "compared": 3, "cell_figure": 1, "run_figure": 3},
     ),
     _child(
         TOKENS_PER_SECOND,
@@ -470,7 +493,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="spread",
         better="higher",
         label="tokens/s",
-        roles={"summary": 1, "compared": 1, "run_figure": 2, "environment_figure": 1},
         meaning="real (non-padding) tokens per second over the measured steps (warm-up "
         "excluded), all {workers} together",
     ),
@@ -480,7 +502,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="spread",
         better="higher",
         label="tokens/s/GPU",
-        roles={"summary": 2, "compared": 2},
         meaning="the same, per {worker}",
     ),
     _child(
@@ -510,16 +531,14 @@ _DECLARED: tuple[Column, ...] = (
         "s",
         aggregate="spread",
         better="lower",
-        roles={"compared": 4, "run_figure": 4},
     ),
-    _child("step_time_cv", "fraction", aggregate="median", roles={"cell_figure": 4}),
+    _child("step_time_cv", "fraction", aggregate="median"),
     _child(
         "train_loss",
         "",
         aggregate="median",
         better="lower",
         label="mean train loss",
-        roles={"summary": 7, "cell_figure": 5, "run_figure": 5},
         meaning="HF Trainer's `train_loss`: the mean training loss over all the run's steps, "
         "warm-up included (the quality column has the first and last)",
     ),
@@ -539,7 +558,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="lower",
         aliases=("nvidia_mem_reserved",),
-        roles={"cell_figure": 11},
     ),
     _child(
         "mem_peak_torch_mem_alloc_in_bytes",
@@ -547,7 +565,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="lower",
         aliases=("peak_torch_mem_alloc_in_bytes",),
-        roles={"cell_figure": 12},
     ),
     _child(
         "mem_torch_mem_alloc_in_bytes",
@@ -555,12 +572,9 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="lower",
         aliases=("torch_mem_alloc_in_bytes",),
-        roles={"cell_figure": 13},
     ),
-    _child(
-        PROCESS_RSS_PEAK, "bytes", aggregate="median", better="lower", roles={"cell_figure": 14}
-    ),
-    _child("flops_per_token", "FLOPs", aggregate="median", roles={"cell_figure": 9}),
+    _child(PROCESS_RSS_PEAK, "bytes", aggregate="median", better="lower"),
+    _child("flops_per_token", "FLOPs", aggregate="median"),
     #: a task whose FLOPs are counted (``trainer_entry.measure.counted``): per sample too
     _child("flops_per_sample", "FLOPs", aggregate="median"),
     _child(
@@ -569,7 +583,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="higher",
         label="MFU %",
-        roles={"summary": 5, "compared": 6, "cell_figure": 7},
         meaning="model FLOPs utilisation: the model's training FLOPs per token (forward and "
         "backward, attention included, recompute not counted) × tokens/s per {worker}, "
         "over the {worker}'s peak FLOP/s at the run's precision",
@@ -581,7 +594,6 @@ _DECLARED: tuple[Column, ...] = (
         better="lower",
         label="$/1M tokens",
         raw=True,
-        roles={"summary": 6, "cell_figure": 22},
         meaning="{workers} × the price per {worker}-hour ÷ tokens per hour, × 1M",
     ),
     _child(
@@ -590,7 +602,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="first",
         path=("gpu_device_name",),
         fallback="outcome",
-        roles={"annotated": 1},
     ),
     # what trained, as accelerate set it up (trainer_entry/measure/engine.py): NO, MULTI_CPU,
     # MULTI_GPU, FSDP, DEEPSPEED; a run whose config names DeepSpeed but that did not run
@@ -616,13 +627,12 @@ _DECLARED: tuple[Column, ...] = (
     _child(OPTIMIZER, "", aggregate="first", path=(OPTIMIZER,)),
     # the host memory allocator in force in the child and its variables (empty: none set,
     # the defaults; trainer_entry/measure/hostallocator.py): they change CPU step times
-    _child(ALLOCATOR, "", aggregate="first", path=(ALLOCATOR,), roles={"annotated": 5}),
+    _child(ALLOCATOR, "", aggregate="first", path=(ALLOCATOR,)),
     _child(
         ALLOCATOR_SETTINGS,
         "",
         aggregate="first",
         path=(ALLOCATOR_SETTINGS,),
-        roles={"annotated": 6},
     ),
     # -- the child's other figures ---------------------------------------------------------
     _child("step_time_mean_s", "s"),
@@ -644,12 +654,12 @@ _DECLARED: tuple[Column, ...] = (
     _child(SAMPLES_MEASURED, "count"),
     _child("tokens_total", "tokens"),
     _child("padded_tokens_total", "tokens"),
-    _child("padding_fraction", "fraction", aggregate="median", roles={"cell_figure": 20}),
+    _child("padding_fraction", "fraction", aggregate="median"),
     _child("measured_time_s", "s"),
     # loss_first, loss_last and loss_nonfinite_steps in the cells: the quality column's
     # divergence flag reads them
     _child("loss_first", "", aggregate="median"),
-    _child("loss_last", "", aggregate="median", roles={"cell_figure": 6}),
+    _child("loss_last", "", aggregate="median"),
     _child("loss_mean_last10pct", ""),
     _child("loss_nonfinite_steps", "count", aggregate="median"),
     # the wall time eval: true added after training, and the examples it evaluated
@@ -661,7 +671,6 @@ _DECLARED: tuple[Column, ...] = (
         "TFLOP/s",
         aggregate="median",
         better="higher",
-        roles={"cell_figure": 8},
     ),
     _child("peak_tflops_per_device", "TFLOP/s"),
     _child("torch_max_memory_allocated_bytes", "bytes"),
@@ -670,7 +679,6 @@ _DECLARED: tuple[Column, ...] = (
         "bytes",
         aggregate="median",
         better="lower",
-        roles={"cell_figure": 15},
     ),
     _child("mem_load_peak_bytes", "bytes"),
     _child("mem_stage_source", ""),
@@ -689,7 +697,7 @@ _DECLARED: tuple[Column, ...] = (
     _child("top_ops", "", aggregate="first_ok", label="top operators (self time)"),
     # -- the run: the parent's bookkeeping, the child's record, the sidecar ----------------
     _outcome(WALL_S, "s"),
-    _outcome(JOB_S, "s", aggregate="median", roles={"cell_figure": 19}),
+    _outcome(JOB_S, "s", aggregate="median"),
     _outcome("returncode"),
     _outcome("started_at"),
     _outcome("finished_at"),
@@ -702,7 +710,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="lower",
         path=("timings", "time_to_first_step_s"),
-        roles={"cell_figure": 18},
     ),
     _child("data_cache_hit", "", path=("data", "cache_hit")),
     _child(
@@ -710,7 +717,6 @@ _DECLARED: tuple[Column, ...] = (
         "tokens",
         aggregate="median",
         path=("data", "tokens"),
-        roles={"cell_figure": 21},
     ),
     # the job's tree: PSS (shared pages split between the processes that map them), and
     # whether RSS stood in for a process; the summed RSS counts shared pages once per process
@@ -719,10 +725,9 @@ _DECLARED: tuple[Column, ...] = (
         "bytes",
         aggregate="median",
         better="lower",
-        roles={"cell_figure": 16},
     ),
     _sidecar("mem_tree_peak_measure", ""),
-    _sidecar(TREE_RSS_PEAK, "bytes", aggregate="median", roles={"cell_figure": 17}),
+    _sidecar(TREE_RSS_PEAK, "bytes", aggregate="median"),
     _sidecar("mem_nvidia_peak_bytes_mean", "bytes"),
     _sidecar(NVML_PEAK, "bytes"),
     # utilisation (orchestrator/job/utilisation.py), over the window util_window names:
@@ -735,7 +740,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="higher",
         label="GPU util %",
-        roles={"summary": 8},
         meaning="how busy the GPUs were (NVML), mean over the measured steps",
     ),
     _sidecar("gpu_util_p10_pct", "%", aggregate="median", better="higher"),
@@ -746,7 +750,6 @@ _DECLARED: tuple[Column, ...] = (
         "% of allowed CPUs",
         aggregate="median",
         label="CPU util %",
-        roles={"summary": 9},
         meaning="the job's CPU time ÷ (wall time × the CPUs it may use) over the measured steps: "
         "100 is every allowed CPU busy",
     ),
@@ -765,7 +768,6 @@ _DECLARED: tuple[Column, ...] = (
         "W",
         aggregate="median",
         label="W per GPU",
-        roles={"cell_figure": 29},
     ),
     # the conditions of the measurement, per GPU over the window, pooled: the slowest
     # GPU's clocks, the hottest, the lowest enforced power limit, the most throttled
@@ -778,11 +780,11 @@ _DECLARED: tuple[Column, ...] = (
     _sidecar("gpu_power_limit_note", "", aggregate="first_ok"),
     _sidecar(GPU_THROTTLED, "%", aggregate="median", better="lower"),
     _sidecar("gpu_clock_reasons", "", aggregate="first_ok"),
-    _sidecar(GPU_CONDITIONS, "", aggregate="first_ok", roles={"annotated": 7}),
-    _outcome("memory_backend", roles={"annotated": 3}),
+    _sidecar(GPU_CONDITIONS, "", aggregate="first_ok"),
+    _outcome("memory_backend"),
     _outcome("devices"),
     _outcome("attempt", "count"),
-    _outcome("run_mode", roles={"annotated": 4}),
+    _outcome("run_mode"),
     _outcome("packed_with"),
     _outcome("executor"),
     _outcome("job_id", aliases=("slurm_job_id",)),
@@ -816,9 +818,8 @@ _DECLARED: tuple[Column, ...] = (
         better="lower",
         label="peak mem GiB",
         raw=False,
-        roles={"summary": 4, "compared": 5, "cell_figure": 10, "environment_figure": 2},
     ),
-    _derived(PEAK_MEMORY_SOURCE, "", aggregate="first_ok", raw=False, roles={"annotated": 2}),
+    _derived(PEAK_MEMORY_SOURCE, "", aggregate="first_ok", raw=False),
     _derived(USD_PER_GPU_HOUR, "USD", raw=False),
     _derived(
         COST_PER_RUN,
@@ -826,7 +827,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         label="$ per run",
         raw=False,
-        roles={"cell_figure": 23},
     ),
     _derived(
         TIME_PER_EPOCH,
@@ -834,7 +834,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         label="time per epoch",
         raw=False,
-        roles={"cell_figure": 24},
     ),
     _derived(
         COST_PER_EPOCH,
@@ -842,10 +841,9 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         label="$ per epoch",
         raw=False,
-        roles={"cell_figure": 25},
     ),
-    _derived(TIME_TO_TRAIN, "s", aggregate="median", raw=False, roles={"cell_figure": 26}),
-    _derived(COST_TO_TRAIN, "USD", aggregate="median", raw=False, roles={"cell_figure": 27}),
+    _derived(TIME_TO_TRAIN, "s", aggregate="median", raw=False),
+    _derived(COST_TO_TRAIN, "USD", aggregate="median", raw=False),
     # energy per token and per sample: the energy over the measured steps ÷ the tokens
     # (samples) measured in them, where it covers them and every GPU of the cell
     _derived(
@@ -854,7 +852,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="lower",
         label="J/token",
-        roles={"summary": 10, "compared": 7, "cell_figure": 28},
         meaning="the energy used over the measured steps ÷ the real tokens measured in them "
         "(the Energy section says what was measured)",
     ),
@@ -865,7 +862,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="lower",
         label="kWh/1M tokens",
-        roles={"cell_figure": 30},
     ),
     _derived(
         ENERGY_COST_PER_1M_TOKENS,
@@ -873,7 +869,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="lower",
         label="energy $/1M tokens",
-        roles={"cell_figure": 31},
     ),
     _derived(
         CO2_PER_1M_TOKENS,
@@ -881,7 +876,6 @@ _DECLARED: tuple[Column, ...] = (
         aggregate="median",
         better="lower",
         label="g CO2/1M tokens",
-        roles={"cell_figure": 32},
     ),
 )
 
@@ -897,14 +891,11 @@ _columns: tuple[Column, ...] | None = None
 def register(column: Column) -> Column:
     """Declare a further column (after the declared ones); returns it.
 
-    Key columns are the plan's and cannot be added, nor can a column with roles (the
-    report reads the lists once, from the declared columns); a name (or alias) already
-    declared is an error.
+    Key columns are the plan's and cannot be added, and the lists of ``ROLES`` name
+    declared columns only; a name (or alias) already declared is an error.
     """
     if column.key:
         raise ValueError(f"{column.name}: key columns come from the plan and are fixed")
-    if column.roles:
-        raise ValueError(f"{column.name}: roles are the declared columns' (the lists are fixed)")
     _declare([column])
     return column
 
@@ -927,16 +918,26 @@ def _declare(declared: Iterable[Column]) -> None:
         for name in (column.name, *column.aliases):
             if name in _registry or name in _by_alias:
                 raise ValueError(f"column {name!r} is declared twice")
-        for role, place in column.roles.items():
-            taken = [c.name for c in _registry.values() if c.roles.get(role) == place]
-            if taken:
-                raise ValueError(f"{column.name}: place {place} of {role!r} is {taken[0]}'s")
         _registry[column.name] = column
         for alias in column.aliases:
             _by_alias[alias] = column.name
 
 
 _declare(_DECLARED)
+
+
+def _check_roles(roles: Mapping[str, Role]) -> None:
+    """Each list names declared columns, each once."""
+    declared = {c.name for c in _DECLARED}
+    for role, listed in roles.items():
+        for name in listed.columns:
+            if name not in declared:
+                raise ValueError(f"{role!r} names {name!r}, which is not a declared column")
+        if len(set(listed.columns)) != len(listed.columns):
+            raise ValueError(f"{role!r} names a column twice")
+
+
+_check_roles(ROLES)
 
 
 def columns() -> tuple[Column, ...]:
@@ -997,15 +998,15 @@ def select(
         and wanted(c.better, better)
         and (key is None or c.key == key)
         and (raw is None or c.raw == raw)
-        and (role is None or role in c.roles)
+        and (role is None or c.name in ROLES[role].columns)
     )
 
 
 def with_role(role: str) -> tuple[str, ...]:
-    """The names of the columns in ``role``'s list (see ``ROLES``), in their places' order."""
+    """The names of the columns in ``role``'s list (see ``ROLES``), in its order."""
     if role not in ROLES:
         raise KeyError(f"no role {role!r}; the roles are {sorted(ROLES)}")
-    return tuple(c.name for c in sorted(select(role=role), key=lambda c: c.roles[role]))
+    return ROLES[role].columns
 
 
 def raw_columns() -> tuple[str, ...]:
