@@ -128,7 +128,7 @@ def test_the_loser_of_a_race_takes_the_winners_folder(tmp_path, monkeypatch) -> 
         winner = tmp_path / "winner"
         winner.mkdir()
         (winner / "config.json").write_text("the winner's")
-        (winner / tiny.COMPLETE).write_text(tiny._key())
+        (winner / tiny.COMPLETE).write_text(tiny.TINY.key())
         os.rename(winner, target)
 
     monkeypatch.setattr(tiny, "build", build_and_lose)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +58,6 @@ CHAT_TEMPLATE = (
 )
 
 
-def _key() -> str:
-    h = hashlib.sha256(json.dumps(_RECIPE, sort_keys=True).encode())
-    h.update(DATASET.read_bytes())
-    return h.hexdigest()[:12]
-
-
-def tiny_path() -> Path:
-    """Where the tiny model lives (built or not)."""
-    return cache_root() / f"{TINY_NAME}-{_key()}"
-
-
 #: Written last into a finished build; a folder without it is not the model.
 COMPLETE = ".complete"
 #: What a build must have written before it is marked finished.
@@ -104,17 +94,46 @@ def ensure_built(
     return target
 
 
-def is_complete(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
-    return marked_complete(folder, _key())
-
-
 def recipe_key(recipe: dict[str, Any], files: tuple[Path, ...] = ()) -> str:
     """A tiny model's cache key: a hash of its recipe and of the files it is trained on."""
     h = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
     for path in files:
         h.update(path.read_bytes())
     return h.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """An embedded tiny model: ``<cache>/<name>-<key>``, its key a hash of its recipe
+    and of the files it is trained on, built by ``build`` once (``ensure_built``)."""
+
+    name: str
+    recipe: dict[str, Any]
+    texts: tuple[Path, ...]
+    build: Callable[[Path], None]
+    files: tuple[str, ...]
+    #: more of the recipe, read when the key is asked for (another model's key)
+    more: Callable[[], dict[str, Any]] = dict
+
+    def key(self) -> str:
+        return recipe_key({**self.recipe, **self.more()}, self.texts)
+
+    def path(self) -> Path:
+        """Where it lives (built or not)."""
+        return cache_root() / f"{self.name}-{self.key()}"
+
+    def is_complete(self, folder: Path) -> bool:
+        """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
+        return marked_complete(folder, self.key())
+
+    def ensure(self) -> Path:
+        """Its folder, built on first use."""
+        return ensure_built(self.name, self.key(), self.build, self.files)
+
+
+# ``build`` looked up at call time: tests replace it
+TINY = TinyModel(TINY_NAME, _RECIPE, (DATASET,), lambda folder: build(folder), BUILT_FILES)
+tiny_path, is_complete, ensure_tiny = TINY.path, TINY.is_complete, TINY.ensure
 
 
 #: the texts the other tiny models' tokenizers are trained on: the review set, then the
@@ -132,12 +151,6 @@ def shipped_texts() -> Iterator[str]:
         for line in f:
             record = json.loads(line)
             yield " ".join(str(record.get(k) or "") for k in ("instruction", "input", "output"))
-
-
-def ensure_tiny() -> Path:
-    """The folder of the tiny model and tokenizer, building it on first use."""
-    # ``build`` looked up at call time: tests replace it
-    return ensure_built(TINY_NAME, _key(), lambda folder: build(folder), BUILT_FILES)
 
 
 def _training_texts() -> Iterator[str]:

@@ -26,13 +26,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract.layout import cache_root
 from trainer_entry.models.tiny import (
     SHIPPED_TEXTS,
+    TinyModel,
     byte_level_bpe,
-    ensure_built,
-    marked_complete,
-    recipe_key,
     save_model,
     shipped_texts,
 )
@@ -71,23 +68,12 @@ BUILT_FILES = (
 )
 
 
-def _key() -> str:
-    return recipe_key(_RECIPE, TEXTS)
-
-
-def tiny_bart_path() -> Path:
-    """Where the tiny BART lives (built or not)."""
-    return cache_root() / f"{TINY_BART_NAME}-{_key()}"
-
-
-def is_complete(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
-    return marked_complete(folder, _key())
-
-
-def ensure_tiny_bart() -> Path:
-    """The folder of the tiny BART and its tokenizer, building it on first use."""
-    return ensure_built(TINY_BART_NAME, _key(), build, BUILT_FILES)
+TINY_BART = TinyModel(TINY_BART_NAME, _RECIPE, TEXTS, lambda folder: build(folder), BUILT_FILES)
+tiny_bart_path, is_complete, ensure_tiny_bart = (
+    TINY_BART.path,
+    TINY_BART.is_complete,
+    TINY_BART.ensure,
+)
 
 
 def build(folder: Path) -> None:

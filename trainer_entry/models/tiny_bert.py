@@ -23,14 +23,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract.layout import cache_root
 from trainer_entry import ASSETS
 from trainer_entry.models.tiny import (
     SHIPPED_TEXTS,
+    TinyModel,
     byte_level_bpe,
-    ensure_built,
-    marked_complete,
-    recipe_key,
     save_model,
     shipped_texts,
 )
@@ -63,23 +60,12 @@ _RECIPE: dict[str, Any] = {
 BUILT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
-def _key() -> str:
-    return recipe_key(_RECIPE, TEXTS)
-
-
-def tiny_bert_path() -> Path:
-    """Where the tiny encoder lives (built or not)."""
-    return cache_root() / f"{TINY_BERT_NAME}-{_key()}"
-
-
-def is_complete(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
-    return marked_complete(folder, _key())
-
-
-def ensure_tiny_bert() -> Path:
-    """The folder of the tiny encoder and its tokenizer, building it on first use."""
-    return ensure_built(TINY_BERT_NAME, _key(), build, BUILT_FILES)
+TINY_BERT = TinyModel(TINY_BERT_NAME, _RECIPE, TEXTS, lambda folder: build(folder), BUILT_FILES)
+tiny_bert_path, is_complete, ensure_tiny_bert = (
+    TINY_BERT.path,
+    TINY_BERT.is_complete,
+    TINY_BERT.ensure,
+)
 
 
 def build(folder: Path) -> None:

@@ -30,15 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract.layout import cache_root
-from trainer_entry.models.tiny import (
-    SHIPPED_TEXTS,
-    ensure_built,
-    marked_complete,
-    recipe_key,
-    save_model,
-    shipped_texts,
-)
+from trainer_entry.models.tiny import SHIPPED_TEXTS, TinyModel, save_model, shipped_texts
 
 TINY_T5_NAME = "tiny-t5"
 #: what the tokenizer is trained on (part of the cache key)
@@ -77,23 +69,8 @@ BUILT_FILES = (
 )
 
 
-def _key() -> str:
-    return recipe_key(_RECIPE, TEXTS)
-
-
-def tiny_t5_path() -> Path:
-    """Where the tiny T5 lives (built or not)."""
-    return cache_root() / f"{TINY_T5_NAME}-{_key()}"
-
-
-def is_complete(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
-    return marked_complete(folder, _key())
-
-
-def ensure_tiny_t5() -> Path:
-    """The folder of the tiny T5 and its tokenizer, building it on first use."""
-    return ensure_built(TINY_T5_NAME, _key(), build, BUILT_FILES)
+TINY_T5 = TinyModel(TINY_T5_NAME, _RECIPE, TEXTS, lambda folder: build(folder), BUILT_FILES)
+tiny_t5_path, is_complete, ensure_tiny_t5 = TINY_T5.path, TINY_T5.is_complete, TINY_T5.ensure
 
 
 def build(folder: Path) -> None:

@@ -15,14 +15,11 @@ the same cache, in a folder named for a hash of the recipe, published whole
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract.layout import cache_root
 from trainer_entry.data.images import SYNTHETIC_CLASSES, SYNTHETIC_VERSION
-from trainer_entry.models.tiny import ensure_built, marked_complete
+from trainer_entry.models.tiny import TinyModel
 
 TINY_VIT_NAME = "tiny-vit"
 
@@ -50,23 +47,8 @@ _RECIPE: dict[str, Any] = {
 BUILT_FILES = ("config.json", "model.safetensors")
 
 
-def _key() -> str:
-    return hashlib.sha256(json.dumps(_RECIPE, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def tiny_vit_path() -> Path:
-    """Where the tiny ViT lives (built or not)."""
-    return cache_root() / f"{TINY_VIT_NAME}-{_key()}"
-
-
-def is_complete(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
-    return marked_complete(folder, _key())
-
-
-def ensure_tiny_vit() -> Path:
-    """The folder of the tiny ViT, building it on first use."""
-    return ensure_built(TINY_VIT_NAME, _key(), build, BUILT_FILES)
+TINY_VIT = TinyModel(TINY_VIT_NAME, _RECIPE, (), lambda folder: build(folder), BUILT_FILES)
+tiny_vit_path, is_complete, ensure_tiny_vit = TINY_VIT.path, TINY_VIT.is_complete, TINY_VIT.ensure
 
 
 def build(folder: Path) -> None:

@@ -28,9 +28,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract.layout import cache_root
 from trainer_entry.models import tiny
-from trainer_entry.models.tiny import ensure_built, marked_complete, recipe_key, save_model
+from trainer_entry.models.tiny import TinyModel, save_model
 
 TINY_VLM_NAME = "tiny-vlm"
 IMAGE_TOKEN = "<image>"
@@ -87,26 +86,16 @@ BUILT_FILES = (
 )
 
 
-def _key() -> str:
-    # the tokenizer is tiny-llama's: its key (its recipe and texts) is part of this one
-    return recipe_key({**_RECIPE, "chat_template": CHAT_TEMPLATE, "tokenizer": tiny._key()})
-
-
-def tiny_vlm_path() -> Path:
-    """Where the tiny vision-language model lives (built or not)."""
-    return cache_root() / f"{TINY_VLM_NAME}-{_key()}"
-
-
-def is_complete(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
-    return marked_complete(folder, _key())
-
-
-def ensure_tiny_vlm() -> Path:
-    """The folder of the tiny vision-language model and its processor, building it on
-    first use."""
-    # ``build`` looked up at call time: tests replace it
-    return ensure_built(TINY_VLM_NAME, _key(), lambda folder: build(folder), BUILT_FILES)
+# the tokenizer is tiny-llama's: its key (its recipe and texts) is part of this one
+TINY_VLM = TinyModel(
+    TINY_VLM_NAME,
+    {**_RECIPE, "chat_template": CHAT_TEMPLATE},
+    (),
+    lambda folder: build(folder),
+    BUILT_FILES,
+    more=lambda: {"tokenizer": tiny.TINY.key()},
+)
+tiny_vlm_path, is_complete, ensure_tiny_vlm = TINY_VLM.path, TINY_VLM.is_complete, TINY_VLM.ensure
 
 
 def build(folder: Path) -> None:

@@ -36,15 +36,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract.layout import cache_root
-from trainer_entry.models.tiny import (
-    SHIPPED_TEXTS,
-    ensure_built,
-    marked_complete,
-    recipe_key,
-    save_model,
-    shipped_texts,
-)
+from trainer_entry.models.tiny import SHIPPED_TEXTS, TinyModel, save_model, shipped_texts
 
 TINY_WAV2VEC2_NAME = "tiny-wav2vec2"
 #: whose characters make the vocabulary (part of the cache key)
@@ -93,24 +85,14 @@ BUILT_FILES = (
 )
 
 
-def _key() -> str:
-    return recipe_key(_RECIPE, TEXTS)
-
-
-def tiny_wav2vec2_path() -> Path:
-    """Where the tiny wav2vec 2.0 lives (built or not)."""
-    return cache_root() / f"{TINY_WAV2VEC2_NAME}-{_key()}"
-
-
-def is_complete(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
-    return marked_complete(folder, _key())
-
-
-def ensure_tiny_wav2vec2() -> Path:
-    """The folder of the tiny wav2vec 2.0 and its processor, building it on first use."""
-    # ``build`` looked up at call time: tests replace it
-    return ensure_built(TINY_WAV2VEC2_NAME, _key(), lambda folder: build(folder), BUILT_FILES)
+TINY_WAV2VEC2 = TinyModel(
+    TINY_WAV2VEC2_NAME, _RECIPE, TEXTS, lambda folder: build(folder), BUILT_FILES
+)
+tiny_wav2vec2_path, is_complete, ensure_tiny_wav2vec2 = (
+    TINY_WAV2VEC2.path,
+    TINY_WAV2VEC2.is_complete,
+    TINY_WAV2VEC2.ensure,
+)
 
 
 def vocabulary() -> dict[str, int]:

@@ -34,13 +34,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract.layout import cache_root
 from trainer_entry.models.tiny import (
     SHIPPED_TEXTS,
+    TinyModel,
     byte_level_bpe,
-    ensure_built,
-    marked_complete,
-    recipe_key,
     save_model,
     shipped_texts,
 )
@@ -92,24 +89,14 @@ BUILT_FILES = (
 )
 
 
-def _key() -> str:
-    return recipe_key(_RECIPE, TEXTS)
-
-
-def tiny_whisper_path() -> Path:
-    """Where the tiny Whisper lives (built or not)."""
-    return cache_root() / f"{TINY_WHISPER_NAME}-{_key()}"
-
-
-def is_complete(folder: Path) -> bool:
-    """Whether ``folder`` holds a finished build (its marker names this recipe's key)."""
-    return marked_complete(folder, _key())
-
-
-def ensure_tiny_whisper() -> Path:
-    """The folder of the tiny Whisper and its processor, building it on first use."""
-    # ``build`` looked up at call time: tests replace it
-    return ensure_built(TINY_WHISPER_NAME, _key(), lambda folder: build(folder), BUILT_FILES)
+TINY_WHISPER = TinyModel(
+    TINY_WHISPER_NAME, _RECIPE, TEXTS, lambda folder: build(folder), BUILT_FILES
+)
+tiny_whisper_path, is_complete, ensure_tiny_whisper = (
+    TINY_WHISPER.path,
+    TINY_WHISPER.is_complete,
+    TINY_WHISPER.ensure,
+)
 
 
 def build(folder: Path) -> None:
