@@ -223,17 +223,7 @@ def markdown(cells: pd.DataFrame, rank_by: str = "speed") -> list[str]:
     usable = usable[[c for c in READ if c in usable.columns]]
     lines = ["## Recommendation", ""]
     if usable.empty:
-        ok = int((cells["status"] == "ok").sum()) if "status" in cells.columns else 0
-        why = (
-            f"No cell finished ok ({len(cells)} cell(s))"
-            if ok == 0
-            else f"No cell has a measured tokens/s ({ok} of {len(cells)} cell(s) finished ok; "
-            "HF's estimate is not a measurement)"
-            if ranking is SPEED or candidates(cells).empty
-            else f"No cell that finished ok has an energy per token ({ok} of {len(cells)} "
-            "cell(s) finished ok; see the Energy section for why)"
-        )
-        return [*lines, f"{why}: nothing to recommend.", ""]
+        return [*lines, f"{_why_none(cells, ranking)}: nothing to recommend.", ""]
     cpu = ran_on_cpu(usable)
     count = workers(cpu)
     unit = _unit(usable)
@@ -318,42 +308,12 @@ def markdown(cells: pd.DataFrame, rank_by: str = "speed") -> list[str]:
         _, row = answer(group, f"of {name} at {workers(cpu, whole(n))}")
         across.append([name, kind or "–", _int(n), *row])
     # per model, task and device across GPU counts: the cheapest per 1M tokens
-    cheapest: list[str] = []
-    for key, group in _groups([model, task, device]):
-        name = str(key[0])
-        members = [rows[i] for i in group]
-        records = [c for c in members if not equivalence.flagged(c)]
-        cheap = min(records or members, key=_hours_or_inf)
-        hours = device_hours_per_1m(cheap)
-        if hours is None:
-            continue
-        price = number(cheap.get(COST_PER_1M_TOKENS)) if priced else None
-        on = workers(ran_on_cpu(cheap), whole(cheap.get("num_gpus")))
-        cheapest.append(
-            f"- cheapest per 1M tokens for {name}: `{cheap.get('cell_id')}` "
-            f"({label(cheap)}) on {on}: {hours:.4g} {unit}"
-            + (f" ({_usd(price)})" if price is not None else "")
-        )
-    intro = (
-        f"Per scenario (the question it asks) and number of {count}, the fastest cell "
-        "that finished ok (median tokens/s over its repeats); oom, pruned, spared, failed "
-        "and timed-out cells are never recommended"
-        + (f" ({excluded} cell(s) left out)" if excluded else "")
-        + f". Cost per 1M tokens is {count} ÷ tokens/s, in {unit}, so at one count the "
-        "fastest cell is also the cheapest. The runner-up is the next fastest of the same "
-        'group; its "fewer tokens/s" is 1 − its tokens/s ÷ the fastest\'s. A cell whose '
-        "loss departs from its baseline's is not recommended as the fastest."
-    )
-    if ranking is ENERGY:
-        intro = (
-            f"Ranked by energy (--rank-by energy): per scenario and number of {count}, the "
-            "cell that finished ok with the fewest joules per token (median over its repeats, "
-            "the measured steps; see the Energy section), among the cells that have the "
-            "figure; oom, pruned, spared, failed and timed-out cells are never recommended"
-            + (f" ({excluded} cell(s) left out)" if excluded else "")
-            + ". The runner-up is the next lowest of the same group. A cell whose loss "
-            "departs from its baseline's is not recommended."
-        )
+    cheapest = [
+        line
+        for key, group in _groups([model, task, device])
+        if (line := _cheapest(str(key[0]), [rows[i] for i in group], unit, priced))
+    ]
+    intro = _intro(ranking, count, unit, excluded)
     lines += [intro, "", *md_table(["scenario", "model", count, *figures], per_scenario)]
     if across:
         lines += [
@@ -363,6 +323,63 @@ def markdown(cells: pd.DataFrame, rank_by: str = "speed") -> list[str]:
             *md_table(["model", "task", count, *figures], across),
         ]
     return [*lines, "", *cheapest, *warnings, ""]
+
+
+def _why_none(cells: pd.DataFrame, ranking: Ranking) -> str:
+    """Why no cell can be recommended."""
+    ok = int((cells["status"] == "ok").sum()) if "status" in cells.columns else 0
+    if ok == 0:
+        return f"No cell finished ok ({len(cells)} cell(s))"
+    if ranking is SPEED or candidates(cells).empty:
+        return (
+            f"No cell has a measured tokens/s ({ok} of {len(cells)} cell(s) finished ok; "
+            "HF's estimate is not a measurement)"
+        )
+    return (
+        f"No cell that finished ok has an energy per token ({ok} of {len(cells)} "
+        "cell(s) finished ok; see the Energy section for why)"
+    )
+
+
+def _cheapest(name: str, members: list[Mapping[Any, Any]], unit: str, priced: bool) -> str | None:
+    """The line naming the cheapest cell per 1M tokens of model ``name`` on one task
+    and device across GPU counts (a trusted one where there is one); None without the
+    figure."""
+    records = [c for c in members if not equivalence.flagged(c)]
+    cheap = min(records or members, key=_hours_or_inf)
+    hours = device_hours_per_1m(cheap)
+    if hours is None:
+        return None
+    price = number(cheap.get(COST_PER_1M_TOKENS)) if priced else None
+    on = workers(ran_on_cpu(cheap), whole(cheap.get("num_gpus")))
+    return (
+        f"- cheapest per 1M tokens for {name}: `{cheap.get('cell_id')}` "
+        f"({label(cheap)}) on {on}: {hours:.4g} {unit}"
+        + (f" ({_usd(price)})" if price is not None else "")
+    )
+
+
+def _intro(ranking: Ranking, count: str, unit: str, excluded: int) -> str:
+    """What the section's tables recommend, and how."""
+    left_out = f" ({excluded} cell(s) left out)" if excluded else ""
+    if ranking is ENERGY:
+        return (
+            f"Ranked by energy (--rank-by energy): per scenario and number of {count}, the "
+            "cell that finished ok with the fewest joules per token (median over its repeats, "
+            "the measured steps; see the Energy section), among the cells that have the "
+            f"figure; oom, pruned, spared, failed and timed-out cells are never recommended"
+            f"{left_out}. The runner-up is the next lowest of the same group. A cell whose "
+            "loss departs from its baseline's is not recommended."
+        )
+    return (
+        f"Per scenario (the question it asks) and number of {count}, the fastest cell "
+        "that finished ok (median tokens/s over its repeats); oom, pruned, spared, failed "
+        f"and timed-out cells are never recommended{left_out}. Cost per 1M tokens is "
+        f"{count} ÷ tokens/s, in {unit}, so at one count the fastest cell is also the "
+        'cheapest. The runner-up is the next fastest of the same group; its "fewer '
+        "tokens/s\" is 1 − its tokens/s ÷ the fastest's. A cell whose loss departs from "
+        "its baseline's is not recommended as the fastest."
+    )
 
 
 def _groups(by: list[pd.Series]) -> list[tuple[tuple[Any, ...], list[int]]]:
