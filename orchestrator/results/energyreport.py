@@ -131,55 +131,10 @@ def markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
                 missing.setdefault(why, []).append(f"`{c.get('cell_id')}`")
             if not conditions:
                 continue
-        body.append(
-            [
-                f"`{c.get('cell_id')}`",
-                _figure(c.get(TOKENS_PER_SECOND), ",.0f"),
-                _figure(per_token),
-                # the power of a row without energy per token is of another window
-                _figure(c.get(POWER_MEAN), ".0f") if per_token is not None else "–",
-                _figure(c.get(KWH_PER_1M_TOKENS)),
-                *([_figure(c.get(ENERGY_COST_PER_1M_TOKENS), ".3g")] if priced else []),
-                *([_figure(c.get(CO2_PER_1M_TOKENS), ".3g")] if emitted else []),
-                _text(c.get(ENERGY_SOURCE)) or "–",
-                conditions or "–",
-            ]
-        )
+        body.append(_row(c, per_token, conditions, priced=priced, emitted=emitted))
         if THROTTLED in conditions:
-            share = number(c.get(GPU_THROTTLED))
-            reasons = _text(c.get(CLOCK_REASONS))
-            throttled.append(
-                f"- {_label(c)} ran slowed"
-                + (f" in {share:.0f}% of its measured samples" if share is not None else "")
-                + (f" ({reasons})" if reasons else "")
-                + ": its tokens/s and energy hold under these conditions only."
-            )
-    prices = [
-        *([f"${cost.usd_per_kwh:g} per kWh"] if priced else []),
-        *([f"{cost.grams_co2_per_kwh:g} g CO2 per kWh"] if emitted else []),
-    ]
-    lines = [
-        "",
-        "## Energy",
-        "",
-        "Energy over the measured steps (the window tokens/s covers), all of a cell's "
-        + ("CPU packages" if cpu else "GPUs")
-        + " together, per real token: "
-        + (
-            "RAPL's package counter, which counts every process on the package, not only the job's."
-            if cpu
-            else "NVML's energy counter, else its power samples integrated (the source "
-            "column says which). The GPUs alone: not the host's CPUs, memory or fans."
-        )
-        + (f" At {' and '.join(prices)} (your numbers)." if prices else "")
-        + (
-            ""
-            if cpu
-            else " Conditions: the lowest enforced power limit of the cell's GPUs, and "
-            "`throttled` where one of them ran slowed (power cap, thermal, sync boost…) in "
-            f"more than {100 * THROTTLED_SHARE:.0f}% of the measured samples."
-        ),
-    ]
+            throttled.append(_slowed(c))
+    lines = ["", "## Energy", "", _intro(cpu, cost)]
     if body:
         lines += ["", *md_table(headers, body)]
     if throttled:
@@ -197,6 +152,67 @@ def markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
             shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
             lines.append(f"- {why}: {shown}")
     return lines
+
+
+def _row(
+    c: Mapping[str, Any], per_token: float | None, conditions: str, *, priced: bool, emitted: bool
+) -> list[str]:
+    """A cell's row of the table."""
+    return [
+        f"`{c.get('cell_id')}`",
+        _figure(c.get(TOKENS_PER_SECOND), ",.0f"),
+        _figure(per_token),
+        # the power of a row without energy per token is of another window
+        _figure(c.get(POWER_MEAN), ".0f") if per_token is not None else "–",
+        _figure(c.get(KWH_PER_1M_TOKENS)),
+        *([_figure(c.get(ENERGY_COST_PER_1M_TOKENS), ".3g")] if priced else []),
+        *([_figure(c.get(CO2_PER_1M_TOKENS), ".3g")] if emitted else []),
+        _text(c.get(ENERGY_SOURCE)) or "–",
+        conditions or "–",
+    ]
+
+
+def _slowed(c: Mapping[str, Any]) -> str:
+    """The line of a cell that ran throttled."""
+    share = number(c.get(GPU_THROTTLED))
+    reasons = _text(c.get(CLOCK_REASONS))
+    return (
+        f"- {_label(c)} ran slowed"
+        + (f" in {share:.0f}% of its measured samples" if share is not None else "")
+        + (f" ({reasons})" if reasons else "")
+        + ": its tokens/s and energy hold under these conditions only."
+    )
+
+
+def _intro(cpu: bool, cost: CostSettings) -> str:
+    """What the section's figures cover, and the prices given."""
+    prices = [
+        *([f"${cost.usd_per_kwh:g} per kWh"] if cost.usd_per_kwh is not None else []),
+        *(
+            [f"{cost.grams_co2_per_kwh:g} g CO2 per kWh"]
+            if cost.grams_co2_per_kwh is not None
+            else []
+        ),
+    ]
+    return (
+        "Energy over the measured steps (the window tokens/s covers), all of a cell's "
+        + ("CPU packages" if cpu else "GPUs")
+        + " together, per real token: "
+        + (
+            "RAPL's package counter, which counts every process on the package, not only the job's."
+            if cpu
+            else "NVML's energy counter, else its power samples integrated (the source "
+            "column says which). The GPUs alone: not the host's CPUs, memory or fans."
+        )
+        + (f" At {' and '.join(prices)} (your numbers)." if prices else "")
+        + (
+            ""
+            if cpu
+            else " Conditions: the lowest enforced power limit of the cell's GPUs, and "
+            "`throttled` where one of them ran slowed (power cap, thermal, sync boost…) in "
+            f"more than {100 * THROTTLED_SHARE:.0f}% of the measured samples."
+        )
+    )
 
 
 def _differing(cells: pd.DataFrame) -> list[str]:
