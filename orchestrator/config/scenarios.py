@@ -346,22 +346,7 @@ def _resolve_scenario(
     if problem:
         raise doc.error(problem, (*loc, "name"))
 
-    fw_names: tuple[str | None, ...] = (None,)
-    if sc.framework_config is not None:
-        fl: Loc = (*loc, "framework_config")
-        if not sc.framework_config:
-            raise doc.error("empty list; use [null] for no overlay or remove the key", fl)
-        check_unique(doc, sc.framework_config, fl, "framework")
-        for i, fname in enumerate(sc.framework_config):
-            if fname is not None and fname not in frameworks:
-                defined = ", ".join(sorted(frameworks)) or "none are defined"
-                raise doc.error(
-                    f"unknown framework '{fname}'; defined frameworks: {defined} "
-                    "(define it under frameworks: or pass --frameworks FILE)",
-                    (*fl, i),
-                )
-        fw_names = tuple(sc.framework_config)
-
+    fw_names = _frameworks_of(doc, sc, loc, frameworks)
     if sc.num_gpus is not None:
         _check_axis_list(doc, sc.num_gpus, (*loc, "num_gpus"))
 
@@ -377,53 +362,9 @@ def _resolve_scenario(
                 (*args_loc, axis),
             )
 
-    sweep: dict[str, tuple[Any, ...]] = {}
-    for key, values in sc.sweep.items():
-        sl: Loc = (*loc, "sweep", key)
-        if key in RESERVED_ARGUMENTS:
-            raise doc.error(f"'{key}' cannot be swept; set it at the scenario level", sl)
-        if canonical_name(key) in {canonical_name(a) for a in arguments}:
-            raise doc.error(f"'{key}' is both a constant in arguments and swept; keep one", sl)
-        twin = next((k for k in sweep if canonical_name(k) == canonical_name(key)), None)
-        if twin is not None:
-            raise doc.error(f"'{twin}' and '{key}' name one setting, swept twice; keep one", sl)
-        unknown = None if key in AXES else unknown_argument(key)
-        if unknown:
-            raise doc.error(unknown, sl)
-        if not values:
-            raise doc.error("empty sweep list; give at least one value", sl)
-        bad_value = check_value(values, sl)
-        if bad_value:
-            raise doc.error(*bad_value)
-        check_unique(doc, values, sl, "sweep value")
-        for i, value in enumerate(values):
-            refused = refused_argument(key, value) or _value_problem(key, value)
-            if refused:
-                raise doc.error(refused, (*sl, i))
-        for fname in fw_names:
-            if fname is not None and canonical_name(key) in {
-                canonical_name(a) for a in frameworks[fname].arguments
-            }:
-                raise doc.error(
-                    f"'{key}' is swept here but framework '{fname}' sets it; keep one", sl
-                )
-        sweep[key] = tuple(values)
+    sweep = _sweep_of(doc, sc, loc, arguments, [frameworks[f] for f in fw_names if f])
 
-    raw_models = arguments.pop("model_name_or_path", None)
-    if "model_name_or_path" in sweep:
-        raw_models = list(sweep.pop("model_name_or_path"))
-    models: tuple[str, ...] = ()
-    if raw_models is not None:
-        ml: Loc = (*args_loc, "model_name_or_path")
-        items = raw_models if isinstance(raw_models, list) else [raw_models]
-        if not items:
-            raise doc.error("empty model list; give at least one model_name_or_path", ml)
-        for i, model in enumerate(items):
-            problem = check_model_name(model)
-            if problem:
-                raise doc.error(problem, (*ml, i) if isinstance(raw_models, list) else ml)
-        check_unique(doc, items, ml, "model")
-        models = tuple(items)
+    models = _models_of(doc, arguments, sweep, args_loc)
 
     return Scenario(
         name=sc.name,
@@ -452,6 +393,88 @@ def _resolve_scenario(
             **measure_lines(doc, sc.measure, (*loc, "measure")),
         },
     )
+
+
+def _frameworks_of(
+    doc: YamlDoc, sc: ScenarioModel, loc: Loc, frameworks: Mapping[str, Framework]
+) -> tuple[str | None, ...]:
+    """The scenario's framework names, each defined and named once."""
+    if sc.framework_config is None:
+        return (None,)
+    fl: Loc = (*loc, "framework_config")
+    if not sc.framework_config:
+        raise doc.error("empty list; use [null] for no overlay or remove the key", fl)
+    check_unique(doc, sc.framework_config, fl, "framework")
+    for i, fname in enumerate(sc.framework_config):
+        if fname is not None and fname not in frameworks:
+            defined = ", ".join(sorted(frameworks)) or "none are defined"
+            raise doc.error(
+                f"unknown framework '{fname}'; defined frameworks: {defined} "
+                "(define it under frameworks: or pass --frameworks FILE)",
+                (*fl, i),
+            )
+    return tuple(sc.framework_config)
+
+
+def _sweep_of(
+    doc: YamlDoc,
+    sc: ScenarioModel,
+    loc: Loc,
+    arguments: Mapping[str, Any],
+    overlays: list[Framework],
+) -> dict[str, tuple[Any, ...]]:
+    """The scenario's sweep, checked against its arguments and its frameworks' (``overlays``)."""
+    sweep: dict[str, tuple[Any, ...]] = {}
+    for key, values in sc.sweep.items():
+        sl: Loc = (*loc, "sweep", key)
+        if key in RESERVED_ARGUMENTS:
+            raise doc.error(f"'{key}' cannot be swept; set it at the scenario level", sl)
+        if canonical_name(key) in {canonical_name(a) for a in arguments}:
+            raise doc.error(f"'{key}' is both a constant in arguments and swept; keep one", sl)
+        twin = next((k for k in sweep if canonical_name(k) == canonical_name(key)), None)
+        if twin is not None:
+            raise doc.error(f"'{twin}' and '{key}' name one setting, swept twice; keep one", sl)
+        unknown = None if key in AXES else unknown_argument(key)
+        if unknown:
+            raise doc.error(unknown, sl)
+        if not values:
+            raise doc.error("empty sweep list; give at least one value", sl)
+        bad_value = check_value(values, sl)
+        if bad_value:
+            raise doc.error(*bad_value)
+        check_unique(doc, values, sl, "sweep value")
+        for i, value in enumerate(values):
+            refused = refused_argument(key, value) or _value_problem(key, value)
+            if refused:
+                raise doc.error(refused, (*sl, i))
+        for overlay in overlays:
+            if canonical_name(key) in {canonical_name(a) for a in overlay.arguments}:
+                raise doc.error(
+                    f"'{key}' is swept here but framework '{overlay.name}' sets it; keep one", sl
+                )
+        sweep[key] = tuple(values)
+    return sweep
+
+
+def _models_of(
+    doc: YamlDoc, arguments: dict[str, Any], sweep: dict[str, tuple[Any, ...]], args_loc: Loc
+) -> tuple[str, ...]:
+    """The scenario's models (taken out of ``arguments`` or ``sweep``), each checked."""
+    raw_models = arguments.pop("model_name_or_path", None)
+    if "model_name_or_path" in sweep:
+        raw_models = list(sweep.pop("model_name_or_path"))
+    if raw_models is not None:
+        ml: Loc = (*args_loc, "model_name_or_path")
+        items = raw_models if isinstance(raw_models, list) else [raw_models]
+        if not items:
+            raise doc.error("empty model list; give at least one model_name_or_path", ml)
+        for i, model in enumerate(items):
+            problem = check_model_name(model)
+            if problem:
+                raise doc.error(problem, (*ml, i) if isinstance(raw_models, list) else ml)
+        check_unique(doc, items, ml, "model")
+        return tuple(items)
+    return ()
 
 
 def load_defaults(path: Path | None) -> tuple[dict[str, Any], dict[str, int | None]]:
@@ -486,6 +509,57 @@ def load_defaults(path: Path | None) -> tuple[dict[str, Any], dict[str, int | No
     return dict(doc.data), {key: doc.line_of((key,)) for key in doc.data}
 
 
+def _all_frameworks(
+    doc: YamlDoc, model: ScenariosFileModel, frameworks_files: Sequence[Path]
+) -> dict[str, Framework]:
+    """The file's frameworks, then each frameworks file's (ours, or a predecessor's
+    CONTENTS.yaml)."""
+    frameworks: dict[str, Framework] = {}
+    _load_frameworks(doc, model.frameworks, frameworks)
+    for extra in frameworks_files:
+        fdoc = load_yaml(extra, "frameworks file")
+        if isinstance(fdoc.data, dict) and "framework_configs" in fdoc.data:
+            overlays, identity = _contents_frameworks(fdoc)
+            _load_frameworks(fdoc, overlays, frameworks, identity)
+            continue
+        fmodel: FrameworksFileModel = validate(fdoc, FrameworksFileModel, "a frameworks file")
+        _load_frameworks(fdoc, fmodel.frameworks, frameworks)
+    return frameworks
+
+
+def _all_scenarios(
+    doc: YamlDoc,
+    model: ScenariosFileModel,
+    frameworks: Mapping[str, Framework],
+    allocator: Allocator | None,
+    default_models: list[str] | None,
+) -> list[Scenario]:
+    """Every scenario resolved, the defaults' models where it names none, each name once."""
+    scenarios: list[Scenario] = []
+    seen: dict[str, int] = {}
+    for i, sc in enumerate(model.scenarios):
+        scenario = _resolve_scenario(doc, i, sc, frameworks, allocator)
+        if not scenario.models:
+            if not default_models:
+                raise doc.error(
+                    f"scenario '{scenario.name}' has no model; "
+                    "set arguments.model_name_or_path (a name or a list)",
+                    ("scenarios", i),
+                )
+            scenario = dataclasses.replace(scenario, models=tuple(default_models))
+        if scenario.name in seen:
+            first = model.scenarios[seen[scenario.name]]
+            raise doc.error(
+                f"duplicate scenario name '{first.name}' "
+                f"(also scenarios[{seen[scenario.name]}], line "
+                f"{doc.line_of(('scenarios', seen[scenario.name]))})",
+                ("scenarios", i, "name"),
+            )
+        seen[scenario.name] = i
+        scenarios.append(scenario)
+    return scenarios
+
+
 def load_config(
     scenarios_file: Path,
     *,
@@ -510,17 +584,7 @@ def load_config(
     file_model = scenarios_file_model(executor_sections)
     model: ScenariosFileModel = validate(doc, file_model, "a scenarios file")
 
-    frameworks: dict[str, Framework] = {}
-    _load_frameworks(doc, model.frameworks, frameworks)
-    for extra in frameworks_files:
-        fdoc = load_yaml(extra, "frameworks file")
-        if isinstance(fdoc.data, dict) and "framework_configs" in fdoc.data:
-            overlays, identity = _contents_frameworks(fdoc)
-            _load_frameworks(fdoc, overlays, frameworks, identity)
-            continue
-        fmodel: FrameworksFileModel = validate(fdoc, FrameworksFileModel, "a frameworks file")
-        _load_frameworks(fdoc, fmodel.frameworks, frameworks)
-
+    frameworks = _all_frameworks(doc, model, frameworks_files)
     if not model.scenarios:
         raise doc.error("no scenarios; define at least one", ("scenarios",))
     m = model.matrix
@@ -533,28 +597,7 @@ def load_config(
         default_models = [default_models]
 
     allocator = resolve_allocator(doc, model.allocator, ("allocator",))
-    scenarios: list[Scenario] = []
-    seen: dict[str, int] = {}
-    for i, sc in enumerate(model.scenarios):
-        scenario = _resolve_scenario(doc, i, sc, frameworks, allocator)
-        if not scenario.models:
-            if not default_models:
-                raise doc.error(
-                    f"scenario '{scenario.name}' has no model; "
-                    "set arguments.model_name_or_path (a name or a list)",
-                    ("scenarios", i),
-                )
-            scenario = dataclasses.replace(scenario, models=tuple(default_models))
-        if scenario.name in seen:
-            first = model.scenarios[seen[scenario.name]]
-            raise doc.error(
-                f"duplicate scenario name '{first.name}' "
-                f"(also scenarios[{seen[scenario.name]}], line "
-                f"{doc.line_of(('scenarios', seen[scenario.name]))})",
-                ("scenarios", i, "name"),
-            )
-        seen[scenario.name] = i
-        scenarios.append(scenario)
+    scenarios = _all_scenarios(doc, model, frameworks, allocator, default_models)
 
     if accelerate_config is None and model.accelerate_config is not None:
         accelerate_config = scenarios_file.parent / model.accelerate_config
