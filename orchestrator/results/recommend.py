@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -236,14 +236,73 @@ def markdown(cells: pd.DataFrame, rank_by: str = "speed") -> list[str]:
     figures = [ranking.best, "tokens/s", *(["J/token"] if energy else [])]
     figures += [f"{unit} per 1M tokens", *(["$ per 1M tokens"] if priced else [])]
     figures += ["how sure", "runner-up"]
-    warnings: list[str] = []
-
     # every cell's record built once; a group is the positions of its cells
     rows = usable.to_dict("records")
-    ranked_by = pd.to_numeric(usable[ranking.metric], errors="coerce").tolist()
+    answers = _Answers(
+        ranking,
+        rows,
+        pd.to_numeric(usable[ranking.metric], errors="coerce").tolist(),
+        energy=energy,
+        priced=priced,
+    )
+    gpus = pd.to_numeric(usable["num_gpus"], errors="coerce")
+    model = usable["model_name_or_path"].astype(str)
+    # a key an older table lacks groups as one value
+    task, device = (
+        usable[k].astype(str) if k in usable.columns else pd.Series("", usable.index)
+        for k in ("task", "device")
+    )
+    scenarios = usable["scenario"].astype(str)
+    # per scenario: the question each one asks
+    per_scenario: list[list[str]] = []
+    for key, group in _groups([scenarios, model, gpus]):
+        scenario, name, n = (str(k) for k in key)
+        on = workers(cpu, whole(n))
+        row = answers.row(group, f"of scenario {scenario} at {on} of {name}")
+        per_scenario.append([scenario, name, _int(n), *row])
+    # across scenarios: only where they share the model, task, device and GPU count
+    across: list[list[str]] = []
+    scenario_of = scenarios.tolist()
+    for key, group in _groups([model, task, device, gpus]):
+        if len({scenario_of[i] for i in group}) < 2:
+            continue
+        name, kind, _, n = (str(k) for k in key)
+        row = answers.row(group, f"of {name} at {workers(cpu, whole(n))}")
+        across.append([name, kind or "–", _int(n), *row])
+    # per model, task and device across GPU counts: the cheapest per 1M tokens
+    cheapest = [
+        line
+        for key, group in _groups([model, task, device])
+        if (line := _cheapest(str(key[0]), [rows[i] for i in group], unit, priced))
+    ]
+    intro = _intro(ranking, count, unit, excluded)
+    lines += [intro, "", *md_table(["scenario", "model", count, *figures], per_scenario)]
+    if across:
+        lines += [
+            "",
+            f"Across scenarios, where two or more share the model, task and number of {count}:",
+            "",
+            *md_table(["model", "task", count, *figures], across),
+        ]
+    return [*lines, "", *cheapest, *answers.warnings, ""]
 
-    def answer(group: list[int], where: str) -> tuple[Mapping[Any, Any], list[str]]:
-        """The best trusted cell of ``group`` and its row's figures."""
+
+@dataclass
+class _Answers:
+    """The best trusted cell of each group of cells (positions in ``rows``), as its row
+    of the tables; the warnings of the groups asked, in the order asked."""
+
+    ranking: Ranking
+    rows: list[dict[Any, Any]]
+    #: each row's figure the ranking reads
+    ranked_by: list[float]
+    energy: bool
+    priced: bool
+    warnings: list[str] = field(default_factory=list)
+
+    def row(self, group: list[int], where: str) -> list[str]:
+        """The best trusted cell of ``group``: its row's figures."""
+        ranking, ranked_by, rows, warnings = self.ranking, self.ranked_by, self.rows, self.warnings
         # the best first, ties in the table's order (the sort is stable)
         order = sorted(group, key=lambda i: -ranked_by[i] if ranking.higher else ranked_by[i])
         records = [rows[i] for i in order]
@@ -276,53 +335,12 @@ def markdown(cells: pd.DataFrame, rank_by: str = "speed") -> list[str]:
         row = [
             f"`{best.get('cell_id')}` ({label(best)})",
             _fmt_tps(best),
-            *([_joules(best)] if energy else []),
+            *([_joules(best)] if self.energy else []),
             "–" if hours is None else f"{hours:.4g}",
         ]
-        if priced:
+        if self.priced:
             row.append(_usd(best.get(COST_PER_1M_TOKENS)))
-        return best, [*row, sure, runner]
-
-    gpus = pd.to_numeric(usable["num_gpus"], errors="coerce")
-    model = usable["model_name_or_path"].astype(str)
-    # a key an older table lacks groups as one value
-    task, device = (
-        usable[k].astype(str) if k in usable.columns else pd.Series("", usable.index)
-        for k in ("task", "device")
-    )
-    scenarios = usable["scenario"].astype(str)
-    # per scenario: the question each one asks
-    per_scenario: list[list[str]] = []
-    for key, group in _groups([scenarios, model, gpus]):
-        scenario, name, n = (str(k) for k in key)
-        on = workers(cpu, whole(n))
-        _, row = answer(group, f"of scenario {scenario} at {on} of {name}")
-        per_scenario.append([scenario, name, _int(n), *row])
-    # across scenarios: only where they share the model, task, device and GPU count
-    across: list[list[str]] = []
-    scenario_of = scenarios.tolist()
-    for key, group in _groups([model, task, device, gpus]):
-        if len({scenario_of[i] for i in group}) < 2:
-            continue
-        name, kind, _, n = (str(k) for k in key)
-        _, row = answer(group, f"of {name} at {workers(cpu, whole(n))}")
-        across.append([name, kind or "–", _int(n), *row])
-    # per model, task and device across GPU counts: the cheapest per 1M tokens
-    cheapest = [
-        line
-        for key, group in _groups([model, task, device])
-        if (line := _cheapest(str(key[0]), [rows[i] for i in group], unit, priced))
-    ]
-    intro = _intro(ranking, count, unit, excluded)
-    lines += [intro, "", *md_table(["scenario", "model", count, *figures], per_scenario)]
-    if across:
-        lines += [
-            "",
-            f"Across scenarios, where two or more share the model, task and number of {count}:",
-            "",
-            *md_table(["model", "task", count, *figures], across),
-        ]
-    return [*lines, "", *cheapest, *warnings, ""]
+        return [*row, sure, runner]
 
 
 def _why_none(cells: pd.DataFrame, ranking: Ranking) -> str:
