@@ -222,6 +222,95 @@ def _placed(problem: Mapping[str, Any], experiment: Experiment, after: str = "")
     return experiment.place(key).error(message + after)
 
 
+def _check_group(
+    done: StackCheck,
+    group: tuple[str | None, tuple[tuple[str, str], ...]],
+    cells: list[Experiment],
+    *,
+    run: Callable[[str, Sequence[Experiment]], dict[str, Any]],
+    keep: bool,
+    recheck: bool,
+    memory: Callable[[Experiment], bool] | None,
+    stop: bool,
+) -> set[tuple[object, str]]:
+    """The cells of one interpreter and environment checked into ``done`` (see
+    ``check_stack``); the (group, model) pairs found only offline."""
+    python = group[0] or sys.executable
+    environment = cells[0].environment.name if cells[0].environment is not None else None
+    started = time.monotonic()
+    kept = open_verdicts(python, _environment(dict(group[1]))) if keep else None
+    wanted = {e.cell_id for e in cells if memory is not None and memory(e)}
+    earlier = {} if kept is None or recheck else kept.found(cells)
+    # a kept verdict without the prediction asked for is asked again
+    earlier = {
+        cell: verdict
+        for cell, verdict in earlier.items()
+        if cell not in wanted or "memory" in verdict or "problems" in verdict
+    }
+    asked = [e for e in cells if e.cell_id not in earlier]
+    predict = [e.cell_id for e in asked if e.cell_id in wanted]
+    answer = run(python, asked, **({"memory": predict} if predict else {})) if asked else {}
+    predicted = {**(answer.get("memory") or {})}
+    predicted.update(
+        (cell, verdict["memory"])
+        for cell, verdict in earlier.items()
+        if cell in wanted and "memory" in verdict
+    )
+    done.memory.update(
+        (cell, MemoryPrediction.from_answer(found)) for cell, found in predicted.items()
+    )
+    by_cell = {e.cell_id: e for e in cells}
+    models: dict[str, Mapping[str, Any]] = dict(answer.get("models") or {})
+    # a model that leads nowhere: one problem for each cell that names it
+    failed = [
+        {"cell": e.cell_id, "key": "model_name_or_path", "message": models[name]["error"]}
+        for name in models
+        if "error" in models[name]
+        for e in asked
+        if e.model_name_or_path == name
+    ]
+    found = [p for p in answer.get("problems") or [] if p["cell"] in by_cell]
+    if kept is not None and asked:
+        # what passed is kept before a problem stops the run, and so is what the child
+        # found wrong with a cell (asked again once its settings or files change)
+        refusals: dict[str, list[Mapping[str, Any]]] = {}
+        for p in found:
+            refusals.setdefault(p["cell"], []).append(p)
+        kept.keep(
+            asked, answer, failed={p["cell"] for p in failed} | set(refusals), refusals=refusals
+        )
+    problems = [
+        *failed,
+        *(dict(p, cell=cell) for cell, v in earlier.items() for p in v.get("problems", [])),
+        *found,
+    ]
+    if problems and stop:
+        raise _problem_line(problems, by_cell, environment)
+    for problem in problems:
+        done.refused.setdefault(problem["cell"], str(_placed(problem, by_cell[problem["cell"]])))
+    offline: set[tuple[object, str]] = {
+        (group, name) for name, found in models.items() if found.get("offline")
+    }
+    for verdict in earlier.values():
+        models.setdefault(verdict["model"], verdict["found"])
+    unbuilt = int(answer.get("unbuilt") or 0) + sum(
+        1 for verdict in earlier.values() if not verdict.get("built", True)
+    )
+    done.checked.append(
+        Checked(
+            python=python,
+            environment=environment,
+            versions=answer.get("versions") or (kept.versions if kept else {}),
+            models=models,
+            cells=len(cells),
+            unbuilt=unbuilt,
+            seconds=time.monotonic() - started,
+            kept=len(earlier),
+        )
+    )
+    return offline
+
+
 def check_stack(
     plan: Plan,
     *,
@@ -249,78 +338,8 @@ def check_stack(
     done = StackCheck(plan)
     offline: set[tuple[object, str]] = set()
     for group, cells in groups.items():
-        python = group[0] or sys.executable
-        environment = cells[0].environment.name if cells[0].environment is not None else None
-        started = time.monotonic()
-        kept = open_verdicts(python, _environment(dict(group[1]))) if keep else None
-        wanted = {e.cell_id for e in cells if memory is not None and memory(e)}
-        earlier = {} if kept is None or recheck else kept.found(cells)
-        # a kept verdict without the prediction asked for is asked again
-        earlier = {
-            cell: verdict
-            for cell, verdict in earlier.items()
-            if cell not in wanted or "memory" in verdict or "problems" in verdict
-        }
-        asked = [e for e in cells if e.cell_id not in earlier]
-        predict = [e.cell_id for e in asked if e.cell_id in wanted]
-        answer = run(python, asked, **({"memory": predict} if predict else {})) if asked else {}
-        predicted = {**(answer.get("memory") or {})}
-        predicted.update(
-            (cell, verdict["memory"])
-            for cell, verdict in earlier.items()
-            if cell in wanted and "memory" in verdict
-        )
-        done.memory.update(
-            (cell, MemoryPrediction.from_answer(found)) for cell, found in predicted.items()
-        )
-        by_cell = {e.cell_id: e for e in cells}
-        models: dict[str, Mapping[str, Any]] = dict(answer.get("models") or {})
-        # a model that leads nowhere: one problem for each cell that names it
-        failed = [
-            {"cell": e.cell_id, "key": "model_name_or_path", "message": models[name]["error"]}
-            for name in models
-            if "error" in models[name]
-            for e in asked
-            if e.model_name_or_path == name
-        ]
-        found = [p for p in answer.get("problems") or [] if p["cell"] in by_cell]
-        if kept is not None and asked:
-            # what passed is kept before a problem stops the run, and so is what the child
-            # found wrong with a cell (asked again once its settings or files change)
-            refusals: dict[str, list[Mapping[str, Any]]] = {}
-            for p in found:
-                refusals.setdefault(p["cell"], []).append(p)
-            kept.keep(
-                asked, answer, failed={p["cell"] for p in failed} | set(refusals), refusals=refusals
-            )
-        problems = [
-            *failed,
-            *(dict(p, cell=cell) for cell, v in earlier.items() for p in v.get("problems", [])),
-            *found,
-        ]
-        if problems and stop:
-            raise _problem_line(problems, by_cell, environment)
-        for problem in problems:
-            done.refused.setdefault(
-                problem["cell"], str(_placed(problem, by_cell[problem["cell"]]))
-            )
-        offline.update((group, name) for name, found in models.items() if found.get("offline"))
-        for verdict in earlier.values():
-            models.setdefault(verdict["model"], verdict["found"])
-        unbuilt = int(answer.get("unbuilt") or 0) + sum(
-            1 for verdict in earlier.values() if not verdict.get("built", True)
-        )
-        done.checked.append(
-            Checked(
-                python=python,
-                environment=environment,
-                versions=answer.get("versions") or (kept.versions if kept else {}),
-                models=models,
-                cells=len(cells),
-                unbuilt=unbuilt,
-                seconds=time.monotonic() - started,
-                kept=len(earlier),
-            )
+        offline |= _check_group(
+            done, group, cells, run=run, keep=keep, recheck=recheck, memory=memory, stop=stop
         )
     if offline:
         experiments = tuple(
