@@ -178,16 +178,8 @@ class _Recorder:
         return action
 
 
-def add_parser(sub: Any) -> None:
-    r = sub.add_parser(
-        "run",
-        help="run the experiment matrix",
-        description="Run every planned experiment and merge the results.",
-        epilog=_epilog(),
-        formatter_class=Formatter,
-    )
-    add_selection_args(r)
-    g = r.add_argument_group("how to run")
+def _add_how_to_run(g: Any) -> None:
+    """The flags of how each experiment runs, before the executor's."""
     g.add_argument(
         "--timeout",
         type=positive_int,
@@ -260,6 +252,19 @@ def add_parser(sub: Any) -> None:
         "(stage figures from HF's TrainerMemoryTracker, whose polling thread slows "
         "training) (default: all)",
     )
+
+
+def add_parser(sub: Any) -> None:
+    r = sub.add_parser(
+        "run",
+        help="run the experiment matrix",
+        description="Run every planned experiment and merge the results.",
+        epilog=_epilog(),
+        formatter_class=Formatter,
+    )
+    add_selection_args(r)
+    g = r.add_argument_group("how to run")
+    _add_how_to_run(g)
     g.add_argument(
         "--executor",
         choices=tuple(registry.EXECUTORS),
