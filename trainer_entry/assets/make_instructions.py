@@ -189,104 +189,57 @@ UNITS = [
 ]
 
 
+def _record(instruction: str, output: str, given: str = "") -> dict[str, str]:
+    return {"instruction": instruction, "input": given, "output": output}
+
+
 def records(rng: random.Random) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     for topic, text in EXPLANATIONS.items():
-        out.append(
-            {"instruction": f"Explain {topic} in a few sentences.", "input": "", "output": text}
-        )
+        out.append(_record(f"Explain {topic} in a few sentences.", text))
         first = text.split(". ")[0].rstrip(".") + "."
-        out.append(
-            {
-                "instruction": "Summarize the following paragraph in one sentence.",
-                "input": text,
-                "output": first,
-            }
-        )
-        out.append(
-            {
-                "instruction": "How many sentences does this paragraph have?",
-                "input": text,
-                "output": f"It has {text.count('. ') + 1} sentences.",
-            }
-        )
+        out.append(_record("Summarize the following paragraph in one sentence.", first, text))
+        count = f"It has {text.count('. ') + 1} sentences."
+        out.append(_record("How many sentences does this paragraph have?", count, text))
     for task, steps in PROCEDURES.items():
         numbered = "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
-        out.append({"instruction": f"List the steps to {task}.", "input": "", "output": numbered})
-        out.append(
-            {"instruction": f"What is the first step to {task}?", "input": "", "output": steps[0]}
-        )
+        out.append(_record(f"List the steps to {task}.", numbered))
+        out.append(_record(f"What is the first step to {task}?", steps[0]))
     for _ in range(60):
         a, b = rng.randint(2, 999), rng.randint(2, 999)
         op = rng.choice(["add", "subtract", "multiply"])
         if op == "add":
-            out.append(
-                {"instruction": f"Add {a} and {b}.", "input": "", "output": f"{a} + {b} = {a + b}."}
-            )
+            out.append(_record(f"Add {a} and {b}.", f"{a} + {b} = {a + b}."))
         elif op == "subtract":
-            out.append(
-                {
-                    "instruction": f"Subtract {b} from {a}.",
-                    "input": "",
-                    "output": f"{a} - {b} = {a - b}.",
-                }
-            )
+            out.append(_record(f"Subtract {b} from {a}.", f"{a} - {b} = {a - b}."))
         else:
-            out.append(
-                {
-                    "instruction": f"Multiply {a} by {b}.",
-                    "input": "",
-                    "output": f"{a} × {b} = {a * b}.",
-                }
-            )
+            out.append(_record(f"Multiply {a} by {b}.", f"{a} × {b} = {a * b}."))
     for _ in range(45):
         big, small, factor = rng.choice(UNITS)
         n = rng.randint(1, 250)
-        out.append(
-            {
-                "instruction": f"Convert {n} {big} to {small}.",
-                "input": "",
-                "output": f"{n} {big} is {n * factor} {small}.",
-            }
-        )
+        out.append(_record(f"Convert {n} {big} to {small}.", f"{n} {big} is {n * factor} {small}."))
     for _ in range(45):
         nums = [rng.randint(0, 500) for _ in range(rng.randint(3, 12))]
         order = rng.choice(["ascending", "descending"])
         ordered = sorted(nums, reverse=order == "descending")
         out.append(
-            {
-                "instruction": f"Sort these numbers in {order} order.",
-                "input": ", ".join(map(str, nums)),
-                "output": ", ".join(map(str, ordered)),
-            }
+            _record(
+                f"Sort these numbers in {order} order.",
+                ", ".join(map(str, ordered)),
+                ", ".join(map(str, nums)),
+            )
         )
     for word in WORDS:
-        out.append(
-            {"instruction": "Spell the word backwards.", "input": word, "output": word[::-1]}
-        )
+        out.append(_record("Spell the word backwards.", word[::-1], word))
         vowels = sum(c in "aeiou" for c in word)
-        out.append(
-            {
-                "instruction": "How many vowels are in this word?",
-                "input": word,
-                "output": f"The word '{word}' has {vowels} vowel{'s' if vowels != 1 else ''}.",
-            }
-        )
-        out.append(
-            {
-                "instruction": "Write the word in capital letters.",
-                "input": word,
-                "output": word.upper(),
-            }
-        )
+        has = f"The word '{word}' has {vowels} vowel{'s' if vowels != 1 else ''}."
+        out.append(_record("How many vowels are in this word?", has, word))
+        out.append(_record("Write the word in capital letters.", word.upper(), word))
     for _ in range(40):
         picked = rng.sample(WORDS, rng.randint(3, 8))
+        alphabetical = " ".join(sorted(picked))
         out.append(
-            {
-                "instruction": "Put these words in alphabetical order.",
-                "input": " ".join(picked),
-                "output": " ".join(sorted(picked)),
-            }
+            _record("Put these words in alphabetical order.", alphabetical, " ".join(picked))
         )
     rng.shuffle(out)
     return out
