@@ -46,7 +46,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under ``--dist loadgroup`` (tox -e tests): the system tests are one group, first in
     the queue, so they run in order on one worker from the start; every other test is in
     the group of its file, so a module's fixtures are built once (as ``--dist loadfile``)."""
-    if config.getoption("dist", "no") != "loadgroup":
+    # on a worker, xdist has set ``dist`` to "no" and ``loadgroup`` to whether it was
+    if config.getoption("dist", "no") != "loadgroup" and not config.getoption("loadgroup", False):
         return
     system: list[pytest.Item] = []
     rest: list[pytest.Item] = []
