@@ -13,7 +13,8 @@ Headers come from the columns' labels (``Column.label`` in
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -416,6 +417,35 @@ def _header(name: str, header: str, cpu: bool) -> str:
     return header.replace("/GPU", "/process") if cpu else header
 
 
+@dataclass(frozen=True)
+class Context:
+    """What the report gives every section of summary.md."""
+
+    report: ReportTables
+    source: Path
+    cost: CostSettings
+    loss_tolerance: float
+    rank_by: str
+    #: the summary figures some cell has, and the headers of those none has
+    figures: list[str]
+    missing: list[str]
+    cpu: bool
+    #: the scenario arguments that are columns of the cells
+    args: list[str]
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        return self.report.rows
+
+    @property
+    def cells(self) -> pd.DataFrame:
+        return self.report.cells
+
+
+#: One section of summary.md: its lines, from what the report gives every section.
+Section = Callable[[Context], list[str]]
+
+
 def summary_markdown(
     report: ReportTables,
     source: Path,
@@ -424,7 +454,8 @@ def summary_markdown(
     loss_tolerance: float = equivalence.DEFAULT_TOLERANCE,
     rank_by: str = "speed",
 ) -> str:
-    rows, cells = report.rows, report.cells
+    """summary.md: each of ``SECTIONS`` in turn."""
+    cells = report.cells
     hf = shows_hf_estimate(cells)
     figures = [
         name
@@ -437,37 +468,46 @@ def summary_markdown(
         for name in SUMMARY_FIGURES
         if name != HF_TOKENS_PER_SECOND and not has_figures(cells, name)
     ]
-    cpu = ran_on_cpu(cells)
-    lines = [
+    context = Context(
+        report,
+        source,
+        cost,
+        loss_tolerance,
+        rank_by,
+        figures,
+        missing,
+        ran_on_cpu(cells),
+        config_columns(cells),
+    )
+    lines = [line for section in SECTIONS for line in section(context)]
+    # one blank line between blocks, wherever the sections' own blank lines meet
+    text = "\n".join(line for i, line in enumerate(lines) if line or (i and lines[i - 1]))
+    return text + "\n"
+
+
+def _title(c: Context) -> list[str]:
+    counts = status_counts(c.rows)
+    return [
         "# Benchmark summary",
         "",
-        f"Source: `{source}` — {len(rows)} experiment(s) in {len(cells)} cell(s); "
-        + status_counts(rows),
+        f"Source: `{c.source}` — {len(c.rows)} experiment(s) in {len(c.cells)} cell(s); " + counts,
         "",
-        # the run files the read could not read, whose rows read failed (results/collect.py)
-        *warnings_note(report),
-        # every word and column the tables use, once, before the first table
-        *reading_guide(report, figures, missing, cpu),
-        # first: what to run, per scenario, then across scenarios (results/recommend.py)
-        *recommend.markdown(cells, rank_by),
-        *packed_note(rows),
-        *shared_note(rows),
-        *not_launched_note(rows),
     ]
-    lines += _capacity_lines(report)
-    # steady-state measuring: which runs stopped early, which never settled (results/steadyreport.py)
-    lines += steady_markdown(rows)
-    args = config_columns(cells)
+
+
+def _scenario_tables(context: Context) -> list[str]:
+    """A table per scenario, and its cells that are not ok."""
+    cells, cpu, lines = context.cells, context.cpu, []
     order = [k for k in CELL_ORDER if k in cells.columns]
     table = Records(cells)  # each column read once, for every scenario's rows
     for scenario, group in cells.groupby("scenario", sort=False):
         group = group.sort_values(order, kind="stable", key=lambda c: c.map(_sort_key))
         varying = [
             a
-            for a in dict.fromkeys((*_VARYING_KEYS, *args))
+            for a in dict.fromkeys((*_VARYING_KEYS, *context.args))
             if a in group.columns and group[a].astype(str).nunique() > 1
         ]
-        shown = _figures_of(group, figures)
+        shown = _figures_of(group, context.figures)
         # whether the cells learnt, beside how fast they ran (orchestrator/results/quality.py)
         learnt = quality.shows_quality(group)
         headers = [
@@ -492,7 +532,7 @@ def summary_markdown(
                     *[_fmt(c.get(a)) for a in varying],
                     *[figure_text(c, name) for name, _ in shown],
                     *([quality.quality_text(c)] if learnt else []),
-                    status_text(c, report.capacity),
+                    status_text(c, context.report.capacity),
                 ]
             )
         lines += ["", f"## {str(scenario) or '(no scenario)'}", "", *md_table(headers, body)]
@@ -509,32 +549,17 @@ def summary_markdown(
                     f"{workers(str(c.get('device')) == 'cpu', whole(c.get('num_gpus')))}: "
                     f"{error}{where}"
                 )
-    # where cells differ in what shapes their memory besides their keys (results/memoryreport.py)
-    lines += memory_shape_markdown(cells)
-    # each GPU cell's memory predicted before launch against its measurement (plan.csv)
-    lines += predicted_memory_markdown(rows, source)
-    lines += side_by_side_markdown(cells, args, lambda name: registry.get(name).header, figure_text)
-    lines += scaling_markdown(report.scaling)
-    # each variant's loss against its scenario's baseline (results/equivalence.py)
-    lines += equivalence.markdown(cells, loss_tolerance)
-    lines += cost_markdown(cells, cost)
-    # energy per token, the conditions of the measurement, throttling (results/energyreport.py)
-    lines += energyreport.markdown(cells, cost)
-    # each cell's wall time in phases, and the matrix's share of training (results/phasesreport.py)
-    lines += phases_markdown(rows)
-    # profiled cells only (profile: true): communication time per step, from the traces
-    lines += communication_markdown(cells)
-    # only when throughput trended with run order (orchestrator/results/drift.py)
-    lines += drift_markdown(rows, cells)
-    # scenarios with search: the largest batch or length that fits (results/fitreport.py)
-    lines += fitreport.summary_section(source) if source.is_dir() else []
-    if report.plot_notes:
-        lines += ["", "## Plots", "", *[f"- {n}" for n in report.plot_notes]]
-    if report.notes:
-        lines += ["", "## Notes", "", *[f"- {n}" for n in report.notes]]
-    # one blank line between blocks, wherever the sections' own blank lines meet
-    text = "\n".join(line for i, line in enumerate(lines) if line or (i and lines[i - 1]))
-    return text + "\n"
+    return lines
+
+
+def _notes(c: Context) -> list[str]:
+    """The report's notes on its plots and on the rest."""
+    lines = []
+    if c.report.plot_notes:
+        lines += ["", "## Plots", "", *[f"- {n}" for n in c.report.plot_notes]]
+    if c.report.notes:
+        lines += ["", "## Notes", "", *[f"- {n}" for n in c.report.notes]]
+    return lines
 
 
 def _capacity_lines(report: ReportTables) -> list[str]:
@@ -680,3 +705,44 @@ def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
         "",
         *md_table(headers, body),
     ]
+
+
+#: summary.md's sections, in order; each module's part, from what the report gives all
+SECTIONS: tuple[Section, ...] = (
+    _title,
+    # the run files the read could not read, whose rows read failed (results/collect.py)
+    lambda c: warnings_note(c.report),
+    # every word and column the tables use, once, before the first table
+    lambda c: reading_guide(c.report, c.figures, c.missing, c.cpu),
+    # first: what to run, per scenario, then across scenarios (results/recommend.py)
+    lambda c: recommend.markdown(c.cells, c.rank_by),
+    lambda c: packed_note(c.rows),
+    lambda c: shared_note(c.rows),
+    lambda c: not_launched_note(c.rows),
+    lambda c: _capacity_lines(c.report),
+    # steady-state measuring: which runs stopped early, which never settled (results/steadyreport.py)
+    lambda c: steady_markdown(c.rows),
+    _scenario_tables,
+    # where cells differ in what shapes their memory besides their keys (results/memoryreport.py)
+    lambda c: memory_shape_markdown(c.cells),
+    # each GPU cell's memory predicted before launch against its measurement (plan.csv)
+    lambda c: predicted_memory_markdown(c.rows, c.source),
+    lambda c: side_by_side_markdown(
+        c.cells, c.args, lambda name: registry.get(name).header, figure_text
+    ),
+    lambda c: scaling_markdown(c.report.scaling),
+    # each variant's loss against its scenario's baseline (results/equivalence.py)
+    lambda c: equivalence.markdown(c.cells, c.loss_tolerance),
+    lambda c: cost_markdown(c.cells, c.cost),
+    # energy per token, the conditions of the measurement, throttling (results/energyreport.py)
+    lambda c: energyreport.markdown(c.cells, c.cost),
+    # each cell's wall time in phases, and the matrix's share of training (results/phasesreport.py)
+    lambda c: phases_markdown(c.rows),
+    # profiled cells only (profile: true): communication time per step, from the traces
+    lambda c: communication_markdown(c.cells),
+    # only when throughput trended with run order (orchestrator/results/drift.py)
+    lambda c: drift_markdown(c.rows, c.cells),
+    # scenarios with search: the largest batch or length that fits (results/fitreport.py)
+    lambda c: fitreport.summary_section(c.source) if c.source.is_dir() else [],
+    _notes,
+)
