@@ -91,11 +91,9 @@ def flops_figures(
     settings: TrainSettings,
     dtype: str | None,
     device_name: str | None,
-    per_sample: set[int] | frozenset[int] = frozenset(),
     task: Task | None = None,
     backend: TrainerBackend | None = None,
-    recomputed: Recomputed | None = None,
-    unseen: str | None = None,
+    recompute: tuple[Recomputed | None, str | None] = (None, None),
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(metrics, the result's ``flops`` record, notes) of FLOPs per token and MFU.
 
@@ -103,11 +101,16 @@ def flops_figures(
     (the rows each rank actually fed, a short last micro-batch included); a
     figure that cannot be trusted is None, with a note saying why. ``backend``: the
     run's (default: the one ``parsed`` names), for what its FLOPs figure overstates.
-    ``recomputed``: what activation checkpointing ran again in the watched step
-    (None: not watched, for the reason ``unseen``; then a run without checkpointing
-    reruns nothing, and one with it gets no hardware figure).
+    ``recompute``: what activation checkpointing ran again in the watched step, or
+    None and why it was not watched; then a run without checkpointing reruns nothing,
+    and one with it gets no hardware figure. ``task``: its modules that work per
+    sample, not per token, are counted as such.
     """
     backend = backend or get_backend(parsed.backend)
+    recomputed, unseen = recompute
+    per_sample: set[int] | frozenset[int] = (
+        task.per_sample_modules(model) if task is not None else frozenset()
+    )
     if (
         recomputed is None
         and not settings.activation_checkpointing
@@ -290,32 +293,10 @@ def checkpointing_read_back(model: Any, settings: TrainSettings) -> tuple[TrainS
     ]
 
 
-def build_result(
-    *,
-    spec: RunSpec,
-    parsed: ParsedArguments,
-    settings: TrainSettings,
-    task: Task,
-    ranks: list[RankStats],
-    loaded_info: dict[str, Any],
-    data_meta: dict[str, Any],
-    hf_metrics: dict[str, Any],
-    log_history: list[dict[str, Any]],
-    model: Any,
-    on_gpu: bool,
-    timings: dict[str, float],
-    started_at: str,
-    stage_memory: Sequence[Mapping[str, Any]] = (),
-    engine: EngineRecord | None = None,
-    zero_init: bool = False,
-    evaluation: EvalResult | None = None,
-    profile: ProfileOutcome | None = None,
-    steady: SteadyStop | None = None,
-    backend: TrainerBackend | None = None,
-    recompute: tuple[Recomputed | None, str | None] = (None, None),
-    memory_shape: MemoryShape | None = None,
-) -> ChildResult:
-    """The result of a finished run, from every rank's records (``ranks``, ``stage_memory``).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Finished:
+    """What a finished run hands over to make its result: the run as set, every rank's
+    records (``ranks``, ``stage_memory``), what the model, data and trainer reported.
 
     ``engine``: what trained (``trainer_entry.measure.engine``); its devices per process
     make the device count (``DataParallel``: one process, several GPUs), which the
@@ -325,6 +306,36 @@ def build_result(
     or None and why it was not seen. ``memory_shape``: what shapes the run's memory, read
     from its trained objects (``trainer_entry.results.memoryshape``); None: not read.
     """
+
+    spec: RunSpec
+    parsed: ParsedArguments
+    settings: TrainSettings
+    task: Task
+    ranks: list[RankStats]
+    loaded_info: dict[str, Any]
+    data_meta: dict[str, Any]
+    hf_metrics: dict[str, Any]
+    log_history: list[dict[str, Any]]
+    model: Any
+    on_gpu: bool
+    timings: dict[str, float]
+    started_at: str
+    stage_memory: Sequence[Mapping[str, Any]] = ()
+    engine: EngineRecord | None = None
+    zero_init: bool = False
+    evaluation: EvalResult | None = None
+    profile: ProfileOutcome | None = None
+    steady: SteadyStop | None = None
+    backend: TrainerBackend | None = None
+    recompute: tuple[Recomputed | None, str | None] = (None, None)
+    memory_shape: MemoryShape | None = None
+
+
+def build_result(run: Finished) -> ChildResult:
+    """The result of a finished run (see ``Finished``)."""
+    spec, parsed, settings, task, ranks = run.spec, run.parsed, run.settings, run.task, run.ranks
+    model, on_gpu, engine, profile = run.model, run.on_gpu, run.engine, run.profile
+
     world = len(ranks)
     devices = world * (engine.devices_per_process if engine else 1)
     settings, checkpointing_notes = checkpointing_read_back(model, settings)
@@ -335,55 +346,31 @@ def build_result(
         ranks,
         devices=devices,
         profile=profile,
-        steady=steady,
-        log_history=log_history,
-        evaluation=evaluation,
+        steady=run.steady,
+        log_history=run.log_history,
+        evaluation=run.evaluation,
     )
     device_name = torch.cuda.get_device_name() if on_gpu else None
-    dtype = loaded_info.get("dtype")
-    flop_figures, flops_record, flops_notes = flops_figures(
-        model=model,
-        ranks=ranks,
-        metrics=metrics,
-        parsed=parsed,
-        settings=settings,
-        dtype=dtype,
-        device_name=device_name,
-        per_sample=task.per_sample_modules(model),
-        task=task,
-        backend=backend,
-        recomputed=recompute[0],
-        unseen=recompute[1],
-    )
-    # a counted task's FLOPs come from its config on the meta device, not the shards
-    shape_problem = (
-        partitioned_flops_problem(model)
-        if engine and engine.params_partitioned and not task.flop_dims
-        else None
-    )
-    if shape_problem:
-        # ZeRO-3 left these weights empty on this rank: their FLOPs would read as 0
-        flop_figures.update(flops_per_token=None, hardware_flops_per_token=None, mfu=None)
-        flop_figures.update(achieved_tflops_per_device=None)
-        flops_notes.append(f"no FLOPs figure: {shape_problem}")
+    dtype = run.loaded_info.get("dtype")
+    flop_figures, flops_record, flops_notes = _run_flops(run, settings, metrics, device_name)
     # stage_memory: every rank's memory_stages(); the stage figures are rank 0's, as HF's were
     mem = stage_memory_figures(
-        spec.memory_stages, hf_metrics, stage_memory[0] if stage_memory else {}
+        spec.memory_stages, run.hf_metrics, run.stage_memory[0] if run.stage_memory else {}
     )
     metrics.update(
-        **trainer_figures(hf_metrics, ranks, loss),
+        **trainer_figures(run.hf_metrics, ranks, loss),
         **flop_figures,
-        **memory_figures(mem, stage_memory, ranks),
+        **memory_figures(mem, run.stage_memory, ranks),
     )
     notes = [
         *parsed.notes,
         *checkpointing_notes,
         *flops_notes,
-        *(evaluation.notes if evaluation else []),
+        *(run.evaluation.notes if run.evaluation else []),
         *profile.notes,
         *measure_notes,
-        *run_notes(spec, parsed, engine, zero_init=zero_init, on_gpu=on_gpu),
-        *(memory_shape.notes if memory_shape else ()),
+        *run_notes(spec, parsed, engine, zero_init=run.zero_init, on_gpu=on_gpu),
+        *(run.memory_shape.notes if run.memory_shape else ()),
     ]
     pd = settings.per_device_train_batch_size
     ga = settings.gradient_accumulation_steps
@@ -423,24 +410,56 @@ def build_result(
         torch_dtype=dtype,
         activation_checkpointing=settings.activation_checkpointing,
         activation_checkpointing_mode=checkpointing_mode(model),
-        **(memory_shape.fields() if memory_shape else {}),
+        **(run.memory_shape.fields() if run.memory_shape else {}),
         gpu_device_name=device_name,
         allocator=allocator,
         allocator_settings=allocator_settings,
-        started_at=started_at,
+        started_at=run.started_at,
         finished_at=timestamp(),
         metrics=ChildMetrics.model_validate(metrics),
-        timings=RunTimings.model_validate(timings),
-        model=ModelRecord.model_validate(loaded_info),
-        data=DataRecord.model_validate(data_meta),
+        timings=RunTimings.model_validate(run.timings),
+        model=ModelRecord.model_validate(run.loaded_info),
+        data=DataRecord.model_validate(run.data_meta),
         flops=FlopsRecord.model_validate(flops_record),
         ranks=[RankRecord.model_validate(r.as_dict()) for r in ranks],
-        hf_metrics=hf_metrics,
+        hf_metrics=run.hf_metrics,
         loss_history=loss["loss_history"],
         versions=Versions.model_validate(_versions()),
         notes=notes,
         memory_stages=mem["stages"],
     )
+
+
+def _run_flops(
+    run: Finished, settings: TrainSettings, metrics: Mapping[str, Any], device_name: str | None
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The run's FLOPs figures, record and notes (``flops_figures``), with none where
+    ZeRO-3 left the weights empty on this rank."""
+    flop_figures, flops_record, flops_notes = flops_figures(
+        model=run.model,
+        ranks=run.ranks,
+        metrics=metrics,
+        parsed=run.parsed,
+        settings=settings,
+        dtype=run.loaded_info.get("dtype"),
+        device_name=device_name,
+        task=run.task,
+        backend=run.backend,
+        recompute=run.recompute,
+    )
+    # a counted task's FLOPs come from its config on the meta device, not the shards
+    engine = run.engine
+    shape_problem = (
+        partitioned_flops_problem(run.model)
+        if engine and engine.params_partitioned and not run.task.flop_dims
+        else None
+    )
+    if shape_problem:
+        # ZeRO-3 left these weights empty on this rank: their FLOPs would read as 0
+        flop_figures.update(flops_per_token=None, hardware_flops_per_token=None, mfu=None)
+        flop_figures.update(achieved_tflops_per_device=None)
+        flops_notes.append(f"no FLOPs figure: {shape_problem}")
+    return flop_figures, flops_record, flops_notes
 
 
 def window_figures(

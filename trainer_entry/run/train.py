@@ -53,7 +53,7 @@ from trainer_entry.measure.steps import RankStats, StepRecorder
 from trainer_entry.models.acceleration import Acceleration, load_acceleration, requested
 from trainer_entry.models.load import LoadedModel, config_placement, fsdp_loading, load_model
 from trainer_entry.results.evaluate import evaluate
-from trainer_entry.results.finished import build_result
+from trainer_entry.results.finished import Finished, build_result
 from trainer_entry.results.memoryshape import read_memory_shape
 from trainer_entry.results.ownership import may_write
 from trainer_entry.run.parse import check_launch_env, parse_arguments
@@ -168,29 +168,31 @@ def run(
         timings["time_to_first_step_s"] = stats.first_step_end_unix - process_start
         timings["first_step_unix"] = stats.first_step_end_unix
     result = build_result(
-        spec=spec,
-        parsed=job.parsed,
-        settings=job.settings,
-        task=job.task,
-        ranks=ranks,
-        loaded_info=loaded.info,
-        data_meta=data.meta,
-        hf_metrics=output.metrics,
-        log_history=output.log_history,
-        model=loaded.model,
-        on_gpu=job.on_gpu,
-        timings=timings,
-        started_at=started_at,
-        stage_memory=stage_memory,
-        engine=engine,
-        zero_init=zero_init,
-        evaluation=evaluation,
-        profile=profile,
-        steady=measuring.steady,
-        backend=job.backend,
-        recompute=measuring.recompute,
-        # what shapes the run's memory, read from the trained objects
-        memory_shape=read_memory_shape(trainer, job.backend, job.parsed, loaded.model),
+        Finished(
+            spec=spec,
+            parsed=job.parsed,
+            settings=job.settings,
+            task=job.task,
+            ranks=ranks,
+            loaded_info=loaded.info,
+            data_meta=data.meta,
+            hf_metrics=output.metrics,
+            log_history=output.log_history,
+            model=loaded.model,
+            on_gpu=job.on_gpu,
+            timings=timings,
+            started_at=started_at,
+            stage_memory=stage_memory,
+            engine=engine,
+            zero_init=zero_init,
+            evaluation=evaluation,
+            profile=profile,
+            steady=measuring.steady,
+            backend=job.backend,
+            recompute=measuring.recompute,
+            # what shapes the run's memory, read from the trained objects
+            memory_shape=read_memory_shape(trainer, job.backend, job.parsed, loaded.model),
+        )
     )
     if may_write(spec, "result.json"):
         write_result(Path(spec.result_path), result)
