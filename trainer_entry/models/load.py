@@ -186,8 +186,6 @@ def load_model(
     ``acceleration``: fms-acceleration's framework, which may load the model itself and
     augments it before LoRA (``trainer_entry.models.acceleration``).
     """
-    from transformers import AutoConfig, AutoTokenizer
-
     auto_model = task.model_class()
     extra = dict(task_kwargs or {})
 
@@ -212,20 +210,7 @@ def load_model(
         if kind == "python":
             model, given_tokenizer = _python_model(cfg, task, extra, search_path, dtype)
         elif kind == "config":
-            config = AutoConfig.for_model(**architecture_config(name))
-            device = torch.device("cuda", local_rank) if place.device == "cuda" else "cpu"
-            for key, value in extra.items():
-                setattr(config, key, value)
-            drawn_here = place.init_weights and not place.draw_on_gpu
-            with torch.device(device), _weights_drawn(drawn_here):
-                model = auto_model.from_config(
-                    config,
-                    **{dtype_keyword(): dtype},
-                    attn_implementation=attn,
-                    trust_remote_code=cfg.trust_remote_code,
-                )
-            if place.draw_on_gpu:
-                draw_weights(model, torch.device("cuda", local_rank))
+            model = _config_model(cfg, auto_model, extra, place, dtype, local_rank)
             if not name.startswith(CONFIG_PREFIX) and _has_tokenizer(Path(name).expanduser()):
                 # a folder with a config and a tokenizer but no weights: its own tokenizer
                 tokenizer_name = tokenizer_name or str(Path(name).expanduser())
@@ -248,32 +233,13 @@ def load_model(
         raise
     except (OSError, ValueError, KeyError) as exc:
         raise _model_error(name, exc) from None
-    if given_tokenizer is not None:
-        tokenizer = _fit_tokenizer(given_tokenizer, model)
-    elif task.modality in ("text", *PROCESSOR_MODALITIES):
-        # a model built here (config:, python:) takes the task's tiny model's tokenizer (an
-        # audio or image-text task: its processor, the feature or image processor with the
-        # tokenizer)
-        tokenizer_name = tokenizer_name or str(tiny_model_path(task.tokenizer_model or TINY_NAME))
-        if task.modality in PROCESSOR_MODALITIES:
-            from transformers import AutoProcessor
+    tokenizer = (
+        _fit_tokenizer(given_tokenizer, model)
+        if given_tokenizer is not None
+        else _task_tokenizer(cfg, task, model, tokenizer_name)
+    )
 
-            tokenizer = _load_tokenizer(tokenizer_name, cfg, model, AutoProcessor)
-        else:
-            tokenizer = _load_tokenizer(tokenizer_name, cfg, model, AutoTokenizer)
-    else:
-        tokenizer = None
-
-    info: dict[str, Any] = {
-        "kind": kind,
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        "attn_implementation": getattr(model.config, "_attn_implementation", attn),
-        "architecture": type(model).__name__,
-        "quantization": "nf4" if quant is not None else None,
-        # where a config: model was built, and whether this rank drew its weights
-        "built_on": place.device if kind == "config" else None,
-        "weights_drawn": place.init_weights if kind == "config" else None,
-    }
+    info = _loaded_info(model, kind, attn, quantized=quant is not None, place=place)
     if acceleration is not None:
         info["acceleration_plugins"] = ", ".join(acceleration.plugins)
     model = apply_peft(
@@ -289,6 +255,70 @@ def load_model(
     total = sum(_numel(p) for p in model.parameters())
     info.update(trainable_params=trainable, total_params=total, peft_method=peft.method)
     return LoadedModel(model=model, tokenizer=tokenizer, info=info)
+
+
+def _loaded_info(
+    model: Any, kind: str, attn: str, *, quantized: bool, place: Placement
+) -> dict[str, Any]:
+    """What the result's ``model`` record says of the model as loaded, before PEFT."""
+    return {
+        "kind": kind,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "attn_implementation": getattr(model.config, "_attn_implementation", attn),
+        "architecture": type(model).__name__,
+        "quantization": "nf4" if quantized else None,
+        # where a config: model was built, and whether this rank drew its weights
+        "built_on": place.device if kind == "config" else None,
+        "weights_drawn": place.init_weights if kind == "config" else None,
+    }
+
+
+def _config_model(
+    cfg: ModelConfig,
+    auto_model: Any,
+    extra: Mapping[str, Any],
+    place: Placement,
+    dtype: Any,
+    local_rank: int,
+) -> Any:
+    """A ``config:`` model built where ``place`` says, its weights drawn there or later
+    on this rank's GPU."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(**architecture_config(cfg.name))
+    device = torch.device("cuda", local_rank) if place.device == "cuda" else "cpu"
+    for key, value in extra.items():
+        setattr(config, key, value)
+    drawn_here = place.init_weights and not place.draw_on_gpu
+    with torch.device(device), _weights_drawn(drawn_here):
+        model = auto_model.from_config(
+            config,
+            **{dtype_keyword(): dtype},
+            attn_implementation=cfg.attn_implementation or "sdpa",
+            trust_remote_code=cfg.trust_remote_code,
+        )
+    if place.draw_on_gpu:
+        draw_weights(model, torch.device("cuda", local_rank))
+    return model
+
+
+def _task_tokenizer(
+    cfg: ModelConfig, task: ModelTask, model: Any, tokenizer_name: str | None
+) -> Any:
+    """The tokenizer (or processor) of a text, audio or image-text task; None for an
+    image task. A model built here (config:, python:) takes the task's tiny model's
+    (an audio or image-text task: its processor, the feature or image processor with
+    the tokenizer)."""
+    if task.modality not in ("text", *PROCESSOR_MODALITIES):
+        return None
+    tokenizer_name = tokenizer_name or str(tiny_model_path(task.tokenizer_model or TINY_NAME))
+    if task.modality in PROCESSOR_MODALITIES:
+        from transformers import AutoProcessor
+
+        return _load_tokenizer(tokenizer_name, cfg, model, AutoProcessor)
+    from transformers import AutoTokenizer
+
+    return _load_tokenizer(tokenizer_name, cfg, model, AutoTokenizer)
 
 
 def _has_tokenizer(folder: Path) -> bool:
