@@ -200,6 +200,13 @@ class Trainer:
     """The saved names of its configuration's fields that ``TrainingArguments`` lacks
     (``{"<needs>": version, "fields": [...]}``; ``python -m trainer_entry.backends``
     rewrites it): arguments only this backend takes."""
+    fused_lm_head: bool = False
+    """It gives the model TRL's fused LM head before LoRA wraps it, and takes the loss
+    through it: the memory prediction builds and runs the model the same way
+    (``trainer_entry.run.memoryplan``)."""
+    batches_conversations: bool = False
+    """Its library batches a conversation task's examples itself (TRL's collator),
+    learning every real position (``trainer_entry.tasks.vision_language``)."""
 
 
 TRAINERS: tuple[Trainer, ...] = (
@@ -211,6 +218,8 @@ TRAINERS: tuple[Trainer, ...] = (
         needs="trl",
         config_class="SFTConfig",
         own_fields_file=_ASSETS / "sft_arguments.json",
+        fused_lm_head=True,
+        batches_conversations=True,
     ),
     Trainer("hf", TASKS, "trainer_entry.backends.hf:HFTrainerBackend", library="transformers"),
 )
@@ -224,6 +233,14 @@ def trainer_names() -> tuple[str, ...]:
 def trainer(name: str) -> Trainer | None:
     """The declaration of backend ``name``, or None for a name none has."""
     return next((t for t in TRAINERS if t.name == name), None)
+
+
+def declared(name: str) -> Trainer:
+    """The declaration of backend ``name``; a ``KeyError`` for a name none has."""
+    found = trainer(name)
+    if found is None:
+        raise KeyError(f"no trainer backend {name!r}; the backends are {trainer_names()}")
+    return found
 
 
 def task_backends(task: str) -> tuple[str, ...]:

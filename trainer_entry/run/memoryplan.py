@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from orchestrator.contract.gpumemory import TERMS as MEMORY_TERMS
+from orchestrator.contract.trainers import declared
 from trainer_entry.data.collate import input_dtype
 from trainer_entry.measure.livebytes import LiveBytes
 from trainer_entry.spec_errors import SpecError
@@ -262,7 +263,7 @@ def meta_model(parsed: Any, task: Any, config: Any, *, attn: str, on_gpu: bool) 
             attn_implementation=attn,
             trust_remote_code=parsed.model.trust_remote_code,
         )
-        if parsed.backend == "sft":
+        if declared(parsed.backend).fused_lm_head:
             # SFTTrainer patches the model before LoRA wraps it
             from trl.trainer.utils import add_fused_lm_head
 
@@ -355,7 +356,7 @@ def _inputs(cell: _Cell, config: Any) -> dict[str, torch.Tensor]:
 
 def _loss(cell: _Cell, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """The backend's loss of one micro-batch, as its trainer computes it."""
-    if cell.parsed.backend == "sft":
+    if declared(cell.parsed.backend).fused_lm_head:
         return model(**inputs, use_cache=False, fused_lm_head=True).loss
     return model(**inputs).loss
 
@@ -779,7 +780,9 @@ class Predictor:
         with (
             built.mode,
             _gpu_attention(cell.on_gpu),
-            _gpu_loss_kernels(cell.on_gpu and cell.parsed.backend == "sft") as kernels,
+            _gpu_loss_kernels(
+                cell.on_gpu and declared(cell.parsed.backend).fused_lm_head
+            ) as kernels,
             _unpacked(),
             _layers_kept(),
             live,

@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from orchestrator.contract.trainers import declared
 from trainer_entry.data.collate import (
     COUNTS,
     PADDED_TOKENS,
@@ -565,8 +566,9 @@ class VisionLanguageTask:
                 f"every conversation is longer than max_seq_len {cfg.max_seq_len} (its image "
                 "positions included); raise max_seq_len"
             )
-        # TRL's collator (sft's: its examples are batched by TRL) learns every real position
-        learnt = parsed.backend == "sft"
+        # TRL's collator (where the backend's library batches the examples) learns every
+        # real position
+        learnt = declared(parsed.backend).batches_conversations
         data = Conversations(images, messages, image_tokens, text_tokens, {}, learnt)
         data.meta = {
             "source": identity,
