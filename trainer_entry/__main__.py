@@ -48,11 +48,32 @@ class Terminated(BaseException):
     """SIGTERM: the parent (a timeout, Ctrl-C) or the launcher stopping a peer rank."""
 
 
+#: the run a SIGTERM ends, with its timings so far (None between runs)
+_RUNNING: "list[tuple[RunSpec, dict[str, float]]]" = []
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
-    # once: a rank the launcher's stop reaches gets a second one as the launcher dies
-    # (``_die_with_launcher``), which must not cut the first one's failure record short
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated("stopped by SIGTERM")
+    """Record the run in progress as interrupted, then end the process here.
+
+    Not by raising through the code it interrupts: the signal comes at any bytecode,
+    often inside the training stack's imports, where a library that catches the
+    exception, or a module left half imported, went on running for seconds or for good
+    (a launcher killed while its single process imported torch left it training).
+    What the record needs was imported before the handler was set.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one must not cut it short
+    from trainer_entry.results.failure import write_failure
+
+    try:
+        for spec, timings in _RUNNING:
+            write_failure(spec, "interrupted", Terminated("stopped by SIGTERM"), timings)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a launcher gone with the pipe
+                pass
+        os._exit(143)
 
 
 def _process_start() -> float:
@@ -134,8 +155,10 @@ def _main(argv: "list[str] | None") -> int:
         help="a run's spec.json; given again, the runs share this launch, in order",
     )
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
     from orchestrator.contract.result import LAUNCH_ID_ENV
+    from trainer_entry.results.failure import write_failure  # noqa: F401  # the handler's
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
 
     if os.environ.get(LAUNCH_ID_ENV):
         _die_with_launcher()
@@ -197,6 +220,7 @@ def _one_run(
     from trainer_entry.results.failure import write_failure
 
     timings["run_start_unix"] = process_start
+    _RUNNING.append((spec, timings))  # what a SIGTERM records from here on
     try:
         from trainer_entry.run.preflight import preflight
 
@@ -212,14 +236,15 @@ def _one_run(
             notes = train.between_runs()  # and what stays of the earlier runs, noted
         timings["imports_end_unix"] = time.time()
         train.run(spec, timings, process_start, backend, notes=notes)
+        _RUNNING.clear()  # its result is written: a stop now leaves it as it is
         return 0
     except KeyboardInterrupt as exc:
+        _RUNNING.clear()
         write_failure(spec, "interrupted", exc, timings)
         return 130
-    except Terminated as exc:
-        write_failure(spec, "interrupted", exc, timings)
-        return 143
     except BaseException as exc:
+        _RUNNING.clear()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ending anyway: the record is finished
         from trainer_entry.spec_errors import SpecError
 
         if not isinstance(exc, SpecError):

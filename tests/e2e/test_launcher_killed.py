@@ -6,7 +6,9 @@ kills the worker's children), reaches the launcher but not the ranks. Each rank 
 by tunematrix (``TUNEMATRIX_LAUNCH_ID`` set) therefore asks the kernel to kill it when
 its parent dies. Here: two gloo ranks training without end, and a single process,
 their launcher SIGKILLed; within seconds no process of the launch is left. The single
-process, in its launcher's group, is ended as if stopped: its failure is recorded.
+process, in its launcher's group, is ended as if stopped: its failure is recorded, whether
+the signal finds it training or in the middle of importing the training stack (where an
+exception raised from the signal once left it running).
 """
 
 from __future__ import annotations
@@ -42,8 +44,18 @@ def of_launch(launch_id: str) -> list[psutil.Process]:
     return found
 
 
-@pytest.mark.parametrize("processes", [2, 1])
-def test_the_ranks_die_with_their_launcher(tmp_path, processes: int) -> None:
+def importing_torch(proc: psutil.Process) -> bool:
+    """Whether the process has begun importing torch: past its parent-death request."""
+    try:
+        return any("libtorch" in m.path for m in proc.memory_maps(grouped=True))
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("processes", "moment"), [(2, "training"), (1, "importing"), (1, "training")]
+)
+def test_the_ranks_die_with_their_launcher(tmp_path, processes: int, moment: str) -> None:
     spec = tmp_path / "spec.json"
     spec.write_text(
         json.dumps(
@@ -84,10 +96,21 @@ def test_the_ranks_die_with_their_launcher(tmp_path, processes: int) -> None:
         # torchrun's ranks are out of the launcher's group's reach; a single process is in it
         apart = [os.getsid(p.pid) != os.getsid(launcher.pid) for p in ranks]
         assert apart == [processes > 1] * processes
-        time.sleep(3)  # into their imports, or training
+
+        # the moment: every rank importing the training stack, or rank 0 training
+        def there() -> bool:
+            if moment == "training":
+                return (tmp_path / "progress.json").exists()
+            return all(importing_torch(p) for p in ranks)
+
+        deadline = time.monotonic() + 120
+        while not there() and time.monotonic() < deadline:
+            assert launcher.poll() is None, (tmp_path / "stderr.log").read_text()[-3000:]
+            time.sleep(0.05)
+        assert there(), f"the launch never got to {moment}"
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait()
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 30
         while of_launch(launch_id) and time.monotonic() < deadline:
             time.sleep(0.25)
         assert of_launch(launch_id) == []

@@ -1,8 +1,11 @@
-"""The child's end without the interpreter's teardown (trainer_entry/__main__.py): what an
-exit owes still happens, in Python's order, and a thread pool left alive cannot hold it."""
+"""The child's end (trainer_entry/__main__.py). Without the interpreter's teardown: what an
+exit owes still happens, in Python's order, and a thread pool left alive cannot hold it.
+Stopped by SIGTERM: the run is recorded and the process ends, whatever code the signal
+interrupts."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +41,36 @@ def test_threads_are_joined_atexit_runs_streams_flush_and_the_code_is_kept(tmp_p
     assert done.returncode == 7, done.stderr
     assert done.stdout == "the last line"
     assert record.read_text() == "thread done\natexit ran\n"
+
+
+STOPPED = """
+import json, os, signal, sys, time
+from pathlib import Path
+from orchestrator.contract.spec import read_spec
+import trainer_entry.__main__ as entry
+
+spec = read_spec(Path(sys.argv[1]))
+signal.signal(signal.SIGTERM, entry._on_sigterm)
+entry._RUNNING.append((spec, {"run_start_unix": time.time()}))
+try:  # as a library's import that catches what it meets, or a module left half imported
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+except BaseException:
+    pass
+print("went on")
+"""
+
+
+def test_a_sigterm_records_the_run_and_ends_the_process_whatever_catches(tmp_path) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"arguments": {"model_name_or_path": "tiny-llama"}}))
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPED, str(spec)],
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (done.returncode, done.stdout) == (143, ""), done.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert (result["status"], result["error"]) == ("interrupted", "Terminated: stopped by SIGTERM")
