@@ -95,6 +95,10 @@ def _figure(value: Any) -> bool:
     return value is not None and value != "" and value == value
 
 
+#: the columns whose source is the parent's outcome record
+_OUTCOME_COLUMNS = registry.select(source="outcome")
+
+
 def rows_from_folder(
     root: Path, runs: RunRecords | None = None, warnings: list[str] | None = None
 ) -> list[dict[str, Any]]:
@@ -115,17 +119,23 @@ def rows_from_folder(
     rows: dict[str, dict[str, Any]] = {}
     #: the experiments whose spec.json was unreadable: their plan columns come from a table
     unplanned: set[str] = set()
+    #: the verdicts of the experiments recorded without a launch
+    verdicts: dict[str, dict[str, Any]] = {}
     figures = registry.with_role("run_figure")
     folder = root / "runs"
     if folder.is_dir():
         for name in sorted(os.listdir(folder)):
             run = os.path.join(folder, name)
             spec, spec_problem = read_json_object_reason(os.path.join(run, "spec.json"))
-            if spec is None and spec_problem is None:
-                continue  # no spec.json: not a run's folder
-            result, result_problem = read_json_object_reason(os.path.join(run, "result.json"))
             record, record_problem = read_json_object_reason(os.path.join(run, "outcome.json"))
             recorded = outcome_from_record(record) if record is not None else None
+            if spec is None and spec_problem is None:
+                # no spec.json: not a run's folder, or a cell never launched (pruned,
+                # spared), whose verdict is all its folder holds; its row is the tables'
+                if recorded is not None:
+                    verdicts[name] = _verdict(recorded.as_dict(recorded_only=True))
+                continue
+            result, result_problem = read_json_object_reason(os.path.join(run, "result.json"))
             outcome = recorded.as_dict(recorded_only=True) if recorded is not None else {}
             if not outcome:
                 # No parent record (a job collected later, or still running):
@@ -162,8 +172,9 @@ def rows_from_folder(
             rows[str(row["experiment_id"])] = row
             if runs is not None:
                 runs.keep(name, spec, result)
-    # Planned experiments without a run folder: the run's summary says why (interrupted,
-    # not run after --fail-fast), else they are still only planned.
+    # Planned experiments without a run: the run's summary says why (interrupted, not run
+    # after --fail-fast), else their recorded verdict (pruned, spared), else they are
+    # still only planned.
     planned = [c.name for c in registry.select(source="plan")] if unplanned else []
     for name, status in (("raw_summary.csv", None), ("plan.csv", "planned")):
         path = root / name
@@ -179,9 +190,15 @@ def rows_from_folder(
                         rebuilt[column] = row[column]
             elif eid and eid not in rows:
                 if status is not None:
-                    row["status"] = status
+                    row.update(verdicts.get(eid) or {"status": status})
                 rows[eid] = row
     return list(rows.values())
+
+
+def _verdict(outcome: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns an outcome fills (status, error, ...), those it has."""
+    row = build_row({}, outcome, None)
+    return {c.name: row[c.name] for c in _OUTCOME_COLUMNS if row.get(c.name) is not None}
 
 
 def _unreadable(

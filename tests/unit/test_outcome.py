@@ -83,3 +83,27 @@ def test_an_older_results_folder_still_reports_its_jobs(tmp_path) -> None:
     (row,) = rows_from_folder(tmp_path)
     assert (row["status"], row["executor"], row["job_id"]) == ("ok", "slurm", "4242")
     assert row["log"] == "runs/exp-1/stderr.log"
+
+
+def test_a_cell_pruned_unlaunched_reads_pruned_without_the_runs_table(tmp_path) -> None:
+    """Its folder holds only outcome.json; with raw_summary.csv gone, its row is the plan's
+    with the recorded verdict, not ``planned``."""
+    from orchestrator.contract.outcome import Skip, skipped
+    from orchestrator.results.collect import rows_from_folder
+
+    layout = ResultsLayout(tmp_path)
+    (tmp_path / "plan.csv").write_text(
+        "experiment_id,scenario,per_device_train_batch_size,status\n"
+        "s.m.none.g1.eb4-0000,s,4,planned\ns.m.none.g1.eb8-0001,s,8,planned\n"
+    )
+    run = layout.run("s.m.none.g1.eb8-0001")
+    run.dir.mkdir(parents=True)
+    write_outcome(run, skipped(Skip(cause="out_of_memory", follows="s.m.none.g1.eb4-0000")))
+    rows = {row["experiment_id"]: row for row in rows_from_folder(tmp_path)}
+    assert rows["s.m.none.g1.eb4-0000"]["status"] == "planned"
+    pruned = rows["s.m.none.g1.eb8-0001"]
+    assert (pruned["status"], pruned["error"], pruned["scenario"]) == (
+        "skipped",
+        "pruned: s.m.none.g1.eb4-0000 ran out of memory",
+        "s",
+    )
