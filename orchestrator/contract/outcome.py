@@ -85,6 +85,20 @@ class Skip(BaseModel):
         return _PREFIX[self.kind] + self.because
 
 
+#: why a run failed, where what follows depends on it: the disk was full (every later
+#: run writing there fails alike), or the error says too little to stand for another
+#: cell's (a SIGKILL of unknown cause, an exit without a word)
+FailureCause = Literal["disk_full", "unexplained"]
+
+
+class Failure(BaseModel):
+    """What a failed run's error was made from, for the readers that decide on it."""
+
+    cause: FailureCause
+    #: ``disk_full``: the folder whose disk was full, where known
+    folder: str | None = None
+
+
 def skip_from_error(error: Any) -> Skip | None:
     """The skip an error's words were made from, for the records that hold only the words:
     a summary table (raw_summary.csv), an ``outcome.json`` written before ``skip``. The one
@@ -173,6 +187,8 @@ class Outcome(BaseModel):
     error: str | None = None
     #: why a ``skipped`` experiment was not launched (its ``error`` is made from it)
     skip: Skip | None = None
+    #: why a ``failed`` one failed, where that decides what follows (its ``error`` says it)
+    failure: Failure | None = None
     #: the log that explains the run, relative to the results folder
     log: str | None = None
     returncode: int | None = None

@@ -44,7 +44,7 @@ from orchestrator.contract.result import read_result
 from orchestrator.executors.console import Progress
 from orchestrator.job import runlock
 from orchestrator.job.attempts import keep_previous_attempt
-from orchestrator.job.classify import disk_full_folder, is_disk_full, write_failure
+from orchestrator.job.classify import write_failure
 from orchestrator.job.execute import RunOptions, timeout_for
 from orchestrator.matrix import prune
 from orchestrator.matrix.expand import Plan
@@ -277,8 +277,8 @@ class RunContext:
         and interpreter) that failed with the same error in this run, or None: with
         ``stop_early`` the others would fail the same way, so they are not launched.
 
-        Two repeats of one cell count once; errors that may be memory or say nothing
-        (``comparable``) never count."""
+        Two repeats of one cell count once; a failure that may be memory or says nothing
+        (``Outcome.failure``: ``unexplained``) never counts."""
         failures = self._failed.get(_alike(experiment), {})
         seen: dict[str, str] = {}
         for first, error in failures.values():
@@ -290,20 +290,22 @@ class RunContext:
     def record(self, eid: str, outcome: Outcome, counted: bool = True) -> None:
         """Keep an experiment's outcome; ``counted``: it ran (for the progress and ETA).
 
-        The first failure for a full disk (``orchestrator.job.classify.is_disk_full``)
-        spares every experiment after it, with ``stop_early``; a summary that cannot be
-        rewritten for a full disk is said once, and the run goes on."""
+        The first failure for a full disk (``Outcome.failure``) spares every experiment
+        after it, with ``stop_early``; a summary that cannot be rewritten for a full disk
+        is said once, and the run goes on."""
         self.outcomes[eid] = outcome
-        if outcome.status == "failed" and is_disk_full(outcome.error):
+        failure = outcome.failure if outcome.status == "failed" else None
+        if failure is not None and failure.cause == "disk_full":
             if self._disk_full is None:
-                self._disk_full = (eid, disk_full_folder(outcome.error))
+                self._disk_full = (eid, failure.folder)
         elif outcome.status == "oom" and eid in self._planned:
             self._out_of_memory.append(prune.footprint(self._planned[eid]))
         elif outcome.status == "ok" and eid in self._planned:
             self._fitted.append(prune.footprint(self._planned[eid]))
         elif outcome.status == "failed" and counted and eid in self._planned:
             experiment = self._planned[eid]
-            if comparable(outcome.error):
+            # an error that says why (not a SIGKILL of unknown cause, not silence)
+            if outcome.error and failure is None:
                 self._failed.setdefault(_alike(experiment), {}).setdefault(
                     experiment.cell_id, (eid, same_error(outcome.error, experiment))
                 )
@@ -337,7 +339,12 @@ class RunContext:
         verdict = write_failure(exc, ready.run.dir)
         if verdict is None:
             return None
-        outcome = Outcome(status=verdict.status, error=verdict.error, attempt=ready.attempt)
+        outcome = Outcome(
+            status=verdict.status,
+            error=verdict.error,
+            failure=verdict.failure,
+            attempt=ready.attempt,
+        )
         try:
             write_outcome(ready.run, outcome)
         except OSError:
@@ -372,19 +379,6 @@ def _alike(experiment: Experiment) -> tuple[str, ...]:
 
 #: what differs between two reports of one error: memory addresses
 _ADDRESSES = re.compile(r"0x[0-9a-fA-F]+")
-#: failures whose error may be memory, or says too little to tell two apart
-#: (``orchestrator.job.classify``): they never spare another cell
-_AMBIGUOUS = (
-    "whether by the out-of-memory killer is unknown",
-    "was killed by SIGKILL",
-    "no error output",
-    "no error recorded",
-)
-
-
-def comparable(error: str | None) -> bool:
-    """Whether a failure's error says enough to stand for another cell's."""
-    return bool(error) and not any(part in str(error) for part in _AMBIGUOUS)
 
 
 def same_error(error: str | None, experiment: Experiment) -> str:

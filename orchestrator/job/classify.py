@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract.layout import free_bytes
-from orchestrator.contract.outcome import OOM_PATTERNS, Status, looks_like_oom
+from orchestrator.contract.outcome import OOM_PATTERNS, Failure, Status, looks_like_oom
 from orchestrator.contract.result import one_line
 
 # `[rank1]: ` prefixes that torch.distributed adds to each line of a rank's output
@@ -45,10 +45,18 @@ _ERROR_LINE = re.compile(
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the evidence says of a run: its status and a one-line error."""
+    """What the evidence says of a run: its status, a one-line error, and why it failed
+    where what follows depends on it (``Outcome.failure``)."""
 
     status: Status
     error: str | None
+    failure: Failure | None = None
+    #: it failed without a word (on a disk with nothing free, that is why)
+    silent: bool = False
+
+
+#: a failure whose error stands for no other cell's
+UNEXPLAINED = Failure(cause="unexplained")
 
 
 def _signal_name(code: int) -> str:
@@ -150,14 +158,10 @@ _TORCH_SHORT_WRITE = (
 )
 #: how a disk-full failure's error starts (``disk_full_error``)
 DISK_FULL = "disk full"
-#: the folder of a disk-full error, as ``disk_full_error`` writes it
-_DISK_FULL_FOLDER = re.compile(r"^disk full: (.+?)(?: has [^()]* free)? \(")
 #: a path the OS error names (``… No space left on device: '/x/y'``)
 _NAMED_PATH = re.compile(r"No space left on device: '(/[^']+)'")
 #: torch's shared memory (``/dev/shm``): ``unable to write to file </torch_…>``
 _TORCH_SHM = re.compile(r"unable to write to file </torch_")
-#: what a run that failed without a word says; on a disk with nothing free, that is why
-_SILENT = ("exited 0 without writing a result", "and no error output")
 
 
 def disk_full_cause(text: str) -> str | None:
@@ -203,15 +207,13 @@ def disk_full_error(folder: Path | None, cause: str) -> str:
     return f"{DISK_FULL}: {folder}{room} ({cause})"
 
 
-def is_disk_full(error: str | None) -> bool:
-    """Whether a failure's error says its disk was full (``disk_full_error``)."""
-    return bool(error) and str(error).startswith(DISK_FULL)
-
-
-def disk_full_folder(error: str | None) -> str | None:
-    """The folder a disk-full error names; None when it names none."""
-    found = _DISK_FULL_FOLDER.match(error or "")
-    return found.group(1) if found else None
+def disk_full(folder: Path | None, cause: str) -> Verdict:
+    """A failure for a full disk: its error (``disk_full_error``) and its folder as data."""
+    return Verdict(
+        "failed",
+        disk_full_error(folder, cause),
+        Failure(cause="disk_full", folder=None if folder is None else str(folder)),
+    )
 
 
 def _disk_full(verdict: Verdict, evidence: str, folder: Path | None) -> Verdict:
@@ -221,10 +223,9 @@ def _disk_full(verdict: Verdict, evidence: str, folder: Path | None) -> Verdict:
         return verdict
     cause = disk_full_cause(evidence)
     if cause is not None:
-        return Verdict("failed", disk_full_error(_full_folder(evidence, folder), cause))
-    silent = verdict.error is not None and any(s in verdict.error for s in _SILENT)
-    if silent and folder is not None and free_bytes(folder) == 0:
-        return Verdict("failed", disk_full_error(folder, verdict.error or ""))
+        return disk_full(_full_folder(evidence, folder), cause)
+    if verdict.silent and folder is not None and free_bytes(folder) == 0:
+        return disk_full(folder, verdict.error or "")
     return verdict
 
 
@@ -234,7 +235,7 @@ def write_failure(exc: OSError, folder: Path) -> Verdict | None:
     if exc.errno != errno.ENOSPC:
         return None
     where = Path(exc.filename).parent if isinstance(exc.filename, str) else folder
-    return Verdict("failed", disk_full_error(where, "No space left on device"))
+    return disk_full(where, "No space left on device")
 
 
 def classify(
@@ -311,7 +312,7 @@ def _classify(
     # stopped it because a peer died. Explain the run from that peer.
 
     if returncode == 0:
-        return Verdict("failed", "exited 0 without writing a result")
+        return Verdict("failed", "exited 0 without writing a result", silent=True)
     if looks_like_oom(stderr_tail):
         line = next(
             (
@@ -339,17 +340,19 @@ def _classify(
                 "failed",
                 f"{who} was killed by SIGKILL, not by the out-of-memory killer "
                 "(no OOM kill in the job's memory cgroups or the kernel log)",
+                UNEXPLAINED,
             )
         return Verdict(
             "failed",
             f"{who} was killed by SIGKILL; whether by the out-of-memory killer is unknown "
             "(neither the memory cgroup counters nor the kernel log could be read)",
+            UNEXPLAINED,
         )
     if death is not None and death.exitcode < 0:
         return Verdict("failed", f"{who} was killed by {_signal_name(-death.exitcode)}")
     if returncode is not None and returncode < 0:
         return Verdict("failed", f"killed by {_signal_name(-returncode)}")
     detail = stderr_error(stderr_tail)
-    return Verdict(
-        "failed", f"exit code {returncode}" + (f": {detail}" if detail else " and no error output")
-    )
+    if detail:
+        return Verdict("failed", f"exit code {returncode}: {detail}")
+    return Verdict("failed", f"exit code {returncode} and no error output", UNEXPLAINED, True)

@@ -554,6 +554,7 @@ def build_outcome(
     outcome = Outcome(
         status=verdict.status,
         error=verdict.error,
+        failure=verdict.failure,
         # this node's log (node 0's: the run's stderr.log)
         log=layout.relative(launch.files.stderr),
         returncode=ran.returncode,

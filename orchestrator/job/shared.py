@@ -31,10 +31,10 @@ from typing import Any
 from orchestrator.contract.clock import at, now
 from orchestrator.contract.launch import split_log
 from orchestrator.contract.layout import NodeFiles, ResultsLayout, RunPaths, write_atomic
-from orchestrator.contract.outcome import Outcome, Status, write_outcome
+from orchestrator.contract.outcome import Outcome, write_outcome
 from orchestrator.contract.result import launch_result
 from orchestrator.job import energy, utilisation
-from orchestrator.job.classify import classify
+from orchestrator.job.classify import Verdict, classify
 from orchestrator.job.command import accelerate_command, launch_argv
 from orchestrator.job.execute import (
     Interrupted,
@@ -276,7 +276,7 @@ class _Watcher:
         assert window.end_unix is not None
         result = launch_result(member.run.result, self.launch_id)
         verdict = classify(returncode=0, result=result)
-        outcome = self._outcome(index, verdict.status, verdict.error, returncode=0)
+        outcome = self._outcome(index, verdict, returncode=0)
         self._slices(index, window.start_unix, window.end_unix, outcome)
         self._write(index, outcome)
 
@@ -296,13 +296,11 @@ class _Watcher:
         assert self.prepared is not None
         launch = replace(self.prepared, timeout_s=timeout_for(member.experiment, self.options))
         verdict = classify_run(member.run, launch, self.ran)
-        outcome = self._outcome(index, verdict.status, verdict.error, self.ran.returncode)
+        outcome = self._outcome(index, verdict, self.ran.returncode)
         self._slices(index, self.windows[index].start_unix, time.time(), outcome)
         self._write(index, outcome)
 
-    def _outcome(
-        self, index: int, status: Status, error: str | None, returncode: int | None
-    ) -> Outcome:
+    def _outcome(self, index: int, verdict: Verdict, returncode: int | None) -> Outcome:
         member, window = self.members[index], self.windows[index]
         end = window.end_unix if window.end_unix is not None else time.time()
         result = launch_result(member.run.result, self.launch_id)
@@ -311,8 +309,9 @@ class _Watcher:
         # stopped, not ended: the run's lifetime is not known
         stopped = self.ran.interrupted and window.end_unix is None
         return Outcome(
-            status=status,
-            error=error,
+            status=verdict.status,
+            error=verdict.error,
+            failure=verdict.failure,
             log=self.layout.relative(member.run.stderr),
             returncode=returncode,
             wall_s=end - window.start_unix,

@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import (
+    Failure,
     Outcome,
     Skip,
     is_not_launched,
@@ -30,10 +31,8 @@ from orchestrator.job.classify import (
     Verdict,
     classify,
     disk_full_cause,
-    disk_full_folder,
     free_bytes,
     human_bytes,
-    is_disk_full,
     write_failure,
 )
 from orchestrator.job.execute import RunOptions
@@ -84,7 +83,7 @@ def test_a_stderr_that_shows_a_full_disk_names_the_folder_and_its_free_space(
     verdict = classify(returncode=1, result=None, stderr_tail=tail, folder=tmp_path)
     assert verdict.status == "failed"
     assert verdict.error == f"disk full: {tmp_path} has 312 KiB free ({cause})"
-    assert is_disk_full(verdict.error) and disk_full_folder(verdict.error) == str(tmp_path)
+    assert verdict.failure == Failure(cause="disk_full", folder=str(tmp_path))
 
 
 def test_the_childs_own_report_of_a_full_disk(tmp_path: Path, free_312k: None) -> None:
@@ -93,6 +92,7 @@ def test_the_childs_own_report_of_a_full_disk(tmp_path: Path, free_312k: None) -
     assert verdict == Verdict(
         "failed",
         f"disk full: {tmp_path} has 312 KiB free (No space left on device)",
+        Failure(cause="disk_full", folder=str(tmp_path)),
     )
     # a complete result, then a failed write: still the disk
     late = classify(returncode=1, result={"status": "ok"}, stderr_tail=PYTHON, folder=tmp_path)
@@ -146,12 +146,13 @@ def test_a_silent_failure_on_a_disk_with_nothing_free(
     monkeypatch.setattr(classify_module, "free_bytes", lambda folder: 0)
     verdict = classify(returncode=1, result=None, folder=tmp_path)
     assert verdict.error == f"disk full: {tmp_path} has 0 B free (exit code 1 and no error output)"
+    assert verdict.failure == Failure(cause="disk_full", folder=str(tmp_path))
 
 
 def test_without_a_folder_the_error_still_says_disk_full() -> None:
     verdict = classify(returncode=1, result=None, stderr_tail=PYTHON)
     assert verdict.error == "disk full (No space left on device)"
-    assert is_disk_full(verdict.error) and disk_full_folder(verdict.error) is None
+    assert verdict.failure == Failure(cause="disk_full", folder=None)
 
 
 def test_free_bytes_and_human_sizes(tmp_path: Path) -> None:
@@ -177,6 +178,7 @@ def test_an_orchestrator_write_that_found_the_disk_full(tmp_path: Path, free_312
     assert verdict == Verdict(
         "failed",
         f"disk full: {spec.parent} has 312 KiB free (No space left on device)",
+        Failure(cause="disk_full", folder=str(spec.parent)),
     )
     unnamed = write_failure(OSError(errno.ENOSPC, "No space left on device"), tmp_path)
     assert (
@@ -216,9 +218,11 @@ def _context(
 
 
 def _full(folder: Path) -> Outcome:
-    return Outcome(
-        status="failed", error=f"disk full: {folder} has 312 KiB free (No space left on device)"
-    )
+    """A failure for a full disk, as the run's classification records it."""
+    verdict = write_failure(OSError(errno.ENOSPC, "No space left on device"), folder)
+    assert verdict is not None and verdict.error is not None
+    assert verdict.error.startswith(f"disk full: {folder} has ")
+    return Outcome(status=verdict.status, error=verdict.error, failure=verdict.failure)
 
 
 def test_one_disk_full_failure_spares_every_later_experiment(tmp_path: Path, plan) -> None:  # type: ignore[no-untyped-def]

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.job.classify import RankDeath, classify, root_cause, sigkilled_pids, stderr_error
+from orchestrator.job.classify import (
+    UNEXPLAINED,
+    RankDeath,
+    classify,
+    root_cause,
+    sigkilled_pids,
+    stderr_error,
+)
 
 OK = {"status": "ok", "metrics": {}}
 
@@ -99,6 +106,7 @@ def test_a_sigkill_the_kernel_did_not_report_is_failed() -> None:
         "failed",
         "rank 0 (pid 4041) was killed by SIGKILL, not by the out-of-memory killer "
         "(no OOM kill in the job's memory cgroups or the kernel log)",
+        UNEXPLAINED,  # what killed it is not known: it stands for no other cell's failure
     )
     unknown = classify(returncode=-signal.SIGKILL, result=None)
     assert unknown.status == "failed"

@@ -5,6 +5,7 @@ tests/e2e/test_stackcheck_e2e.py."""
 from __future__ import annotations
 
 import io
+import signal
 from pathlib import Path
 
 import pandas as pd
@@ -22,6 +23,7 @@ from orchestrator.contract.outcome import (
 )
 from orchestrator.executors.base import RunContext, same_error
 from orchestrator.executors.console import Progress
+from orchestrator.job.classify import classify
 from orchestrator.job.execute import RunOptions
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.results.aggregate import aggregate
@@ -116,14 +118,21 @@ def test_repeats_of_one_cell_count_once_and_other_trainers_are_not_spared(tmp_pa
 def test_failures_that_may_be_memory_or_say_nothing_never_spare(tmp_path, plan) -> None:
     the_plan = plan(FOUR, num_gpus=(1,), device="cpu")
     a, b, c, _ = _cells(the_plan, "s")
-    for error in (
-        "rank 0 was killed by SIGKILL; whether by the out-of-memory killer is unknown (…)",
-        "exit code 1 and no error output",
-    ):
+    sigkill = classify(returncode=-signal.SIGKILL, result=None)
+    sigkill_not_oom = classify(returncode=-signal.SIGKILL, result=None, host_oom_checked=True)
+    silent = classify(returncode=1, result=None)
+    assert sigkill.error is not None and "whether by the out-of-memory killer is unknown" in (
+        sigkill.error
+    )
+    assert silent.error == "exit code 1 and no error output"
+    for verdict in (sigkill, sigkill_not_oom, silent):
         ctx = _context(tmp_path, the_plan)
         for e in (a, b):
-            ctx.record(e.experiment_id, Outcome(status="failed", error=error))
-        assert ctx.prepare(c) is not None, error
+            ctx.record(
+                e.experiment_id,
+                Outcome(status=verdict.status, error=verdict.error, failure=verdict.failure),
+            )
+        assert ctx.prepare(c) is not None, verdict.error
 
 
 def test_memory_and_time_are_not_systematic(tmp_path, plan) -> None:
