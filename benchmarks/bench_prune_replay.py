@@ -11,14 +11,14 @@ rule says (every such row of this table does, at 95-99%); one that did not
 would count as failed and prune nothing.
 
 Each row becomes a ``Footprint`` with the same pure functions the runner uses
-(``orchestrator.matrix.prune``): its family is every configuration column of
+(``orchestrator.matrix.prune``): its ladder is every configuration column of
 the table (model, framework config, PEFT method and its settings, GPU count,
 dtype, learning rate…) but the per-device batch, and its size is the per-device
 batch (the table has no sequence-length or packing column: one length
-throughout). Each family runs in our plan order
+throughout). Each ladder runs in our plan order
 (``orchestrator.matrix.order.size_order_key``), and each cell either launches
 (costing its published runtime, or the OOM cost below) or is pruned by an
-earlier out-of-memory cell of its family (``pruned_by``), as ``RunContext.prepare``
+earlier out-of-memory cell of its ladder (``pruned_by``), as ``RunContext.prepare``
 decides.
 
 Cost of an out-of-memory launch: the table has none (the run crashed after the
@@ -85,12 +85,12 @@ def cells_of(rows: Sequence[dict[str, str]]) -> list[Cell]:
         else:
             reserved = float(row["mem_nvidia_mem_reserved"] or 0)
             status = "oom" if reserved >= LIKELY_OOM_FRACTION * DEVICE_MIB else "failed"
-        family = tuple((c, row[c]) for c in config)
+        ladder = tuple((c, row[c]) for c in config)
         size = Size(per_device=int(row["per_device_train_batch_size"]))
         out.append(
             Cell(
                 row=i,
-                cell=Footprint(f"row{i + 2}", family, size),
+                cell=Footprint(f"row{i + 2}", ladder, size),
                 num_gpus=int(row["num_gpus"]),
                 model=row["model_name_or_path"],
                 status=status,
@@ -120,12 +120,12 @@ class Replay:
 
 
 def replay(cells: Sequence[Cell]) -> Replay:
-    """Run each family in plan order, pruning as the runner does."""
-    families: dict[object, list[Cell]] = {}
+    """Run each ladder in plan order, pruning as the runner does."""
+    ladders: dict[object, list[Cell]] = {}
     for c in cells:
-        families.setdefault(c.cell.family, []).append(c)
+        ladders.setdefault(c.cell.ladder, []).append(c)
     done = Replay([], [])
-    for members in families.values():
+    for members in ladders.values():
         # the table has no effective batch or accumulation column: per-device × GPUs, 1
         members.sort(key=lambda c: size_order_key(c.cell.size, c.cell.size.per_device, 1))
         out_of_memory: list[Footprint] = []
@@ -170,13 +170,13 @@ def main() -> int:
     ooms = [c for c in cells if c.status == "oom"]
     failed = [c for c in cells if c.status == "failed"]
     wrong = [(c, by) for c, by in result.pruned if c.status != "oom"]
-    families = len({c.cell.family for c in cells})
+    ladders = len({c.cell.ladder for c in cells})
     ok_s = sum(c.runtime_s or 0.0 for c in cells)
 
     shown = args.table.relative_to(REPO) if args.table.is_relative_to(REPO) else args.table
     print(f"table: {shown}")
     print(
-        f"  {len(cells)} cells in {families} families (same configuration but the per-device "
+        f"  {len(cells)} cells in {ladders} families (same configuration but the per-device "
         f"batch); {len(cells) - len(ooms) - len(failed)} finished, {len(ooms)} out of memory "
         f"(no figures, reserved memory ≥ {100 * LIKELY_OOM_FRACTION:.0f}% of 80 GiB), "
         f"{len(failed)} failed otherwise; the finished cells trained {ok_s / 3600:.2f} h"

@@ -206,8 +206,8 @@ def predict_memory(
     specs: Iterable[tuple[str, Any]], budget_s: float = MEMORY_BUDGET_S
 ) -> dict[str, dict[str, Any]]:
     """Each cell's predicted GPU memory (``trainer_entry.run.memoryplan``), or why there is
-    none; cells that differ in nothing a step holds are predicted once, the sizes of one
-    family one after another (they share one build of the model). Past ``budget_s``, the
+    none; cells that differ in nothing a step holds are predicted once, the cells of one
+    build group one after another (they share one build of the model). Past ``budget_s``, the
     cells left get no prediction (and say why) rather than the check running out of time."""
     from trainer_entry.run.memoryplan import Predictor, predict
 

@@ -100,8 +100,8 @@ ROLES: Mapping[str, Role] = MappingProxyType(
             "scenario framework_config model_name_or_path num_gpus effective_batch_size "
             "max_seq_len",
         ),
-        "family": _role(
-            "a scaling family: cells equal in these that differ in their GPU count "
+        "series": _role(
+            "a scaling series: cells equal in these that differ in their GPU count "
             "(results/aggregate.py)",
             "scenario task trainer framework_config model_name_or_path effective_batch_size "
             "max_seq_len packing peft_method torch_dtype device",

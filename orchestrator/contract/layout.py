@@ -210,7 +210,7 @@ class ResultsLayout:
 
     @property
     def fit_json(self) -> Path:
-        """A fit's answer per cell family (``tunematrix fit``), with its probes."""
+        """A fit's answer per search (``tunematrix fit``), with its probes."""
         return self.root / "fit.json"
 
     @property

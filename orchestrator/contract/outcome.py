@@ -31,7 +31,7 @@ MEASURED: tuple[Status, ...] = ("ok", "skipped")
 #: statuses of a run that was tried and lost
 LOST: tuple[Status, ...] = ("oom", "failed", "timeout", "interrupted")
 
-#: how tables show a pruned experiment's status (``skipped``: a cell of its family ran out
+#: how tables show a pruned experiment's status (``skipped``: a cell of its ladder ran out
 #: of memory, or it was predicted to need more than its device has)
 PRUNED = "pruned"
 #: how tables show a spared one's (one word: a cell of repeats shows ``failed×2 spared×1``)
@@ -49,7 +49,7 @@ _SAME_ERROR_AS = "same error as "
 class Skip(BaseModel):
     """Why an experiment was not launched: the data its error's words are made from.
 
-    ``cause``: a cell of its family ran out of memory (``out_of_memory``), its predicted
+    ``cause``: a cell of its ladder ran out of memory (``out_of_memory``), its predicted
     memory is over its device's (``predicted_over``), cells like it failed with the same
     error (``same_error``), or the disk was full (``disk_full``). ``follows``: the
     experiment it follows from (the one that ran out of memory, failed first, or found

@@ -237,7 +237,7 @@ class RunContext:
 
     def skipped_unlaunched(self, ready: Ready) -> bool:
         """Record ``ready`` as ``skipped`` without launching it, and say so, when this run
-        already shows it need not run: pruned (``prune``: a cell of its family that needs
+        already shows it need not run: pruned (``prune``: a cell of its ladder that needs
         no more memory ran out of it, or its predicted memory is over the device's) or spared
         (``stop_early``: the disk was full when an experiment of this run ran, or
         ``failed_alike``).

@@ -96,7 +96,7 @@ class RunOptions:
     #: write benchmarks.csv, summary.md and plots after the run (their prices and token
     #: budget: ``orchestrator.results.report.ReportOptions``)
     report: bool = True
-    #: once an experiment ran out of memory, record the experiments of its family that
+    #: once an experiment ran out of memory, record the experiments of its ladder that
     #: need at least as much as pruned instead of launching them (``--no-prune``: off)
     prune: bool = True
     #: once two cells of one model, trainer and framework failed with the same error (not

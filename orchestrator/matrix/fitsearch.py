@@ -1,4 +1,4 @@
-"""The largest value that fits: the bisection over probes, cell families, probe experiments. Pure.
+"""The largest value that fits: the bisection over probes, searches, probe experiments. Pure.
 
 A search raises one value of a cell (its per-device batch or its sequence
 length) until a fresh launch no longer fits. It first probes the lower bound
@@ -130,12 +130,12 @@ def linear_scan(
 
 
 # ---------------------------------------------------------------------------
-# Families and probes
+# Searches and probes
 # ---------------------------------------------------------------------------
 
 
 def varied(key: str) -> tuple[str, ...]:
-    """What a family leaves out: the searched value and the batch arithmetic around it.
+    """What a search leaves out: the searched value and the batch arithmetic around it.
 
     A batch search spans every effective batch of a setup; a sequence search keeps
     the per-device batch (memory grows with it) but not the accumulation.
@@ -147,7 +147,7 @@ def varied(key: str) -> tuple[str, ...]:
     return _BATCH_ARGUMENTS
 
 
-def family_key(experiment: Experiment, key: str) -> str:
+def search_key(experiment: Experiment, key: str) -> str:
     """The digest shared by every planned cell that differs only in what the search varies.
 
     The same model, task, framework, PEFT setup, GPU count, data, accelerate
@@ -183,8 +183,8 @@ def family_key(experiment: Experiment, key: str) -> str:
     )
 
 
-def family_label(experiment: Experiment, key: str) -> str:
-    """A readable name of a family: what stays fixed while ``key`` is searched."""
+def search_label(experiment: Experiment, key: str) -> str:
+    """A readable name of a search: what stays fixed while ``key`` is searched."""
     parts = [
         experiment.scenario,
         experiment.model_name_or_path,
@@ -235,7 +235,7 @@ def probe_experiment(experiment: Experiment, key: str, value: int, steps: int) -
         arguments["max_seq_len"] = seq
     digest = spec_hash(
         {
-            "fit_family": family_key(experiment, key),
+            "fit_family": search_key(experiment, key),
             "searched": key,
             "value": value,
             "per_device_train_batch_size": per_device,

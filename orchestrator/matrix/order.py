@@ -6,7 +6,7 @@ cells are grouped by their size (per-device batch, sequence length, packing,
 effective batch, gradient accumulation) and the groups run smallest first,
 by ``orchestrator.matrix.prune.Size.order_key`` then the effective batch and
 accumulation: a linear extension of "needs at least as much memory", so
-within any pruning family a cell always runs before every cell that needs at
+within any pruning ladder a cell always runs before every cell that needs at
 least as much memory, and an out-of-memory cell can prune the larger ones
 before they launch.
 

@@ -369,11 +369,11 @@ def benchmarks_table(cells: pd.DataFrame) -> pd.DataFrame:
 # Scaling
 # ---------------------------------------------------------------------------
 
-#: what a scaling family's cells share: everything but the GPU count (and the batch)
-SCALING_FAMILY = registry.with_role("family")
+#: what a scaling series' cells share: everything but the GPU count (and the batch)
+SCALING_SERIES = registry.with_role("series")
 
 
-#: the columns ``scaling`` adds to a family's keys
+#: the columns ``scaling`` adds to a series' keys
 SCALING_FIGURES = (
     "num_gpus",
     "base_num_gpus",
@@ -384,16 +384,16 @@ SCALING_FIGURES = (
 
 
 def scaling_keys(cells: pd.DataFrame) -> list[str]:
-    """What defines a family: everything but the GPU count (and the per-device batch)."""
-    return [k for k in SCALING_FAMILY if k in cells.columns] + [
+    """What defines a series: everything but the GPU count (and the per-device batch)."""
+    return [k for k in SCALING_SERIES if k in cells.columns] + [
         c for c in config_columns(cells) if c in cells.columns and c not in SCALING_FIGURES
     ]
 
 
 def scaling(cells: pd.DataFrame) -> pd.DataFrame:
-    """Speedup and efficiency of each cell family against its smallest GPU count.
+    """Speedup and efficiency of each scaling series against its smallest GPU count.
 
-    A family is a cell with everything but the GPU count (and so the per-device
+    A series is a cell with everything but the GPU count (and so the per-device
     batch) fixed; the effective batch stays the same across counts.
     """
     if cells.empty:
@@ -405,9 +405,9 @@ def scaling(cells: pd.DataFrame) -> pd.DataFrame:
     usable = usable[usable[TOKENS_PER_SECOND].notna() & usable["num_gpus"].notna()]
     if usable.empty:
         return pd.DataFrame()
-    # families group on text, so that missing values group like any other
+    # series group on text, so that missing values group like any other
     labels = usable[keys].map(str)
-    group_cols = [f"_family{i}" for i in range(len(keys))]
+    group_cols = [f"_series{i}" for i in range(len(keys))]
     usable = usable.assign(**{c: labels[k] for c, k in zip(group_cols, keys, strict=True)})
     usable = usable.sort_values([*group_cols, "num_gpus"], kind="stable")
     grouped = usable.groupby(group_cols, sort=False)

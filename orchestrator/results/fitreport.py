@@ -1,8 +1,8 @@
 """A fit's answer as files: ``fit.json``, ``fit.md``, and its section of ``summary.md``.
 
-``tunematrix fit`` (``orchestrator.running.fitrun``) searches, per cell family,
-the largest per-device batch or sequence length that fits; this module only
-writes and reads what it found, so a report can show it from the files alone.
+``tunematrix fit`` (``orchestrator.running.fitrun``) searches, per setup and
+searched key, the largest per-device batch or sequence length that fits; this module
+only writes and reads what it found, so a report can show it from the files alone.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ ENDINGS = {
 
 @dataclass
 class ProbeRecord:
-    """One probe: a short run of the family's setup at one value."""
+    """One probe: a short run of the search's setup at one value."""
 
     value: int
     experiment_id: str
@@ -47,8 +47,9 @@ class ProbeRecord:
 
 
 @dataclass
-class FamilyFit:
-    """The search of one cell family: what stays fixed, the bounds, the answer, the probes."""
+class SearchFit:
+    """One search: what stays fixed, the bounds, the answer, the probes (fit.json's keys:
+    ``family`` is the search's label, ``family_id`` its key)."""
 
     family: str
     family_id: str
@@ -58,7 +59,7 @@ class FamilyFit:
     framework: str
     device: str
     num_gpus: int
-    #: the planned cells of the family (the matrix's own, which the search never changes)
+    #: the planned cells of the search (the matrix's own, which the search never changes)
     cells: list[str]
     low: int
     limit: int | None
@@ -81,10 +82,10 @@ class FamilyFit:
 
 @dataclass
 class FitRecord:
-    """Every family of one fit."""
+    """Every search of one fit (``families``: fit.json's key)."""
 
     probe_steps: int
-    families: list[FamilyFit]
+    families: list[SearchFit]
     interrupted: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -101,18 +102,18 @@ def read_fit(path: Path) -> FitRecord | None:
     """The fit.json at ``path``; None where there is none or it is not one."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        families = [
-            FamilyFit(
+        searches = [
+            SearchFit(
                 **{
-                    **{k: v for k, v in family.items() if k != "probes"},
-                    "probes": [ProbeRecord(**p) for p in family["probes"]],
+                    **{k: v for k, v in search.items() if k != "probes"},
+                    "probes": [ProbeRecord(**p) for p in search["probes"]],
                 }
             )
-            for family in data["families"]
+            for search in data["families"]
         ]
         return FitRecord(
             probe_steps=int(data["probe_steps"]),
-            families=families,
+            families=searches,
             interrupted=bool(data.get("interrupted", False)),
         )
     except (OSError, ValueError, KeyError, TypeError):
@@ -132,7 +133,7 @@ def _value(value: int | None) -> str:
 
 
 def answer_rows(record: FitRecord) -> tuple[list[str], list[list[str]]]:
-    """One row per family: the largest value that fits, its speed and memory, the first miss."""
+    """One row per search: the largest value that fits, its speed and memory, the first miss."""
     headers = [
         "family",
         "searched",
@@ -164,8 +165,8 @@ def answer_rows(record: FitRecord) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def probe_rows(family: FamilyFit) -> tuple[list[str], list[list[str]]]:
-    headers = [family.searched, "status", "verdict", "peak mem GiB", "tokens/s", "wall s", "id"]
+def probe_rows(search: SearchFit) -> tuple[list[str], list[list[str]]]:
+    headers = [search.searched, "status", "verdict", "peak mem GiB", "tokens/s", "wall s", "id"]
     rows = [
         [
             str(p.value),
@@ -176,13 +177,13 @@ def probe_rows(family: FamilyFit) -> tuple[list[str], list[list[str]]]:
             _num(p.wall_s, 1),
             p.experiment_id,
         ]
-        for p in family.probes
+        for p in search.probes
     ]
     return headers, rows
 
 
 def fit_markdown(record: FitRecord) -> list[str]:
-    """fit.md: the answers, then each family's bounds, capacity and probes."""
+    """fit.md: the answers, then each search's bounds, capacity and probes."""
     lines = ["# Largest that fits", ""]
     lines += [
         f"Each probe is a fresh launch of {record.probe_steps} step(s) with gradient "

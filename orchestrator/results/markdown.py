@@ -592,7 +592,7 @@ def _capacity_lines(report: ReportTables) -> list[str]:
     return []
 
 
-def _family_title(row: Mapping[Any, Any], keys: list[str], varying: list[str]) -> str:
+def _series_title(row: Mapping[Any, Any], keys: list[str], varying: list[str]) -> str:
     unit = workers(ran_on_cpu(row), short=True)
     parts = []
     for k in keys:
@@ -628,7 +628,7 @@ def scaling_markdown(table: pd.DataFrame) -> list[str]:
     cells: dict[tuple[str, ...], dict[int, dict[str, str]]] = {}
     for row in records(table):
         key = tuple(str(row[k]) for k in keys)
-        titles.setdefault(key, _family_title(row, keys, varying))
+        titles.setdefault(key, _series_title(row, keys, varying))
         fw = str(row.get("framework_config"))
         if fw not in frameworks.setdefault(key, []):
             frameworks[key].append(fw)

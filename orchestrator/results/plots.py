@@ -65,7 +65,7 @@ MAX_BARS = 60
 MAX_LINES = 12
 GIB = 2**30
 DPI = 110
-#: lines of the line plots (one per family or cell)
+#: lines of the line plots (one per scaling series or cell)
 COLORS = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]
 #: bars, one colour per scenario: no red, orange, green or grey, which statuses use
 SCENARIO_COLORS = (
@@ -843,15 +843,15 @@ def scaling_plot(table: pd.DataFrame, path: Path) -> Path | None:
 
 
 def scaling_figure(table: pd.DataFrame) -> Figure | None:
-    """Scaling efficiency against the GPU (process) count; None without a family."""
+    """Scaling efficiency against the GPU (process) count; None without a series."""
     if table.empty:
         return None
     fig, ax = plt.subplots(figsize=(10, 5.5 + 0.2 * min(len(table), MAX_LINES)), dpi=DPI)
-    # a family is what aggregate.scaling made one: every key column of the table
+    # a series is what aggregate.scaling made one: every key column of the table
     keys = [c for c in table.columns if c not in SCALING_FIGURES]
     text = table[keys].astype(object).map(str)
-    families = list(table.groupby([text[k] for k in keys], sort=False))
-    shown = families[:MAX_LINES]
+    series = list(table.groupby([text[k] for k in keys], sort=False))
+    shown = series[:MAX_LINES]
     counts: set[int] = set()
     # a line's label: its scenario, then what tells it apart from the others
     heads = pd.DataFrame([group.iloc[0][keys] for _, group in shown]).reset_index(drop=True)
@@ -870,7 +870,7 @@ def scaling_figure(table: pd.DataFrame) -> Figure | None:
             group["num_gpus"],
             100 * group["scaling_efficiency"],
             color=COLORS[i % len(COLORS)],
-            # lines on one another (two families that scale alike) stay apart by dash and
+            # lines on one another (two series that scale alike) stay apart by dash and
             # marker; an earlier line's larger marker rings a later one's
             linestyle=LINESTYLES[i % len(LINESTYLES)],
             marker=MARKER_SHAPES[i % len(MARKER_SHAPES)],
@@ -885,7 +885,7 @@ def scaling_figure(table: pd.DataFrame) -> Figure | None:
     ax.set_xticklabels([str(c) for c in sorted(counts)])
     ax.set_xlabel(_counted(table))
     ax.set_ylabel("scaling efficiency, % (speedup / ideal speedup)")
-    extra = f" ({len(shown)} of {len(families)} families)" if len(families) > len(shown) else ""
+    extra = f" ({len(shown)} of {len(series)} families)" if len(series) > len(shown) else ""
     ax.set_title(f"Scaling efficiency vs {worker(ran_on_cpu(table))} count" + extra, fontsize=11)
     ax.grid(alpha=0.3)
     ax.set_ylim(0, max(110, float(100 * table["scaling_efficiency"].max()) + 10))

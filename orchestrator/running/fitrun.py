@@ -1,13 +1,13 @@
 """``tunematrix fit``: the largest per-device batch (or sequence length) that fits, by probes.
 
-For each cell family of the selected scenarios (a planned cell without its
+For each search of the selected scenarios (a planned cell without its
 batch, or its sequence length), the search (``orchestrator.matrix.fitsearch``)
 asks for values to probe; each probe is an ordinary short experiment with its
 own id and run folder, run by the chosen executor through ``run_plan`` into
 the fit's results folder, so it works wherever the matrix does (one at a
 time, packed, on SLURM, under FSDP or DeepSpeed). A probe that ran out of
 memory, or whose peak memory came above ``1 - margin`` of the device's, does
-not fit; one that failed for another reason stops its family's search with
+not fit; one that failed for another reason stops its search with
 that reason. Resumed, a fit reuses every probe already ``ok`` or ``oom``.
 
 The matrix is never changed: the answer goes to ``fit.json`` and ``fit.md``
@@ -44,13 +44,13 @@ from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.fitsearch import (
     Verdict,
     decide,
-    family_key,
-    family_label,
     probe_experiment,
+    search_key,
+    search_label,
     search_problem,
 )
 from orchestrator.matrix.plan import Plan
-from orchestrator.results.fitreport import FamilyFit, FitRecord, ProbeRecord, write_fit
+from orchestrator.results.fitreport import FitRecord, ProbeRecord, SearchFit, write_fit
 from orchestrator.results.numbers import number
 from orchestrator.results.rows import build_row, write_raw_summary
 from orchestrator.running.runner import RunReport, preflight, run_plan
@@ -89,30 +89,30 @@ class FitReport:
 
     @property
     def exit_code(self) -> int:
-        """0 when every family ended on memory (an answer); 1 when one stopped; 130."""
+        """0 when every search ended on memory (an answer); 1 when one stopped; 130."""
         if self.record.interrupted:
             return 130
         return 0 if all(f.ending not in (None, "stopped") for f in self.record.families) else 1
 
 
 # ---------------------------------------------------------------------------
-# Families
+# Searches
 # ---------------------------------------------------------------------------
 
 
 @dataclass
-class _Family:
-    search: Search
+class _Search:
+    settings: Search
     margin: float
     first: Experiment
     cells: list[str]
 
 
-def families(config: BenchConfig, plan: Plan, options: FitOptions) -> list[_Family]:
-    """The cell families to search, in plan order; a family a search cannot apply to
+def searches(config: BenchConfig, plan: Plan, options: FitOptions) -> list[_Search]:
+    """The searches to run, in plan order; one that cannot apply to its cells
     is refused naming the scenario's line."""
     by_name = {s.name: s for s in config.scenarios}
-    found: dict[str, _Family] = {}
+    found: dict[str, _Search] = {}
     for e in plan.experiments:
         scenario = by_name.get(e.scenario)
         settings = _settings(scenario, options)
@@ -124,10 +124,10 @@ def families(config: BenchConfig, plan: Plan, options: FitOptions) -> list[_Fami
             raise ConfigError(
                 f"cannot search {settings.key} in scenario '{scenario.name}': {problem}", **where
             )
-        key = family_key(e, settings.key)
+        key = search_key(e, settings.key)
         if key not in found:
             margin = settings.margin if settings.margin is not None else DEFAULT_MARGIN
-            found[key] = _Family(settings, margin, e, [])
+            found[key] = _Search(settings, margin, e, [])
         if e.cell_id not in found[key].cells:
             found[key].cells.append(e.cell_id)
     return list(found.values())
@@ -259,27 +259,27 @@ def run_fit(
     argv: list[str],
     log: Callable[[str], None] = print,
 ) -> FitReport:
-    """Search every family of ``plan`` into ``results``; write fit.json, fit.md and the probes'
+    """Run every search of ``plan`` into ``results``; write fit.json, fit.md and the probes'
     raw_summary.csv; return what was found.
 
     ``run_options.resume``: keep the folder and reuse its probes that ended ok or
     oom; without it an earlier fit there is moved aside first.
     """
-    found = _families_to_search(config, plan, options)
+    found = _searches_to_run(config, plan, options)
     _check_with_executor(executor, plan, found, results, run_options)
     layout, moved_to = _open_folder(results, run_options, log)
     fit_run = _FitRun(plan, results, layout, run_options, options, executor, argv, log)
-    for family in found:
-        fit_run.search(family)
+    for search in found:
+        fit_run.search(search)
         if fit_run.record.interrupted:
             break
     fit_run.save()
     return FitReport(record=fit_run.record, layout=layout, moved_to=moved_to)
 
 
-def _families_to_search(config: BenchConfig, plan: Plan, options: FitOptions) -> list[_Family]:
-    """The families of ``plan`` to search; none is one line that says how to ask for one."""
-    found = families(config, plan, options)
+def _searches_to_run(config: BenchConfig, plan: Plan, options: FitOptions) -> list[_Search]:
+    """The searches of ``plan``; none is one line that says how to ask for one."""
+    found = searches(config, plan, options)
     if not found:
         raise UserError(
             "no selected scenario has search: and no --max was given; "
@@ -291,12 +291,12 @@ def _families_to_search(config: BenchConfig, plan: Plan, options: FitOptions) ->
 def _check_with_executor(
     executor: Executor,
     plan: Plan,
-    found: list[_Family],
+    found: list[_Search],
     results: Path,
     run_options: RunOptions,
 ) -> None:
-    """The executor's checks (a SLURM cluster's partition, say), on each family's planned cell."""
-    firsts = tuple(family.first for family in found)
+    """The executor's checks (a SLURM cluster's partition, say), on each search's planned cell."""
+    firsts = tuple(search.first for search in found)
     preflight(
         executor, dataclasses.replace(plan, experiments=firsts), ResultsLayout(results), run_options
     )
@@ -316,7 +316,7 @@ def _open_folder(
 
 
 class _FitRun:
-    """One fit under way: its families' searches, the probes they ran, the files they leave."""
+    """One fit under way: its searches, the probes they ran, the files they leave."""
 
     def __init__(
         self,
@@ -353,18 +353,18 @@ class _FitRun:
         )
         write_fit(self.layout, self.record)
 
-    def search(self, family: _Family) -> None:
-        """One family's search: probe after probe until the search decides, then its answer."""
-        fit = self._start(family)
-        start = self._predicted_start(family, fit)
+    def search(self, search: _Search) -> None:
+        """One search: probe after probe until it decides, then its answer."""
+        fit = self._start(search)
+        start = self._predicted_start(search, fit)
         verdicts: dict[int, Verdict] = {}
         while True:
-            decision = decide(verdicts, family.search.start, family.search.limit, start)
+            decision = decide(verdicts, search.settings.start, search.settings.limit, start)
             fit.largest_fit, fit.first_too_big = decision.largest_fit, decision.first_too_big
             if decision.next is None:
                 fit.ending = decision.ending
                 break
-            verdicts[decision.next] = self._probe(family, fit, decision.next)
+            verdicts[decision.next] = self._probe(search, fit, decision.next)
             self.save()
             if self.record.interrupted:
                 break
@@ -383,23 +383,23 @@ class _FitRun:
             )
         return self.capacities[device]
 
-    def _start(self, family: _Family) -> FamilyFit:
-        """The family's entry in fit.json, before its first probe."""
-        first, key = family.first, family.search.key
+    def _start(self, search: _Search) -> SearchFit:
+        """The search's entry in fit.json, before its first probe."""
+        first, key = search.first, search.settings.key
         capacity = self._capacity(first.device)
-        fit = FamilyFit(
-            family=family_label(first, key),
-            family_id=family_key(first, key)[:12],
+        fit = SearchFit(
+            family=search_label(first, key),
+            family_id=search_key(first, key)[:12],
             searched=key,
             scenario=first.scenario,
             model=first.model_name_or_path,
             framework=first.framework,
             device=first.device,
             num_gpus=first.num_gpus,
-            cells=family.cells,
-            low=family.search.start,
-            limit=family.search.limit,
-            margin=family.margin,
+            cells=search.cells,
+            low=search.settings.start,
+            limit=search.settings.limit,
+            margin=search.margin,
             capacity_bytes=capacity.bytes,
             capacity_source=capacity.source,
         )
@@ -408,21 +408,21 @@ class _FitRun:
                 f"no margin applied: the device's memory is unknown ({capacity.source})"
             )
         self.record.families.append(fit)
-        self.log(f"fit: {fit.family}: searching {key} from {family.search.start}")
+        self.log(f"fit: {fit.family}: searching {key} from {search.settings.start}")
         return fit
 
-    def _predicted_start(self, family: _Family, fit: FamilyFit) -> int | None:
-        """The value a GPU family's search probes first: the largest of the lower bound's
+    def _predicted_start(self, search: _Search, fit: SearchFit) -> int | None:
+        """The value a GPU cell's search probes first: the largest of the lower bound's
         doublings (to the limit, at most ``PREDICTED_DOUBLINGS``) predicted, with each one
         below it, to stay within the margin (``orchestrator.running.memoryfit``); None:
-        the lower bound (a CPU family, an unknown capacity, no prediction)."""
-        first, key, search = family.first, family.search.key, family.search
+        the lower bound (a CPU cell, an unknown capacity, no prediction)."""
+        first, key, settings = search.first, search.settings.key, search.settings
         if first.device != "gpu" or not fit.capacity_bytes:
             return None
         from orchestrator.running.stackcheck import check_stack
 
-        values = [search.start * 2**i for i in range(PREDICTED_DOUBLINGS + 1)]
-        values = [v for v in values if search.limit is None or v <= search.limit]
+        values = [settings.start * 2**i for i in range(PREDICTED_DOUBLINGS + 1)]
+        values = [v for v in values if settings.limit is None or v <= settings.limit]
         probes = [probe_experiment(first, key, v, self.options.probe_steps) for v in values]
         try:
             checked = check_stack(
@@ -433,7 +433,7 @@ class _FitRun:
         except UserError as exc:
             fit.notes.append(f"no memory prediction to start from: {exc}")
             return None
-        within = (1 - family.margin) * fit.capacity_bytes
+        within = (1 - search.margin) * fit.capacity_bytes
         start: tuple[int, MemoryPrediction] | None = None
         for value, probe in zip(values, probes, strict=True):
             predicted = checked.memory.get(probe.cell_id)
@@ -444,27 +444,27 @@ class _FitRun:
             if predicted.nvml_bytes > within:
                 break
             start = (value, predicted)
-        if start is None or start[0] == search.start:
+        if start is None or start[0] == settings.start:
             return None
         value, predicted = start
         fit.notes.append(
             f"started from {key} {value}: predicted {gb(predicted.nvml_bytes or 0)} on NVML "
-            f"({gb(predicted.peak_bytes or 0)} torch), within {1 - family.margin:.0%} of "
+            f"({gb(predicted.peak_bytes or 0)} torch), within {1 - search.margin:.0%} of "
             f"{fit.capacity_bytes / 2**30:.0f} GiB"
         )
         self.log(f"fit: {fit.family}: the prediction puts {key} {value} within the margin")
         return value
 
-    def _probe(self, family: _Family, fit: FamilyFit, value: int) -> Verdict:
+    def _probe(self, search: _Search, fit: SearchFit, value: int) -> Verdict:
         """Run (or reuse) the probe of ``value``, record it in ``fit``; its verdict."""
-        first, key = family.first, family.search.key
+        first, key = search.first, search.settings.key
         probe = probe_experiment(first, key, value, self.options.probe_steps)
         eid = probe.experiment_id
         self.probes[eid] = probe
         outcome, reused = self._outcome_of(probe)
         row = build_row(probe.spec(), outcome.as_dict(), read_result(self.layout.run(eid).result))
         self.rows[eid] = row
-        verdict, reason = _verdict(row, outcome, first.device, fit.capacity_bytes, family.margin)
+        verdict, reason = _verdict(row, outcome, first.device, fit.capacity_bytes, search.margin)
         peak, source = peak_memory(row, first.device)
         fit.probes.append(
             ProbeRecord(
@@ -526,7 +526,7 @@ def _verdict(
     return judge(row, device, capacity, margin)
 
 
-def _settle_answer(fit: FamilyFit) -> None:
+def _settle_answer(fit: SearchFit) -> None:
     """The figures of the largest probe that fitted, and why the next value did not."""
     by_value = {p.value: p for p in fit.probes}
     best = by_value.get(fit.largest_fit) if fit.largest_fit is not None else None
@@ -540,7 +540,7 @@ def _settle_answer(fit: FamilyFit) -> None:
 
 def check_searches(config: BenchConfig, plan: Plan) -> None:
     """Refuse, before the matrix runs, a ``search:`` that cannot apply to its cells."""
-    families(config, plan, FitOptions())
+    searches(config, plan, FitOptions())
 
 
 def search_after_run(
@@ -574,9 +574,9 @@ def search_after_run(
         argv=argv,
         log=log,
     )
-    for family in fitted.record.families:
-        answer = family.largest_fit if family.largest_fit is not None else "none"
-        log(f"fit: {family.family}: largest {family.searched} that fits: {answer}")
+    for fit in fitted.record.families:
+        answer = fit.largest_fit if fit.largest_fit is not None else "none"
+        log(f"fit: {fit.family}: largest {fit.searched} that fits: {answer}")
     log(f"fit: {fitted.layout.fit_md}")
     if done.reported:
         root = done.layout.root

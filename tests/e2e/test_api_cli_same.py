@@ -121,9 +121,9 @@ def test_the_api_and_the_command_line_write_the_same_files(tmp_path: Path) -> No
     # the search ran on both sides: two probes, the answer the limit
     cli_fit = json.loads((cli / "fit" / "fit.json").read_text())
     api_fit = json.loads((api / "fit" / "fit.json").read_text())
-    (family,) = cli_fit["families"]
-    assert [p["value"] for p in family["probes"]] == [1, 2]
-    assert family["largest_fit"] == 2
+    (search,) = cli_fit["families"]
+    assert [p["value"] for p in search["probes"]] == [1, 2]
+    assert search["largest_fit"] == 2
     assert unmeasured(cli_fit) == unmeasured(api_fit)
     assert md_tables(cli / "fit" / "fit.md") == md_tables(api / "fit" / "fit.md")
     # and summary.md, written again after the search, has its section on both sides

@@ -86,20 +86,20 @@ def test_the_answer_is_bracketed_by_an_ok_probe_and_a_real_oom(fitted, memory_cg
     done, results = fitted
     assert done.returncode == 0, done.stderr[-3000:]
     fit = json.loads((results / "fit.json").read_text())
-    (family,) = fit["families"]
-    probes = {p["value"]: p for p in family["probes"]}
-    assert family["ending"] == "bracketed", family
-    answer, miss = family["largest_fit"], family["first_too_big"]
+    (search,) = fit["families"]
+    probes = {p["value"]: p for p in search["probes"]}
+    assert search["ending"] == "bracketed", search
+    answer, miss = search["largest_fit"], search["first_too_big"]
     assert answer == miss - 1
     assert (probes[answer]["status"], probes[answer]["verdict"]) == ("ok", "fits")
     assert probes[miss]["status"] == "oom", probes[miss]
     assert "killed by the kernel's out-of-memory killer" in probes[miss]["reason"]
-    assert family["why_too_big"].startswith("oom: host memory: ")
+    assert search["why_too_big"].startswith("oom: host memory: ")
     # the margin was taken of the cgroup's limit, and the answer stayed within it
-    assert family["capacity_bytes"] == LIMIT_BYTES
-    assert "memory cgroup limit" in family["capacity_source"]
+    assert search["capacity_bytes"] == LIMIT_BYTES
+    assert "memory cgroup limit" in search["capacity_source"]
     assert 0 < probes[answer]["peak_memory_bytes"] < 0.9 * LIMIT_BYTES
-    assert family["tokens_per_second"] == probes[answer]["tokens_per_second"] > 0
+    assert search["tokens_per_second"] == probes[answer]["tokens_per_second"] > 0
     # each probe is its own run folder and row; the answer is printed and in fit.md
     rows = (results / "raw_summary.csv").read_text().splitlines()
     assert len(rows) == 1 + len(probes)

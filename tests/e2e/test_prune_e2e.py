@@ -1,13 +1,13 @@
 """OOM pruning, the counterbalanced order, loss against the baseline, the recommendation
 and the plan's estimate, for real: one run under a cgroup memory limit.
 
-Two frameworks (two families: the baseline and an overlay with a 1000× learning
+Two frameworks (two ladders: the baseline and an overlay with a 1000× learning
 rate) × three per-device batches × two repeats of the tiny Llama on the CPU, in
 a 2 GiB memory cgroup. Batch 1 fits; batch 128 (its fp32 logits alone are 128 ×
 1024 × 1024 × 4 bytes = 512 MiB, several copies in the loss and its backward)
 is killed by the kernel's OOM killer; its second repeat and every batch-256
 experiment must then be pruned without a launch, each naming the OOM of its own
-family. The small cell's variants run A B B A. The overlay's loss departs from
+ladder. The small cell's variants run A B B A. The overlay's loss departs from
 the baseline's, so summary.md, which opens with the recommendation, recommends
 the baseline; ``plan`` then estimates the matrix from this run's history, and
 ``compare`` of the folder with itself finds no loss change.
@@ -96,7 +96,7 @@ def pruned_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
         yield work / "res", proc.stdout
 
 
-def test_an_oom_prunes_the_larger_cells_of_its_family(pruned_run) -> None:
+def test_an_oom_prunes_the_larger_cells_of_its_ladder(pruned_run) -> None:
     results, stdout = pruned_run
     rows = {
         (r["framework_config"], r["per_device_train_batch_size"], r["repeat"]): r
@@ -111,7 +111,7 @@ def test_an_oom_prunes_the_larger_cells_of_its_family(pruned_run) -> None:
         expected = f"pruned: {oom['experiment_id']} ran out of memory"
         for key in ((framework, "128", "1"), (framework, "256", "0"), (framework, "256", "1")):
             row = rows[key]
-            # pruned by the OOM of its own family (its framework), never the other's
+            # pruned by the OOM of its own ladder (its framework), never the other's
             assert (row["status"], row["error"]) == ("skipped", expected), key
             assert row["tokens_per_second_global"] == ""
             # never launched: no spec, no log, only the outcome

@@ -306,7 +306,7 @@ ROLE_LISTS = {
         "effective_batch_size",
         "max_seq_len",
     ),
-    "family": (
+    "series": (
         "scenario",
         "task",
         "trainer",
@@ -447,7 +447,7 @@ def test_the_report_reads_its_lists_from_the_roles() -> None:
         "compared": compare.DEFAULT_METRICS,
         "annotated": compare.ANNOTATED,
         "baseline": equivalence.MATCH_KEYS,
-        "family": aggregate.SCALING_FAMILY,
+        "series": aggregate.SCALING_SERIES,
         "cell_figure": aggregate.FIGURE_ORDER,
         "numeric": collect.NUMERIC,
         "cell_order": CELL_ORDER,
@@ -463,7 +463,7 @@ def test_the_report_reads_its_lists_from_the_roles() -> None:
 
 def test_each_role_names_declared_columns_of_the_right_kind_once() -> None:
     """A role's tuple is its order: each name in it once, each a column of its kind."""
-    key_roles = {"compare", "baseline", "sort", "family", "numeric", "cell_order"}
+    key_roles = {"compare", "baseline", "sort", "series", "numeric", "cell_order"}
     key_roles |= {"label_base", "label", "varying", "environment_row"}
     for role in registry.ROLES:
         members = registry.with_role(role)

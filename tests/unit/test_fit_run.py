@@ -104,13 +104,13 @@ def fit(load, tmp_path):
 
 def test_a_fit_finds_the_answer_and_writes_its_files(fit, tmp_path) -> None:
     report, executor = fit(up_to(5), memory_gib=100)
-    (family,) = report.record.families  # eb 2 and 4 are one family; 'plain' has no search
-    assert len(family.cells) == 2
+    (search,) = report.record.families  # eb 2 and 4 are one search; 'plain' has no search
+    assert len(search.cells) == 2
     assert executor.launched == [1, 2, 4, 8, 6, 5]
-    assert (family.largest_fit, family.first_too_big, family.ending) == (5, 6, "bracketed")
-    assert family.tokens_per_second == 500.0
-    assert family.peak_memory_bytes == 2.5 * GIB
-    assert family.why_too_big == "oom: host memory: killed"
+    assert (search.largest_fit, search.first_too_big, search.ending) == (5, 6, "bracketed")
+    assert search.tokens_per_second == 500.0
+    assert search.peak_memory_bytes == 2.5 * GIB
+    assert search.why_too_big == "oom: host memory: killed"
     assert report.exit_code == 0
     root = tmp_path / "res"
     with (root / "raw_summary.csv").open() as f:
@@ -138,10 +138,10 @@ def test_a_failed_probe_stops_and_is_tried_again_on_resume(fit) -> None:
         return ("failed", None) if v == 4 else up_to(5)(v)
 
     report, executor = fit(flaky, memory_gib=100)
-    (family,) = report.record.families
+    (search,) = report.record.families
     assert executor.launched == [1, 2, 4]
-    assert family.ending == "stopped" and family.largest_fit == 2
-    assert family.stopped_by == "per_device_train_batch_size 4: failed: ValueError: boom"
+    assert search.ending == "stopped" and search.largest_fit == 2
+    assert search.stopped_by == "per_device_train_batch_size 4: failed: ValueError: boom"
     assert report.exit_code == 1
     report, executor = fit(up_to(5), resume=True, memory_gib=100)
     assert executor.launched == [4, 8, 6, 5]  # 1 and 2 reused, the failed 4 run again
@@ -151,16 +151,16 @@ def test_a_failed_probe_stops_and_is_tried_again_on_resume(fit) -> None:
 def test_the_margin_counts_a_run_near_the_capacity_as_not_fitting(fit) -> None:
     # 0.5 GiB per sample, 4 GiB device, margin 0.25: above 3 GiB does not fit, so 6 is too big
     report, _ = fit(up_to(100), memory_gib=4, margin=0.25, limit=16)
-    (family,) = report.record.families
-    assert (family.largest_fit, family.first_too_big) == (6, 7)
-    assert family.why_too_big is not None and "above 75% of 4.00 GiB" in family.why_too_big
+    (search,) = report.record.families
+    assert (search.largest_fit, search.first_too_big) == (6, 7)
+    assert search.why_too_big is not None and "above 75% of 4.00 GiB" in search.why_too_big
 
 
 def test_a_probe_still_queued_stops_the_search(fit) -> None:
     report, _ = fit(lambda v: ("planned", None), memory_gib=100)
-    (family,) = report.record.families
-    assert family.ending == "stopped"
-    assert "waits for each probe" in str(family.stopped_by)
+    (search,) = report.record.families
+    assert search.ending == "stopped"
+    assert "waits for each probe" in str(search.stopped_by)
 
 
 def test_the_command_line_overrides_the_scenario_and_can_search_any(fit) -> None:
@@ -285,7 +285,7 @@ def test_the_layout_moves_a_fit_aside_with_its_run(tmp_path: Path) -> None:
 
 
 def test_a_gpu_search_starts_from_the_prediction(load, tmp_path, monkeypatch) -> None:
-    """A GPU family starts at the largest doubling of its lower bound predicted within the
+    """A GPU search starts at the largest doubling of its lower bound predicted within the
     margin (the check's prediction stands in: each probe's peak is 8 GB a sample)."""
     from orchestrator.contract.gpumemory import MemoryPrediction
     from orchestrator.running import stackcheck
@@ -315,11 +315,11 @@ def test_a_gpu_search_starts_from_the_prediction(load, tmp_path, monkeypatch) ->
         argv=["tunematrix", "fit"],
         log=lambda text: None,
     )
-    (family,) = report.record.families
+    (search,) = report.record.families
     # 1 to 64 (the limit) predicted; 8's 68.6 GB on NVML is within 90% of 100 GiB, 16's is not
     assert asked == [1, 2, 4, 8, 16, 32, 64]
     assert executor.launched == [8, 16, 12, 10, 11]
-    assert (family.largest_fit, family.first_too_big) == (10, 11)
+    assert (search.largest_fit, search.first_too_big) == (10, 11)
     assert any(
-        n.startswith("started from per_device_train_batch_size 8: predicted") for n in family.notes
+        n.startswith("started from per_device_train_batch_size 8: predicted") for n in search.notes
     )

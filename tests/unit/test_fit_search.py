@@ -1,4 +1,4 @@
-"""The search for the largest value that fits: bisection, families, probes, verdicts. Pure."""
+"""The search for the largest value that fits: bisection, searches, probes, verdicts. Pure."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from orchestrator.matrix.expand import Selection, build_plan
 from orchestrator.matrix.fitsearch import (
     decide,
-    family_key,
     linear_scan,
     probe_experiment,
     search,
+    search_key,
 )
 from orchestrator.running.fitrun import cgroup_memory_limit, judge, peak_memory
 
@@ -85,7 +85,7 @@ def test_the_linear_scan_probes_every_value() -> None:
 
 
 # ---------------------------------------------------------------------------
-# Families and probes
+# Searches and probes
 # ---------------------------------------------------------------------------
 
 SCENARIOS = """
@@ -113,14 +113,14 @@ def experiments(load):
     return build_plan(config, Selection(device="cpu", num_gpus=(1,)), 0).experiments
 
 
-def test_a_batch_family_spans_the_effective_batches_but_not_the_peft_setup(experiments) -> None:
-    keys = {(e.peft_method, family_key(e, "per_device_train_batch_size")) for e in experiments}
+def test_a_batch_search_spans_the_effective_batches_but_not_the_peft_setup(experiments) -> None:
+    keys = {(e.peft_method, search_key(e, "per_device_train_batch_size")) for e in experiments}
     assert len(experiments) == 4
     assert len({k for _, k in keys}) == 2  # eb 4 and 8 share one; lora and full differ
 
 
-def test_a_length_family_keeps_the_per_device_batch(experiments) -> None:
-    keys = {family_key(e, "max_seq_len") for e in experiments}
+def test_a_length_search_keeps_the_per_device_batch(experiments) -> None:
+    keys = {search_key(e, "max_seq_len") for e in experiments}
     assert len(keys) == 4  # per-device batch 4 and 8 need different memory
 
 

@@ -1,4 +1,4 @@
-"""The plan's run order: smaller cells first within a family, variants counterbalanced."""
+"""The plan's run order: smaller cells first within a ladder, variants counterbalanced."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.matrix.order import counterbalance, order_experiments
-from orchestrator.matrix.prune import Size, family_key, size_of
+from orchestrator.matrix.prune import Size, ladder_key, size_of
 from orchestrator.matrix.table import plan_csv
 
 TWO_VARIANTS = """
@@ -53,15 +53,15 @@ scenarios:
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_within_a_family_a_smaller_cell_always_runs_first(plan, seed: int) -> None:
+def test_within_a_ladder_a_smaller_cell_always_runs_first(plan, seed: int) -> None:
     rng = random.Random(seed)
     built = plan(_grid(rng), num_gpus=(1, 2), repeats=rng.randint(1, 3))
     runs = built.experiments
     assert [e.position for e in runs] == list(range(1, len(runs) + 1))
-    families = {e.experiment_id: family_key(e) for e in runs}
+    ladders = {e.experiment_id: ladder_key(e) for e in runs}
     checked = 0
     for a, b in itertools.permutations(runs, 2):
-        if families[a.experiment_id] != families[b.experiment_id]:
+        if ladders[a.experiment_id] != ladders[b.experiment_id]:
             continue
         small, big = size_of(a), size_of(b)
         if big.needs_at_least(small) and big != small:
@@ -70,8 +70,8 @@ def test_within_a_family_a_smaller_cell_always_runs_first(plan, seed: int) -> No
             checked += 1
     sizes: dict[str, set[Size]] = {}
     for e in runs:
-        sizes.setdefault(families[e.experiment_id], set()).add(size_of(e))
-    # the property was checked wherever a family has cells of two sizes
+        sizes.setdefault(ladders[e.experiment_id], set()).add(size_of(e))
+    # the property was checked wherever a ladder has cells of two sizes
     assert checked > 0 or all(len(s) == 1 for s in sizes.values())
 
 

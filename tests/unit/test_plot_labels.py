@@ -121,8 +121,8 @@ def test_cpu_cells_count_processes_in_their_labels() -> None:
     assert gpu == old == ["tiny-llama · ddp · 2 GPU"]
 
 
-def test_scaling_lines_apart_by_every_key_of_their_family() -> None:
-    # two families apart only by packing: the plot grouped them on fewer keys than
+def test_scaling_lines_apart_by_every_key_of_their_series() -> None:
+    # two series apart only by packing: the plot grouped them on fewer keys than
     # the table's, and drew them as one line
     cells = pd.DataFrame(
         [

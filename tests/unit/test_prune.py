@@ -1,4 +1,4 @@
-"""OOM pruning: the family key, the dominance test, the run context's hook, and the tables."""
+"""OOM pruning: the ladder key, the dominance test, the run context's hook, and the tables."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from orchestrator.executors.base import RunContext
 from orchestrator.executors.console import Progress
 from orchestrator.job.execute import RunOptions
 from orchestrator.matrix.experiment import Experiment
-from orchestrator.matrix.prune import Footprint, Size, family_key, footprint, pruned_by
+from orchestrator.matrix.prune import Footprint, Size, footprint, ladder_key, pruned_by
 from orchestrator.results.aggregate import aggregate
 from orchestrator.results.markdown import status_counts
 from orchestrator.results.plots import status_kind
@@ -77,10 +77,10 @@ BASE_CELL = {
 }
 
 
-def test_cells_that_differ_only_in_size_share_a_family(cells) -> None:
+def test_cells_that_differ_only_in_size_share_a_ladder(cells) -> None:
     small = _pick(cells, **BASE_CELL)
     bigger = _pick(cells, **{**BASE_CELL, "per_device": 8, "max_seq_len": 512, "packing": True})
-    assert family_key(small) == family_key(bigger)
+    assert ladder_key(small) == ladder_key(bigger)
     assert small.gradient_accumulation_steps == bigger.gradient_accumulation_steps == 1
     assert small.effective_batch_size != bigger.effective_batch_size
 
@@ -95,15 +95,15 @@ def test_cells_that_differ_only_in_size_share_a_family(cells) -> None:
     ],
     ids=["framework", "gpu-count", "lora-r", "activation-checkpointing"],
 )
-def test_what_else_changes_memory_splits_families(cells, change: dict[str, object]) -> None:
+def test_what_else_changes_memory_splits_ladders(cells, change: dict[str, object]) -> None:
     small = _pick(cells, **BASE_CELL)
     other = _pick(cells, **{**BASE_CELL, **change})
-    assert family_key(small) != family_key(other)
+    assert ladder_key(small) != ladder_key(other)
     # so an OOM of the small cell prunes nothing of the other, however large it is
     assert pruned_by(footprint(other), [footprint(small)]) is None
 
 
-def test_model_dtype_profile_and_scenario_split_families(cells) -> None:
+def test_model_dtype_profile_and_scenario_split_ladders(cells) -> None:
     small = _pick(cells, **BASE_CELL)
     for other in (
         replace(small, model_name_or_path="org/other"),
@@ -112,10 +112,10 @@ def test_model_dtype_profile_and_scenario_split_families(cells) -> None:
         replace(small, scenario="t"),
         replace(small, device="cpu"),
     ):
-        assert family_key(other) != family_key(small)
+        assert ladder_key(other) != ladder_key(small)
     # the ids, repeat and position name a run, not what it needs
     same = replace(small, experiment_id="x", cell_id="y", repeat=2, position=99)
-    assert family_key(same) == family_key(small)
+    assert ladder_key(same) == ladder_key(small)
 
 
 def test_needing_at_least_as_much_memory() -> None:
@@ -157,7 +157,7 @@ def test_an_ok_run_at_least_as_large_overrules_an_out_of_memory() -> None:
     ok = Footprint("c", "fam", Size(4, 512, True))
     assert pruned_by(Footprint("c.r2", "fam", Size(4, 512, True)), [oom], [ok]) is None
     assert pruned_by(Footprint("big", "fam", Size(8, 512, True)), [oom], [ok]) is None
-    # an ok run of a smaller size, or of another family, overrules nothing
+    # an ok run of a smaller size, or of another ladder, overrules nothing
     smaller = Footprint("s", "fam", Size(2, 512, True))
     other = Footprint("o", "other", Size(64, 4096, True))
     assert pruned_by(Footprint("big", "fam", Size(8, 512, True)), [oom], [smaller, other]) == "c.r1"
@@ -199,7 +199,7 @@ def _by(plan, framework: str, per_device: int) -> Experiment:  # type: ignore[no
     return found
 
 
-def test_prepare_prunes_after_an_oom_of_the_same_family(tmp_path, plan) -> None:
+def test_prepare_prunes_after_an_oom_of_the_same_ladder(tmp_path, plan) -> None:
     the_plan = plan(SMALL, num_gpus=(1,), device="cpu")
     small, big = _by(the_plan, "none", 2), _by(the_plan, "none", 4)
     other = _by(the_plan, "ddp", 4)
@@ -213,7 +213,7 @@ def test_prepare_prunes_after_an_oom_of_the_same_family(tmp_path, plan) -> None:
     run = ResultsLayout(tmp_path).run(big.experiment_id)
     assert [p.name for p in run.dir.iterdir()] == ["outcome.json"]
     assert read_outcome(run) == outcome
-    # another framework is another family: it launches
+    # another framework is another ladder: it launches
     assert ctx.prepare(other) is not None
     # a pruned experiment leaves the run's exit code at 0
     assert outcome.status in ACCEPTABLE

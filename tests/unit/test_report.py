@@ -31,7 +31,7 @@ def _folder(tmp_path: Path) -> Path:
             step_time=step,
             memory=(10 + i) * GIB,
         )
-    # the same family on 2 and 4 GPUs
+    # the same scaling series on 2 and 4 GPUs
     write_run(root, "a.g2", num_gpus=2, tps=1800.0, memory=6 * GIB)
     write_run(root, "a.g4", num_gpus=4, tps=3000.0, memory=4 * GIB)
     # another framework, one that ran out of memory, one that failed
@@ -373,12 +373,12 @@ def test_the_moe_table_reads(tmp_path) -> None:
     assert row[header.index("HF est. tokens/s/GPU")] == "5,441"
 
 
-def test_a_scaling_family_is_one_table(tmp_path) -> None:
+def test_a_scaling_series_is_one_table(tmp_path) -> None:
     root = _folder(tmp_path)
     write_report(root, root, CostSettings(), plots=False)
     md = (root / "summary.md").read_text()
     scaling = md.split("## Scaling", 1)[1]
-    # the family's counts in one table, not one table per speedup
+    # the series' counts in one table, not one table per speedup
     assert (
         "| GPUs | fsdp |\n|---|---|\n| 1 | 1.00 (100%) |\n| 2 | 1.80 (90%) |\n| 4 | 3.00 (75%) |"
         in scaling

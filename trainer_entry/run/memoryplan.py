@@ -538,7 +538,7 @@ def _hold_gradients(model: Any, live: LiveBytes) -> None:
 @dataclass
 class _Built:
     """A cell's model and optimizer on fake tensors, the optimizer's states made, and
-    the counter of their bytes: what every size of one family shares."""
+    the counter of their bytes: what the cells of one build group share."""
 
     mode: Any
     model: Any
@@ -688,8 +688,8 @@ def _extended(short: _Step, longer: _Step, counts: tuple[int, int], layers: int)
 
 
 class Predictor:
-    """Predicts cells one after another. The cells of one family (the same model,
-    trainer, LoRA, checkpointing and optimizer; other sizes) share one build, cells
+    """Predicts cells one after another. The cells of one build group (the same
+    model, trainer, LoRA, checkpointing and optimizer; other sizes) share one build, cells
     that differ only in how they shard (GPU count, framework) share one step, and a
     decoder of many alike blocks is stepped with a few (``SHORT_LAYERS``).
     ``shortcut=False``: every step with the whole model."""
@@ -761,7 +761,7 @@ class Predictor:
         """One training step of the cell's model (``layers``: with that many blocks)."""
         key = (cell.model_key, layers)
         if key not in self._built:
-            # one family at a time: the last one's builds are freed
+            # one build group at a time: the last one's builds are freed
             self._built = {k: v for k, v in self._built.items() if k[0] == cell.model_key}
             self._built[key] = _build(cell, layers)
             if layers is not None:
@@ -807,7 +807,7 @@ class Predictor:
                 optimizer.step()
                 built.states()
             finally:
-                # the next cell of the family starts clean, even after a step that failed
+                # the next cell of the build group starts clean, even after a step that failed
                 optimizer.zero_grad(set_to_none=True)
         phases = {}
         for phase, (_, by_label) in live.phase_peaks.items():
@@ -885,7 +885,7 @@ def _largest_block_bytes(model: Any) -> int:
 
 def predict(spec: Any, predictor: Predictor | None = None) -> Prediction:
     """The cell's predicted peak (``SpecError`` where it cannot be predicted, saying why).
-    ``predictor``: the one the cells before it used (a family's share one build)."""
+    ``predictor``: the one the cells before it used (a build group's cells share one build)."""
     started = time.monotonic()
     predictor = predictor or Predictor()
     cell = _cell(spec)
