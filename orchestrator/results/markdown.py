@@ -8,6 +8,16 @@ column and a plot of its own, never as a measured figure.
 
 Headers come from the columns' labels (``Column.label`` in
 ``orchestrator.contract.columns``), and how a figure is shown from its unit.
+
+The document is ``SECTIONS``: each a function of the ``Context`` the report gives
+every section, most of them in a module of their own. Where the prose lives: a
+column's meaning is its ``Column.meaning`` in the registry, once, beside the
+figure it explains (the reading guide and the table headers read it there); the
+prose of a section stays in the section's own code, beside the conditions that
+decide which of its sentences a run gets (CPU or GPU words, which columns have
+figures, which tasks ran) and the values it states. A template file would repeat
+those conditions in a second language, and a reworded sentence would no longer be
+reviewed beside the test that reads it.
 """
 
 from __future__ import annotations
