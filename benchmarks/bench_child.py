@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from abcell import ARCH  # noqa: E402
 
-from orchestrator.config.values import MEMORY_LOGGING  # noqa: E402
+from orchestrator.contract.choices import MEMORY_LOGGING  # noqa: E402
 
 TARGET = 0.99
 BATCH, LENGTH = 4, 256

@@ -17,6 +17,8 @@ Mistakes the user can fix raise :class:`UserError` (or its subclass
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -24,23 +26,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config.scenarios import BenchConfig
-from orchestrator.config.search import FitOptions
+from orchestrator.contract.choices import LAUNCH_MODES, MEMORY_LOGGING
 from orchestrator.contract.clock import now
 from orchestrator.contract.errors import UserError
-from orchestrator.contract.layout import ResultsLayout
-from orchestrator.job.execute import RunOptions
-from orchestrator.matrix.expand import Selection, build_plan
-from orchestrator.matrix.experiment import Experiment
-from orchestrator.matrix.plan import Plan
-from orchestrator.results.options import ReportOptions
+from orchestrator.contract.layout import ResultsLayout, write_atomic
 
 if TYPE_CHECKING:
+    import argparse
+
     import pandas as pd
 
+    from orchestrator.config.scenarios import BenchConfig
+    from orchestrator.config.search import FitOptions
     from orchestrator.contract.outcome import Outcome
     from orchestrator.executors.base import Executor, Settled
+    from orchestrator.job.execute import RunOptions
+    from orchestrator.matrix.experiment import Experiment
+    from orchestrator.matrix.plan import Plan
     from orchestrator.results.compare import Comparison
+    from orchestrator.results.options import ReportOptions
     from orchestrator.results.report import Report
     from orchestrator.running.fitrun import FitReport
 
@@ -66,21 +70,33 @@ __all__ = [
 ]
 
 PathLike = str | os.PathLike[str]
-#: a scenarios file, a loaded config, or the scenarios file's content as a mapping
-ConfigSource = PathLike | BenchConfig | Mapping[str, Any]
+if TYPE_CHECKING:
+    #: a scenarios file, a loaded config, or the scenarios file's content as a mapping
+    ConfigSource = PathLike | BenchConfig | Mapping[str, Any]
+    #: what :func:`run` says of the plan before it runs, given the plan, the loaded file
+    #: (None for a built plan) and the checks' lines (default: the lines, on stderr)
+    Announce = Callable[[Plan, BenchConfig | None, list[str]], None]
+
+#: the API's types, each imported from its module when first asked for (the command
+#: line's reading commands start without the planner, the job runner or pandas)
+_TYPES = {
+    "BenchConfig": "orchestrator.config.scenarios",
+    "Comparison": "orchestrator.results.compare",
+    "Experiment": "orchestrator.matrix.experiment",
+    "FitOptions": "orchestrator.config.search",
+    "Plan": "orchestrator.matrix.plan",
+    "Report": "orchestrator.results.report",
+    "ReportOptions": "orchestrator.results.options",
+    "RunOptions": "orchestrator.job.execute",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # the result types that need pandas, imported when asked for
-    if name == "Comparison":
-        from orchestrator.results.compare import Comparison
+    if name not in _TYPES:
+        raise AttributeError(f"module 'orchestrator.api' has no attribute {name!r}")
+    import importlib
 
-        return Comparison
-    if name == "Report":
-        from orchestrator.results.report import Report
-
-        return Report
-    raise AttributeError(f"module 'orchestrator.api' has no attribute {name!r}")
+    return getattr(importlib.import_module(_TYPES[name]), name)
 
 
 def _ints(values: int | Sequence[int] | None, name: str) -> tuple[int, ...] | None:
@@ -112,6 +128,7 @@ def load(
     ``CONTENTS.yaml`` with ``framework_configs:``.
     """
     from orchestrator.config.files import load_found
+    from orchestrator.config.scenarios import BenchConfig
 
     if isinstance(scenarios, BenchConfig):
         return scenarios
@@ -178,8 +195,6 @@ class PlanOptions:
 def _options(kinds: Mapping[str, Any], keywords: dict[str, Any], caller: str) -> list[Any]:
     """The option objects of ``kinds`` (a name: the given object, or its class), each with
     the ``keywords`` that name one of its fields; a keyword no kind has is refused."""
-    import dataclasses
-
     known: set[str] = set()
     out = []
     for given in kinds.values():
@@ -211,7 +226,7 @@ def plan(
     GPU-count axis given); default: the GPUs found here.
     """
     from orchestrator.config.measure import measure_override
-    from orchestrator.matrix.expand import parse_filters
+    from orchestrator.matrix.expand import Selection, build_plan, parse_filters
 
     (options,) = _options({"plan": options or PlanOptions}, keywords, "plan")
     if options.device not in ("auto", "gpu", "cpu"):
@@ -244,10 +259,79 @@ def plan(
         environments = resolve_all(config.environments)
     built = build_plan(config, selection, gpus, environments)
     if options.notes:
-        import dataclasses
-
         built = dataclasses.replace(built, notes=(*built.notes, *options.notes))
     return built
+
+
+def plan_csv(the_plan: Plan, path: PathLike | None = None) -> str:
+    """The plan as CSV, a row per experiment; with ``path``, written there too."""
+    from orchestrator.matrix.table import plan_csv as csv_text
+
+    text = csv_text(the_plan)
+    if path is not None:
+        write_atomic(Path(path), text)
+    return text
+
+
+def predict_memory(
+    the_plan: Plan, gpu_memory_gib: float | None = None, *, recheck: bool = False
+) -> Plan:
+    """``the_plan`` with each GPU cell's predicted memory (the check before launch, asked
+    for it; its lines on stderr), against ``gpu_memory_gib`` or this machine's GPUs."""
+    from orchestrator.contract.gpumemory import MemoryPrediction
+    from orchestrator.running.memoryfit import device_capacity, predicted, with_memory
+    from orchestrator.running.stackcheck import check_stack
+
+    checked = check_stack(the_plan, keep=True, recheck=recheck, memory=predicted, stop=False)
+    for line in checked.lines():
+        print(line, file=sys.stderr)
+    if checked.refused:
+        print(
+            f"{len(checked.refused)} cell(s) refused before launch (run would stop at the "
+            "first; the table says why for each)",
+            file=sys.stderr,
+        )
+    capacity, source = device_capacity(gpu_memory_gib)
+    memory = dict(checked.memory)
+    memory.update((cell, MemoryPrediction(refused=why)) for cell, why in checked.refused.items())
+    return with_memory(checked.plan, memory, capacity, source)
+
+
+def plan_preview(
+    the_plan: Plan,
+    config: BenchConfig,
+    results: PathLike = "results",
+    *,
+    notes: Sequence[str] = (),
+    usd_per_gpu_hour: float | None = None,
+    memory: bool = False,
+    commands: bool = False,
+    launch: str | None = None,
+) -> str:
+    """What ``tunematrix plan`` prints: the plan's header (with ``notes``) and table, its
+    cost from the history of ``results`` (a GPU-hour at ``usd_per_gpu_hour``, default the
+    file's ``cost:``); with ``memory``, each GPU cell's predicted memory (see
+    :func:`predict_memory`); with ``commands``, the launch commands, a launch per cell or
+    per family (``launch``; default the file's ``launch:``, else ``cell``)."""
+    from orchestrator.job.command import format_commands
+    from orchestrator.matrix.table import format_header, format_table
+    from orchestrator.results.estimate import estimate_plan
+
+    layout = ResultsLayout(Path(results))
+    price = usd_per_gpu_hour or config.usd_per_gpu_hour
+    parts = [
+        format_header(the_plan, config.scenarios_file, config.defaults_file, notes=notes),
+        format_table(the_plan),
+        "\n".join(estimate_plan(the_plan.experiments, layout.history).lines(price)),
+    ]
+    if memory:
+        from orchestrator.running.memoryfit import memory_table
+
+        parts.append("\n".join(memory_table(the_plan)))
+    if commands:
+        launched = launch or config.launch or "cell"
+        parts.append(format_commands(the_plan.experiments, layout, launched))
+    return "\n\n".join(parts)
 
 
 @dataclass
@@ -270,19 +354,77 @@ class RunResult:
     exit_code: int
 
 
-#: what :func:`run` says of the plan before it runs, given the plan, the loaded file
-#: (None for a built plan) and the checks' lines (default: the lines, on stderr)
-Announce = Callable[[Plan, "BenchConfig | None", list[str]], None]
-
-
 def _stderr_lines(plan: Plan, config: BenchConfig | None, lines: list[str]) -> None:
     for line in lines:
         print(line, file=sys.stderr)
 
 
-def _field_names(cls: type) -> set[str]:
-    import dataclasses
+def stdout_announce(notes: Sequence[str] = ()) -> Announce:
+    """What ``tunematrix run`` prints before the first launch, on stdout: the plan's
+    header (with ``notes``), the checks' lines, the table."""
+    from orchestrator.matrix.table import format_header, format_table
 
+    def announce(the_plan: Plan, config: BenchConfig | None, lines: list[str]) -> None:
+        assert config is not None
+        print(format_header(the_plan, config.scenarios_file, config.defaults_file, notes=notes))
+        for line in lines:
+            print(f"  {line}")
+        print()
+        print(format_table(the_plan), flush=True)
+        print()
+
+    return announce
+
+
+def executors() -> Mapping[str, type[Executor]]:
+    """The registered executors by name, in the order ``--executor`` lists them."""
+    from orchestrator.executors import registry
+
+    return registry.EXECUTORS
+
+
+def default_executor() -> str:
+    """The name of the executor that runs when none is named."""
+    from orchestrator.executors import registry
+
+    return registry.DEFAULT
+
+
+def choose_executor(args: argparse.Namespace) -> type[Executor]:
+    """The executor ``--executor`` names (or its own flags choose); every executor's
+    flags (``args.executor_flags``: its name -> its actions) are checked against it."""
+    from orchestrator.executors import registry
+
+    chosen = registry.get(args.executor)
+    if args.executor == registry.DEFAULT:
+        picked = [cls for cls in registry.EXECUTORS.values() if cls.chosen_by(args)]
+        chosen = picked[0] if picked else chosen
+    flags: Mapping[str, Sequence[argparse.Action]] = args.executor_flags
+    for name, actions in flags.items():
+        given = [a.option_strings[0] for a in actions if getattr(args, a.dest) != a.default]
+        registry.get(name).check_flags(args, chosen, given)
+    return chosen
+
+
+def executor_from_flags(args: argparse.Namespace) -> Callable[[BenchConfig], Executor]:
+    """The executor :func:`choose_executor` chooses, made once from the flags and the
+    loaded file's section (what ``tunematrix run`` and ``fit`` pass as ``executor``)."""
+    from orchestrator.executors.base import ExecutorSection
+
+    chosen = choose_executor(args)
+    made: list[Executor] = []
+
+    def make(config: BenchConfig) -> Executor:
+        if not made:
+            section = config.section(chosen.name)
+            assert section is None or isinstance(section, ExecutorSection)
+            made.append(chosen.from_args(args, section))
+        return made[0]
+
+    return make
+
+
+def _field_names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
@@ -312,6 +454,7 @@ def _planned(
     """
     from orchestrator.executors import registry
     from orchestrator.executors.base import Executor
+    from orchestrator.matrix.plan import Plan
     from orchestrator.running.needs import require
 
     config = None
@@ -379,6 +522,9 @@ def run(
     into ``results/fit/`` after the matrix (a built :class:`Plan` carries no ``search:``).
     """
     from orchestrator.executors.packed import PackedExecutor
+    from orchestrator.job.execute import RunOptions
+    from orchestrator.matrix.plan import Plan
+    from orchestrator.results.options import ReportOptions
 
     pack, slots = keywords.pop("pack", False), keywords.pop("slots", 1)
     if slots > 1 and not pack:
@@ -407,8 +553,6 @@ def run(
 
 
 def _check_run_options(running: RunOptions) -> None:
-    from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
-
     if running.gpu_memory_gib is not None and running.gpu_memory_gib <= 0:
         raise UserError(f"gpu_memory_gib must be positive, got {running.gpu_memory_gib:g}")
     if running.memory_logging not in MEMORY_LOGGING:
@@ -428,8 +572,6 @@ def _run_planned(
     announce: Announce,
 ) -> RunResult:
     """The matrix run: checked, announced, run, its searches fitted, its rows read back."""
-    import dataclasses
-
     from orchestrator.results import collect
     from orchestrator.results.report import add_derived
     from orchestrator.running.fitrun import check_searches, search_after_run
@@ -516,8 +658,8 @@ def fit(
     (fit.json, fit.md). The matrix itself is never changed. ``recheck=True``: check
     every cell against the installed libraries again, kept verdicts or not.
     """
-    import dataclasses
-
+    from orchestrator.config.search import FitOptions
+    from orchestrator.job.execute import RunOptions
     from orchestrator.running.fitrun import run_fit
     from orchestrator.running.stackcheck import check_stack
 
@@ -548,6 +690,25 @@ def fit(
         argv=planned.argv,
         log=lambda text: print(text, file=sys.stderr, flush=True),
     )
+
+
+def fit_lines(report: FitReport) -> list[str]:
+    """What ``tunematrix fit`` prints at its end: each family's answer, the files, and
+    each search that stopped."""
+    from orchestrator.results.fitreport import answer_rows
+    from orchestrator.results.mdtable import md_table
+
+    layout, record = report.layout, report.record
+    lines = ["", *md_table(*answer_rows(record)), ""]
+    lines += [f"  fit:    {layout.fit_md}, {layout.fit_json}", f"  probes: {layout.raw_summary}"]
+    if report.moved_to is not None:
+        lines.append(f"  the earlier fit is in {report.moved_to}")
+    lines += [
+        f"  stopped: {f.family}: {f.stopped_by}" for f in record.families if f.ending == "stopped"
+    ]
+    if record.interrupted:
+        lines.append("tunematrix: interrupted; finished probes are kept (--resume reuses them)")
+    return lines
 
 
 def ids_text(jobs: Sequence[str], most: int = 5) -> str:
@@ -603,6 +764,13 @@ class Reported:
         """The ids of the jobs still queued or running, of every executor."""
         return [job for settled in self.settled for job in settled.running]
 
+    @property
+    def statuses(self) -> str:
+        """The report's experiments counted by status, as ``tunematrix report`` says them."""
+        from orchestrator.results.report import status_counts
+
+        return status_counts(self.report.rows)
+
 
 def report(
     source: PathLike,
@@ -648,9 +816,8 @@ def settle_and_report(
     against it). ``flags``: name the options in errors as the command line
     spells them.
     """
-    import dataclasses
-
     from orchestrator.results.envfile import cost_from_env
+    from orchestrator.results.options import ReportOptions
     from orchestrator.results.recommend import RANK_BY
 
     (options,) = _options({"report": options or ReportOptions}, keywords, "report")
@@ -873,6 +1040,43 @@ def _compare_losses(
     result.loss_tolerance = tolerance
 
 
+def comparison_lines(result: Comparison, across: str | None = None) -> list[str]:
+    """What ``tunematrix compare`` prints of ``result``: the counts, the notes (with
+    ``across``, the column compared within one side: each candidate against the
+    baseline), each regression and loss change, the files written."""
+    from orchestrator.contract.wording import signed_change
+    from orchestrator.results import compare as comparing
+
+    regressions = result.regressions
+    matched = result.table[result.keys].drop_duplicates().shape[0] if len(result.table) else 0
+    lines = [
+        f"tunematrix compare: {matched} matched cells, {len(regressions)} regression(s); "
+        f"{len(result.only_new)} only in new, {len(result.only_ref)} only in the reference",
+        *(f"  note: {note}" for note in result.notes),
+    ]
+    if across:
+        from orchestrator.results.across import across_lines
+
+        lines += across_lines(result, across) or [""]
+    for _, row in regressions.iterrows():
+        cell = comparing.cell_label(row, result.keys)
+        change = row["change"]
+        shown = "" if change is None or change != change else f" {signed_change(change)}"
+        lines.append(f"  regression: {cell}: {row['metric']}{shown} {row['why']}".rstrip())
+    if result.loss is not None:
+        lines.append(
+            f"  loss curves: {len(result.loss)} matched cell(s) compared, "
+            f"{len(result.loss_changes)} loss change(s)"
+        )
+    for _, row in result.loss_changes.iterrows():
+        cell = comparing.cell_label(row, result.keys)
+        lines.append(
+            f"  loss change: {cell}: loss {row['loss_gap_pct']:.1f}% from the reference's "
+            f"over {row['steps_compared']} steps"
+        )
+    return lines + [f"  {path}" for path in result.written]
+
+
 def compare_folder(new: PathLike, output: PathLike | None) -> Path:
     """Where ``tunematrix compare`` writes: ``output``, else NEW's results folder, else here."""
     if output:
@@ -896,3 +1100,38 @@ def _label(side: PathLike | pd.DataFrame, db: Path | None) -> str:
     if text.startswith("run:") and db is not None:
         return f"{db}#{text.removeprefix('run:')}"
     return text
+
+
+def history_lines(results: PathLike = "results") -> list[str]:
+    """What ``tunematrix history`` prints: a line per run recorded in ``results``."""
+    from orchestrator.results import history
+
+    db = history.path_for(Path(results))
+    runs = history.runs(db)
+    if not runs:
+        return [f"no runs recorded in {db}"]
+    lines = [
+        f"{'run':>4}  {'started':<26} {'experiments':>11}  {'statuses':<30} {'git':<11} host / GPUs"
+    ]
+    for r in runs:
+        counts = ", ".join(f"{k} {v}" for k, v in json.loads(r["counts"] or "{}").items())
+        gpus = ", ".join(sorted(set(json.loads(r["gpus"] or "[]")))) or "CPU"
+        git = (r["git_sha"] or "-")[:10]
+        flag = " (interrupted)" if r["interrupted"] else ""
+        lines.append(
+            f"{r['run_id']:>4}  {r['started_at'] or '-':<26} {r['experiments']:>11}  "
+            f"{counts + flag:<30} {git:<11} {r['host']} / {gpus}"
+        )
+    return lines
+
+
+def diagnose(results: PathLike = "results", *, as_json: bool = False) -> tuple[str, int]:
+    """What ``tunematrix doctor`` prints of this machine (text, or JSON), and its exit
+    code: 0 when the tiny CPU matrix can run here, 1 when something it needs is missing;
+    ``results``: the folder whose free space is checked."""
+    from orchestrator import doctor
+    from orchestrator.config.files import default_accelerate
+
+    diagnosis = doctor.diagnose(doctor.gather(Path(results), *default_accelerate()))
+    text = doctor.format_json(diagnosis) if as_json else doctor.format_text(diagnosis)
+    return text, diagnosis.exit_code

@@ -1,8 +1,8 @@
 """What every command shares: the parser classes, number types, the energy prices.
 
 Light on purpose: ``tunematrix report``, ``compare`` and ``history`` import only
-this and their own module; the flags that plan a matrix (``plan``, ``run``,
-``fit``), which need the config and the executors, are in ``selection``.
+this, their own module and the API (which imports what a call needs when called);
+the flags that plan a matrix (``plan``, ``run``, ``fit``) are in ``selection``.
 """
 
 from __future__ import annotations

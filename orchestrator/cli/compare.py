@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from orchestrator import api
 from orchestrator.cli.common import Formatter
-from orchestrator.contract.wording import signed_change
 
 _COMPARE_EPILOG = """\
 Examples:
@@ -19,9 +19,6 @@ Examples:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from orchestrator import api
-    from orchestrator.results import compare as comparing
-
     result = api.compare(
         args.new,
         args.ref,
@@ -35,38 +32,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         baseline=args.baseline,
         loss_tolerance=args.loss_tolerance,
     )
-    written = result.written
-    regressions = result.regressions
-    matched = result.table[result.keys].drop_duplicates().shape[0] if len(result.table) else 0
-    print(
-        f"tunematrix compare: {matched} matched cells, {len(regressions)} regression(s); "
-        f"{len(result.only_new)} only in new, {len(result.only_ref)} only in the reference"
-    )
-    for note in result.notes:
-        print(f"  note: {note}")
-    if args.across:
-        from orchestrator.results.across import across_lines
-
-        print(*across_lines(result, args.across), sep="\n")
-    for _, row in regressions.iterrows():
-        cell = comparing.cell_label(row, result.keys)
-        change = row["change"]
-        shown = "" if change is None or change != change else f" {signed_change(change)}"
-        print(f"  regression: {cell}: {row['metric']}{shown} {row['why']}".rstrip())
-    if result.loss is not None:
-        print(
-            f"  loss curves: {len(result.loss)} matched cell(s) compared, "
-            f"{len(result.loss_changes)} loss change(s)"
-        )
-    for _, row in result.loss_changes.iterrows():
-        cell = comparing.cell_label(row, result.keys)
-        print(
-            f"  loss change: {cell}: loss {row['loss_gap_pct']:.1f}% from the reference's "
-            f"over {row['steps_compared']} steps"
-        )
-    for path in written:
-        print(f"  {path}")
-    return 1 if len(regressions) else 0
+    print(*api.comparison_lines(result, args.across), sep="\n")
+    return 1 if len(result.regressions) else 0
 
 
 def add_parser(sub: Any) -> None:

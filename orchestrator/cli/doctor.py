@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
+from orchestrator import api
 from orchestrator.cli.common import Formatter
 
 _DOCTOR_EPILOG = """\
@@ -23,12 +23,9 @@ installed, written or changed, and the training stack is not imported.
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from orchestrator import doctor
-    from orchestrator.config.files import default_accelerate
-
-    diagnosis = doctor.diagnose(doctor.gather(Path(args.results), *default_accelerate()))
-    sys.stdout.write(doctor.format_json(diagnosis) if args.json else doctor.format_text(diagnosis))
-    return diagnosis.exit_code
+    text, exit_code = api.diagnose(args.results, as_json=args.json)
+    sys.stdout.write(text)
+    return exit_code
 
 
 def add_parser(sub: Any) -> None:

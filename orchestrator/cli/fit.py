@@ -8,18 +8,10 @@ from typing import Any
 
 from orchestrator import api
 from orchestrator.api import FitOptions, RunOptions
-from orchestrator.cli.common import (
-    PROG,
-    Formatter,
-    add_recheck_arg,
-    positive_float,
-)
-from orchestrator.cli.selection import add_selection_args
-from orchestrator.config.search import DEFAULT_MARGIN, SEARCH_KEYS
-from orchestrator.config.values import MEMORY_LOGGING
+from orchestrator.cli.common import PROG, Formatter, add_recheck_arg, positive_float
+from orchestrator.cli.selection import add_selection_args, plan_options
+from orchestrator.contract.choices import DEFAULT_MARGIN, MEMORY_LOGGING, SEARCH_KEYS, positive_int
 from orchestrator.contract.errors import UserError
-from orchestrator.executors import registry
-from orchestrator.executors.base import positive_int
 
 _FIT_EPILOG = """\
 Examples:
@@ -52,11 +44,6 @@ def _margin(text: str) -> float:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from orchestrator.cli.run import _Once, choose_executor
-    from orchestrator.cli.selection import plan_options
-    from orchestrator.results.fitreport import answer_rows
-    from orchestrator.results.mdtable import md_table
-
     if args.min is not None and args.limit is not None and args.min > args.limit:
         raise UserError(f"--min {args.min} is above --limit {args.limit}")
     report = api.fit(
@@ -78,25 +65,15 @@ def cmd_fit(args: argparse.Namespace) -> int:
             margin=args.margin,
             memory_gib=args.memory_gib,
         ),
-        executor=_Once(choose_executor(args), args),
+        executor=api.executor_from_flags(args),
         argv=[PROG, *sys.argv[1:]],
     )
-    print()
-    print("\n".join(md_table(*answer_rows(report.record))))
-    print(f"\n  fit:    {report.layout.fit_md}, {report.layout.fit_json}")
-    print(f"  probes: {report.layout.raw_summary}")
-    if report.moved_to is not None:
-        print(f"  the earlier fit is in {report.moved_to}")
-    for family in report.record.families:
-        if family.ending == "stopped":
-            print(f"  stopped: {family.family}: {family.stopped_by}")
-    if report.record.interrupted:
-        print(f"{PROG}: interrupted; finished probes are kept (--resume reuses them)")
+    print(*api.fit_lines(report), sep="\n")
     return report.exit_code
 
 
 def add_parser(sub: Any) -> None:
-    from orchestrator.cli.run import _Recorder
+    from orchestrator.cli.run import add_executor_args
 
     p = sub.add_parser(
         "fit",
@@ -170,16 +147,5 @@ def add_parser(sub: Any) -> None:
         default="all",
         help="memory measurement, as for run (default: all)",
     )
-    g.add_argument(
-        "--executor",
-        choices=tuple(registry.EXECUTORS),
-        default=registry.DEFAULT,
-        help="where the probes run: "
-        + "; ".join(f"{name}: {cls.summary}" for name, cls in registry.EXECUTORS.items()),
-    )
-    flags: dict[str, list[argparse.Action]] = {}
-    for name, cls in registry.EXECUTORS.items():
-        recorder = _Recorder(p.add_argument_group(cls.flags_title) if cls.flags_title else g)
-        cls.add_flags(recorder)
-        flags[name] = recorder.actions
-    p.set_defaults(func=cmd_fit, executor_flags=flags)
+    add_executor_args(p, g, "probes")
+    p.set_defaults(func=cmd_fit)

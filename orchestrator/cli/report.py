@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from orchestrator.api import ids_text
+from orchestrator import api
 from orchestrator.cli.common import Formatter, add_energy_prices
 
 _REPORT_EPILOG = """\
@@ -20,9 +20,6 @@ Examples:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from orchestrator import api
-    from orchestrator.results.report import status_counts
-
     done = api.settle_and_report(
         args.source,
         args.output,
@@ -42,14 +39,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         if settled.running:
             print(
                 f"{len(settled.running)} {settled.noun}(s) still queued or running "
-                f"({ids_text(settled.running)}); the report shows them as not run yet"
+                f"({api.ids_text(settled.running)}); the report shows them as not run yet"
             )
     report = done.report
     for line in report.warnings:  # a run file the read could not read: its row reads failed
         print(f"warning: {line}", file=sys.stderr)
     print(
         f"tunematrix report: {len(report.rows)} experiments, {len(report.cells)} cells — "
-        + status_counts(report.rows)
+        + done.statuses
     )
     for path in report.written:
         print(f"  {path}")

@@ -5,18 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator import api
-from orchestrator.api import (
-    Announce,
-    BenchConfig,
-    Plan,
-    ReportOptions,
-    RunOptions,
-    RunResult,
-)
+from orchestrator.api import ReportOptions, RunOptions, RunResult
 from orchestrator.cli.common import (
     PROG,
     Formatter,
@@ -25,12 +17,10 @@ from orchestrator.cli.common import (
     positive_float,
 )
 from orchestrator.cli.selection import add_selection_args, plan_options
-from orchestrator.config.values import LAUNCH_MODES, MEMORY_LOGGING
+from orchestrator.contract.choices import LAUNCH_MODES, MEMORY_LOGGING, positive_int
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import PRUNED, tally
-from orchestrator.executors import registry
-from orchestrator.executors.base import Executor, ExecutorSection, positive_int
 
 _RUN_EXAMPLES = (
     "tunematrix run",
@@ -44,54 +34,8 @@ _RUN_EXAMPLES = (
 
 def _epilog() -> str:
     """The examples: the command's own, then each executor's."""
-    lines = [*_RUN_EXAMPLES, *(e for cls in registry.EXECUTORS.values() for e in cls.examples)]
+    lines = [*_RUN_EXAMPLES, *(e for cls in api.executors().values() for e in cls.examples)]
     return "Examples:\n" + "".join(f"  {line}\n" for line in lines)
-
-
-def choose_executor(args: argparse.Namespace) -> type[Executor]:
-    """The executor ``--executor`` names (or its own flags choose); every executor's
-    flags are checked against the choice."""
-    chosen = registry.get(args.executor)
-    if args.executor == registry.DEFAULT:
-        picked = [cls for cls in registry.EXECUTORS.values() if cls.chosen_by(args)]
-        chosen = picked[0] if picked else chosen
-    flags: Mapping[str, Sequence[argparse.Action]] = args.executor_flags
-    for name, actions in flags.items():
-        given = [a.option_strings[0] for a in actions if getattr(args, a.dest) != a.default]
-        registry.get(name).check_flags(args, chosen, given)
-    return chosen
-
-
-class _Once:
-    """The chosen executor, made from the flags and the file's section when the file is loaded."""
-
-    def __init__(self, chosen: type[Executor], args: argparse.Namespace) -> None:
-        self.chosen = chosen
-        self.args = args
-        self.made: Executor | None = None
-
-    def __call__(self, config: BenchConfig) -> Executor:
-        if self.made is None:
-            section = config.section(self.chosen.name)
-            assert section is None or isinstance(section, ExecutorSection)
-            self.made = self.chosen.from_args(self.args, section)
-        return self.made
-
-
-def _announce(args: argparse.Namespace) -> Announce:
-    """What ``run`` prints before the first launch: the header, the checks, the table."""
-    from orchestrator.matrix.table import format_header, format_table
-
-    def announce(plan: Plan, config: BenchConfig | None, lines: list[str]) -> None:
-        assert config is not None
-        print(format_header(plan, config.scenarios_file, config.defaults_file, notes=args.note))
-        for line in lines:
-            print(f"  {line}")
-        print()
-        print(format_table(plan), flush=True)
-        print()
-
-    return announce
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -123,8 +67,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             usd_per_kwh=args.usd_per_kwh,
             grams_co2_per_kwh=args.grams_co2_per_kwh,
         ),
-        executor=_Once(choose_executor(args), args),
-        announce=_announce(args),
+        executor=api.executor_from_flags(args),
+        announce=api.stdout_announce(args.note),
         argv=[PROG, *sys.argv[1:]],
     )
     _say_done(args, done, time.monotonic() - started)
@@ -165,17 +109,25 @@ def _say_done(args: argparse.Namespace, done: RunResult, seconds: float) -> None
         print(f"{PROG}: interrupted; finished experiments are kept", file=sys.stderr)
 
 
-class _Recorder:
-    """An argument group that remembers the flags added to it (one executor's)."""
-
-    def __init__(self, group: Any) -> None:
-        self.group = group
-        self.actions: list[argparse.Action] = []
-
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        action: argparse.Action = self.group.add_argument(*args, **kwargs)
-        self.actions.append(action)
-        return action
+def add_executor_args(p: argparse.ArgumentParser, g: Any, what: str, suffix: str = "") -> None:
+    """``--executor`` (``what`` runs there) and every executor's own flags: each
+    executor's in its own group, or in ``g`` (``api.choose_executor`` checks them)."""
+    g.add_argument(
+        "--executor",
+        choices=tuple(api.executors()),
+        default=api.default_executor(),
+        help=f"where the {what} run: "
+        + "; ".join(f"{name}: {cls.summary}" for name, cls in api.executors().items())
+        + suffix,
+    )
+    flags: dict[str, list[argparse.Action]] = {}
+    for name, cls in api.executors().items():
+        # each executor's flags: its own group, or the general one (a group adds its flags
+        # to the parser's list of actions: an executor's are those it made longer by)
+        before = len(p._actions)
+        cls.add_flags(p.add_argument_group(cls.flags_title) if cls.flags_title else g)
+        flags[name] = p._actions[before:]
+    p.set_defaults(executor_flags=flags)
 
 
 def _add_how_to_run(g: Any) -> None:
@@ -265,20 +217,7 @@ def add_parser(sub: Any) -> None:
     add_selection_args(r)
     g = r.add_argument_group("how to run")
     _add_how_to_run(g)
-    g.add_argument(
-        "--executor",
-        choices=tuple(registry.EXECUTORS),
-        default=registry.DEFAULT,
-        help="where the experiments run: "
-        + "; ".join(f"{name}: {cls.summary}" for name, cls in registry.EXECUTORS.items())
-        + " (EXECUTOR=)",
-    )
-    flags: dict[str, list[argparse.Action]] = {}
-    for name, cls in registry.EXECUTORS.items():
-        # each executor's flags: its own group, or the general one
-        recorder = _Recorder(r.add_argument_group(cls.flags_title) if cls.flags_title else g)
-        cls.add_flags(recorder)
-        flags[name] = recorder.actions
+    add_executor_args(r, g, "experiments", " (EXECUTOR=)")
     g.add_argument(
         "--usd-per-gpu-hour",
         type=float,
@@ -301,4 +240,4 @@ def add_parser(sub: Any) -> None:
         "cells heat the GPUs and slow the later ones); the wait is recorded per cell "
         "(cooldown_wait_s); local and packed runs only",
     )
-    r.set_defaults(func=cmd_run, executor_flags=flags)
+    r.set_defaults(func=cmd_run)

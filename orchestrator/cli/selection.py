@@ -7,7 +7,7 @@ import argparse
 from orchestrator.api import PlanOptions
 from orchestrator.cli.common import parse_int_list
 from orchestrator.cli.steadyflags import add_measure_args, measure_from_args
-from orchestrator.executors.base import positive_int
+from orchestrator.contract.choices import positive_int
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from orchestrator.contract.choices import positive_int
 from orchestrator.contract.steady import DEFAULT_MAX_STEPS, DEFAULT_MIN_STEPS, DEFAULT_PRECISION
-from orchestrator.executors.base import positive_int
 
 
 def _precision(text: str) -> float:

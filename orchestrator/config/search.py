@@ -13,12 +13,8 @@ from dataclasses import dataclass
 from orchestrator.config.schema import SearchModel
 from orchestrator.config.yamlio import Loc, YamlDoc
 
-#: the values a search may raise
-SEARCH_KEYS = ("per_device_train_batch_size", "max_seq_len")
 #: where a search starts when ``min`` is not given: one sample, or a short sequence
 DEFAULT_MIN = {"per_device_train_batch_size": 1, "max_seq_len": 64}
-#: a probe whose peak memory is above (1 - margin) of the device's does not fit
-DEFAULT_MARGIN = 0.1
 #: steps of a probe: enough for the optimizer's state to exist (its memory is counted)
 DEFAULT_PROBE_STEPS = 3
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from orchestrator.config.yamlio import Loc, YamlDoc
 from orchestrator.contract.modelnames import is_python_model, python_model_problem
-from orchestrator.contract.spec import MemoryStages
 
 #: Matrix axes: set under ``matrix:`` (or on the command line); a scenario may
 #: pin one in its ``arguments`` or sweep it, but defaults.yaml may not set them.
@@ -24,25 +23,8 @@ AXES = ("effective_batch_size", "max_seq_len", "packing")
 #: Keys that are not trainer arguments and so may not appear in ``arguments``.
 RESERVED_ARGUMENTS = ("num_gpus", "repeat", "repeats")
 
-#: ``--launch`` / the file's ``launch:``: a launch per experiment (the default), or the
-#: experiments of one family one after another in one launch
-LAUNCH_MODES = ("cell", "family")
-
 #: The framework label used for "no overlay" (``null`` in ``framework_config``).
 NO_FRAMEWORK = "none"
-
-#: ``MEMORY_LOGGING`` / ``--memory-logging``: value -> (run the NVML/psutil sidecar,
-#: what fills the GPU memory stage columns: see ``orchestrator.contract.spec.MEMORY_STAGE_SOURCES``).
-#: ``all`` and ``huggingface`` keep the predecessor's stage figures but read them from
-#: torch.cuda counters at stage boundaries; only ``hf-tracker`` runs HF's
-#: TrainerMemoryTracker, whose thread polls memory during all of training.
-MEMORY_LOGGING: dict[str, tuple[bool, MemoryStages | None]] = {
-    "all": (True, "torch"),
-    "nvidia": (True, None),
-    "huggingface": (False, "torch"),
-    # the predecessor's ``all``: the sidecar and HF's own tracker
-    "hf-tracker": (True, "hf-tracker"),
-}
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _NAME_MAX = 64

@@ -51,17 +51,6 @@ from orchestrator.matrix.expand import Plan
 from orchestrator.matrix.experiment import Experiment
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a positive integer."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
-    return value
-
-
 @dataclass(frozen=True)
 class Need:
     """A package an executor (or the matrix) needs installed, and how to install it."""

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
+from orchestrator.contract.choices import positive_int
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.outcome import Outcome
 from orchestrator.executors.base import (
@@ -21,7 +22,6 @@ from orchestrator.executors.base import (
     Flags,
     Ready,
     RunContext,
-    positive_int,
 )
 from orchestrator.executors.local import gpu_pool, plan_pool
 from orchestrator.executors.scheduler import DevicePool, PackQueue

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from orchestrator.config.values import MEMORY_LOGGING
+from orchestrator.contract.choices import MEMORY_LOGGING
 from orchestrator.contract.clock import now
 from orchestrator.contract.layout import (
     NodeFiles,

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from orchestrator.config.search import SEARCH_KEYS
 from orchestrator.config.values import canonical_json
+from orchestrator.contract.choices import SEARCH_KEYS
 from orchestrator.matrix.experiment import Experiment
 from orchestrator.matrix.ids import experiment_id, spec_digest, spec_hash
 

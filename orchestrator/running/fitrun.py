@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.scenarios import BenchConfig, Scenario
-from orchestrator.config.search import DEFAULT_MARGIN, DEFAULT_MIN, FitOptions, Search
+from orchestrator.config.search import DEFAULT_MIN, FitOptions, Search
+from orchestrator.contract.choices import DEFAULT_MARGIN
 from orchestrator.contract.columns import (
     NVML_PEAK,
     PROCESS_RSS_PEAK,

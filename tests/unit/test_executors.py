@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.api import choose_executor
 from orchestrator.cli.app import build_parser
-from orchestrator.cli.run import choose_executor
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import Outcome, read_outcome, write_outcome

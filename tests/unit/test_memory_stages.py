@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.config.values import MEMORY_LOGGING
+from orchestrator.contract.choices import MEMORY_LOGGING
 from orchestrator.contract.spec import RunSpec, read_spec
 from orchestrator.results.rows import build_row, to_csv
 from trainer_entry.measure.memory import (

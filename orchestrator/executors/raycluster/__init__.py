@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from orchestrator.contract.choices import positive_int
 from orchestrator.executors.base import (
     Executor,
     ExecutorSection,
@@ -31,7 +32,6 @@ from orchestrator.executors.base import (
     Preflight,
     Readiness,
     RunContext,
-    positive_int,
 )
 from orchestrator.executors.raycluster import doctor
 from orchestrator.executors.raycluster.cluster import (

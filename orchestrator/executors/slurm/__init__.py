@@ -17,6 +17,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.contract.choices import positive_int
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.executors import sharedfs
 from orchestrator.executors.base import (
@@ -28,7 +29,6 @@ from orchestrator.executors.base import (
     Readiness,
     RunContext,
     Settled,
-    positive_int,
 )
 from orchestrator.executors.slurm import doctor
 from orchestrator.executors.slurm.cluster import (
