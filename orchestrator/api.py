@@ -648,13 +648,14 @@ def fit(
     argv: Sequence[str] | None = None,
     **keywords: Any,
 ) -> FitReport:
-    """The largest per-device batch (or ``max_seq_len``) that fits, per cell family.
+    """The largest per-device batch (or ``max_seq_len``) that fits, per search (one setup,
+    the value it raises).
 
     What ``tunematrix fit`` does (``orchestrator.running.fitrun``): probes of
     ``probe_steps`` steps, fresh launches into ``results``, for the scenarios with
     ``search:`` (``search`` names what to search in every selected scenario
     instead; ``low``, ``limit``, ``margin``, ``memory_gib``: ``FitOptions``). Returns
-    each family's answer and probes (``.record``) and where they were written
+    each search's answer and probes (``.record``) and where they were written
     (fit.json, fit.md). The matrix itself is never changed. ``recheck=True``: check
     every cell against the installed libraries again, kept verdicts or not.
     """
@@ -693,7 +694,7 @@ def fit(
 
 
 def fit_lines(report: FitReport) -> list[str]:
-    """What ``tunematrix fit`` prints at its end: each family's answer, the files, and
+    """What ``tunematrix fit`` prints at its end: each search's answer, the files, and
     each search that stopped."""
     from orchestrator.results.fitreport import answer_rows
     from orchestrator.results.mdtable import md_table

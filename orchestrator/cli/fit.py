@@ -1,4 +1,5 @@
-"""``tunematrix fit``: the largest per-device batch (or sequence length) that fits, per family."""
+"""``tunematrix fit``: the largest per-device batch (or sequence length) that fits, per
+search (one setup, the value it raises)."""
 
 from __future__ import annotations
 
