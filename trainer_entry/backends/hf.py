@@ -155,13 +155,9 @@ def hf_loss(trainer: Any, task: str) -> str:
     it: a subclass's own ``compute_loss``, a ``compute_loss_func``, label smoothing, else
     the model's own loss (liger's when ``use_liger_kernel`` replaced the model's forward;
     before training, when it is asked for, as transformers applies it then)."""
-    own = losses.overridden_compute_loss(trainer, Trainer)
-    if own is not None:
-        return f"custom compute_loss ({own})"
-    if getattr(trainer, "compute_loss_func", None) is not None:
-        return losses.custom_function(trainer.compute_loss_func)
-    if getattr(trainer, "label_smoother", None) is not None:
-        return losses.label_smoothing(trainer.args.label_smoothing_factor)
+    replaced = losses.replaced(trainer, Trainer)
+    if replaced is not None:
+        return replaced
     trained = getattr(getattr(trainer, "state", None), "global_step", 0)
     asked = losses.liger_asked(trainer.args) if task == losses.CAUSAL_LM else None
     if asked is not None and not trained and not losses.liger_forward(trainer.model):

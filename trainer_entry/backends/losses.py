@@ -130,6 +130,20 @@ def overridden_compute_loss(trainer: Any, base: type) -> str | None:
     return None
 
 
+def replaced(trainer: Any, base: type, *, smoothing: bool = True) -> str | None:
+    """What computes the loss of ``trainer`` (a ``base``) in place of what ``base`` computes,
+    in the order ``compute_loss`` decides it: a subclass's own ``compute_loss``, a
+    ``compute_loss_func``, label smoothing (where ``smoothing``); None: none of them."""
+    own = overridden_compute_loss(trainer, base)
+    if own is not None:
+        return f"custom compute_loss ({own})"
+    if getattr(trainer, "compute_loss_func", None) is not None:
+        return custom_function(trainer.compute_loss_func)
+    if smoothing and getattr(trainer, "label_smoother", None) is not None:
+        return label_smoothing(trainer.args.label_smoothing_factor)
+    return None
+
+
 #: the loss a model's forward computes, by transformers' kind of head (``loss_type``)
 _HEADS = {
     "ForCTC": "CTC over the frames",

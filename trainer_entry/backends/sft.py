@@ -435,15 +435,10 @@ def sft_loss(trainer: Any, task: str) -> str:
     head without gradients); else the fused LM head's per-token log-probabilities under
     ``loss_type`` (``nll`` or ``dft``). Under DeepSpeed's sequence parallelism TRL hands
     the model's own loss, the fused head's nll, to the ``Trainer``: the same name."""
-    own = losses.overridden_compute_loss(trainer, SFTTrainer)
-    if own is not None:
-        return f"custom compute_loss ({own})"
-    args = trainer.args
-    loss_type = str(getattr(args, "loss_type", None) or "nll")
-    if getattr(trainer, "compute_loss_func", None) is not None:
-        return losses.custom_function(trainer.compute_loss_func)
-    if getattr(trainer, "label_smoother", None) is not None and loss_type == "nll":
-        return losses.label_smoothing(args.label_smoothing_factor)
+    loss_type = str(getattr(trainer.args, "loss_type", None) or "nll")
+    replaced = losses.replaced(trainer, SFTTrainer, smoothing=loss_type == "nll")
+    if replaced is not None:
+        return replaced
     if not losses.trl_fused_head(trainer.model):
         # an SFTTrainer of a release without TRL's fused head: the model's own loss
         return losses.model_loss(trainer.model, task)

@@ -312,13 +312,10 @@ def _task_tokenizer(
     if task.modality not in ("text", *PROCESSOR_MODALITIES):
         return None
     tokenizer_name = tokenizer_name or str(tiny_model_path(task.tokenizer_model or TINY_NAME))
-    if task.modality in PROCESSOR_MODALITIES:
-        from transformers import AutoProcessor
+    import transformers
 
-        return _load_tokenizer(tokenizer_name, cfg, model, AutoProcessor)
-    from transformers import AutoTokenizer
-
-    return _load_tokenizer(tokenizer_name, cfg, model, AutoTokenizer)
+    auto = "AutoProcessor" if task.modality in PROCESSOR_MODALITIES else "AutoTokenizer"
+    return _load_tokenizer(tokenizer_name, cfg, model, getattr(transformers, auto))
 
 
 def _has_tokenizer(folder: Path) -> bool:

@@ -130,10 +130,15 @@ class TinyModel:
         """Its folder, built on first use."""
         return ensure_built(self.name, self.key(), self.build, self.files)
 
+    def functions(self) -> tuple[Callable[[], Path], Callable[[Path], bool], Callable[[], Path]]:
+        """(``path``, ``is_complete``, ``ensure``): what its module names
+        ``<name>_path``, ``is_complete`` and ``ensure_<name>``."""
+        return self.path, self.is_complete, self.ensure
+
 
 # ``build`` looked up at call time: tests replace it
 TINY = TinyModel(TINY_NAME, _RECIPE, (DATASET,), lambda folder: build(folder), BUILT_FILES)
-tiny_path, is_complete, ensure_tiny = TINY.path, TINY.is_complete, TINY.ensure
+tiny_path, is_complete, ensure_tiny = TINY.functions()
 
 
 #: the texts the other tiny models' tokenizers are trained on: the review set, then the
@@ -189,40 +194,61 @@ def byte_level_bpe(
     return tok
 
 
+def fast_tokenizer(
+    tok: Any, template: tuple[str, str], marks: list[str], max_length: int, **tokens: Any
+) -> Any:
+    """``tok`` (a ``tokenizers.Tokenizer``) as a transformers fast tokenizer of
+    ``model_max_length`` ``max_length`` and special tokens ``tokens`` (``bos_token``, ...),
+    writing a text and a pair of texts as ``template`` says (``marks``: the special tokens
+    it writes)."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    single, pair = template
+    marked = [(mark, tok.token_to_id(mark)) for mark in marks]
+    tok.post_processor = processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=marked
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **tokens, model_max_length=max_length)
+
+
+def token_ids(tokenizer: Any, *roles: str) -> dict[str, Any]:
+    """A model config's ``vocab_size`` and the ``<role>_token_id`` of each of ``roles``
+    (``pad``, ``bos``, ``eos``), as ``tokenizer`` has them."""
+    ids = {f"{role}_token_id": getattr(tokenizer, f"{role}_token_id") for role in roles}
+    return {"vocab_size": len(tokenizer), **ids}
+
+
+def seeded(model_class: Any, config: Any, seed: int) -> Any:
+    """``model_class(config)`` initialised from ``seed``, the caller's random state left
+    as it was."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return model_class(config)
+
+
 def build(folder: Path) -> None:
     """Train the tokenizer, initialise the model, save both to ``folder``."""
-    import torch
-    from tokenizers import processors
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     pad, bos, eos = _RECIPE["special_tokens"]
     tok = byte_level_bpe(_training_texts(), _RECIPE["special_tokens"], _RECIPE["vocab_size"])
-    bos_id = tok.token_to_id(bos)
     # Like Llama's tokenizer: a BOS before every encoded text.
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    tokenizer = fast_tokenizer(
+        tok,
+        (f"{bos} $A", f"{bos} $A {bos} $B"),
+        [bos],
+        _RECIPE["model"]["max_position_embeddings"],
         bos_token=bos,
         eos_token=eos,
         pad_token=pad,
-        model_max_length=_RECIPE["model"]["max_position_embeddings"],
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
-
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        bos_token_id=bos_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **_RECIPE["model"],
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_RECIPE["seed"])
-        model = LlamaForCausalLM(config)
-    save_model(model, folder)
+    config = LlamaConfig(**token_ids(tokenizer, "bos", "eos", "pad"), **_RECIPE["model"])
+    save_model(seeded(LlamaForCausalLM, config, _RECIPE["seed"]), folder)
 
 
 def save_model(model: Any, folder: Path) -> None:

@@ -16,9 +16,8 @@ BART's conventions: ``<s>`` is id 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3,
 space before the first word, and byte-level BPE never needs ``<unk>``: it is
 there for code that expects one.
 
-Built into the same cache as ``tiny-llama`` (``cache_root``), under a name
-carrying a hash of the recipe and of the texts, and published once however
-many processes ask (``trainer_entry.buildonce``).
+Built, cached and published as every tiny model is
+(``trainer_entry.models.tiny.TinyModel``).
 """
 
 from __future__ import annotations
@@ -26,17 +25,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer_entry.models.tiny import (
-    SHIPPED_TEXTS,
-    TinyModel,
-    byte_level_bpe,
-    save_model,
-    shipped_texts,
-)
+from trainer_entry.models import tiny
 
 TINY_BART_NAME = "tiny-bart"
-#: what the tokenizer is trained on (part of the cache key)
-TEXTS = SHIPPED_TEXTS
 
 # The recipe. Changing any of it changes the cache key.
 _RECIPE: dict[str, Any] = {
@@ -59,61 +50,41 @@ _RECIPE: dict[str, Any] = {
 }
 
 #: What a build must have written before it is marked finished.
-BUILT_FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-)
+BUILT_FILES = (*tiny.BUILT_FILES, "generation_config.json")
 
 
-TINY_BART = TinyModel(TINY_BART_NAME, _RECIPE, TEXTS, lambda folder: build(folder), BUILT_FILES)
-tiny_bart_path, is_complete, ensure_tiny_bart = (
-    TINY_BART.path,
-    TINY_BART.is_complete,
-    TINY_BART.ensure,
+TINY_BART = tiny.TinyModel(
+    TINY_BART_NAME, _RECIPE, tiny.SHIPPED_TEXTS, lambda folder: build(folder), BUILT_FILES
 )
+tiny_bart_path, is_complete, ensure_tiny_bart = TINY_BART.functions()
 
 
 def build(folder: Path) -> None:
     """Train the tokenizer, initialise the model, save both to ``folder``."""
-    import torch
-    from tokenizers import processors
-    from transformers import BartConfig, BartForConditionalGeneration, PreTrainedTokenizerFast
+    from transformers import BartConfig, BartForConditionalGeneration
 
     bos, pad, eos, unk, mask = _RECIPE["special_tokens"]
-    tok = byte_level_bpe(shipped_texts(), _RECIPE["special_tokens"], _RECIPE["vocab_size"], unk=unk)
-    bos_id, eos_id = tok.token_to_id(bos), tok.token_to_id(eos)
-    # Like BART's tokenizer (RoBERTa's): <s> text </s>, a pair <s> a </s> </s> b </s>.
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A {eos}",
-        pair=f"{bos} $A {eos} {eos} $B {eos}",
-        special_tokens=[(bos, bos_id), (eos, eos_id)],
+    tok = tiny.byte_level_bpe(
+        tiny.shipped_texts(), _RECIPE["special_tokens"], _RECIPE["vocab_size"], unk=unk
     )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    # Like BART's tokenizer (RoBERTa's): <s> text </s>, a pair <s> a </s> </s> b </s>.
+    tokenizer = tiny.fast_tokenizer(
+        tok,
+        (f"{bos} $A {eos}", f"{bos} $A {eos} {eos} $B {eos}"),
+        [bos, eos],
+        _RECIPE["model"]["max_position_embeddings"],
         bos_token=bos,
         pad_token=pad,
         eos_token=eos,
         unk_token=unk,
         mask_token=mask,
-        model_max_length=_RECIPE["model"]["max_position_embeddings"],
     )
     tokenizer.save_pretrained(folder)
-
+    eos_id = tokenizer.eos_token_id
     config = BartConfig(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=bos_id,
-        eos_token_id=eos_id,
+        **tiny.token_ids(tokenizer, "pad", "bos", "eos"),
         decoder_start_token_id=eos_id,
         forced_eos_token_id=eos_id,
         **_RECIPE["model"],
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_RECIPE["seed"])
-        model = BartForConditionalGeneration(config)
-    # save_pretrained writes the config and weights on rank 0 only under a process
-    # group: whichever rank builds the model, it must come out whole
-    save_model(model, folder)
+    tiny.save_model(tiny.seeded(BartForConditionalGeneration, config, _RECIPE["seed"]), folder)

@@ -13,9 +13,8 @@ BERT's conventions: every encoded text is ``[CLS] text [SEP]`` (a pair:
 ``[MASK]`` tokens (byte-level BPE never needs ``[UNK]``; it is there for code
 that expects one).
 
-Built into the same cache as ``tiny-llama`` (``cache_root``), under a name
-carrying a hash of the recipe and of the texts, and published once however
-many processes ask (``trainer_entry.buildonce``).
+Built, cached and published as every tiny model is
+(``trainer_entry.models.tiny.TinyModel``).
 """
 
 from __future__ import annotations
@@ -24,19 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from trainer_entry import ASSETS
-from trainer_entry.models.tiny import (
-    SHIPPED_TEXTS,
-    TinyModel,
-    byte_level_bpe,
-    save_model,
-    shipped_texts,
-)
+from trainer_entry.models import tiny
 
 TINY_BERT_NAME = "tiny-bert"
 #: the labelled review set the seq-classification task trains on by default
 REVIEWS = ASSETS / "reviews.jsonl"
-#: what the tokenizer is trained on (part of the cache key)
-TEXTS = SHIPPED_TEXTS
 
 # The recipe. Changing any of it changes the cache key.
 _RECIPE: dict[str, Any] = {
@@ -57,54 +48,38 @@ _RECIPE: dict[str, Any] = {
 }
 
 #: What a build must have written before it is marked finished.
-BUILT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+BUILT_FILES = tiny.BUILT_FILES
 
 
-TINY_BERT = TinyModel(TINY_BERT_NAME, _RECIPE, TEXTS, lambda folder: build(folder), BUILT_FILES)
-tiny_bert_path, is_complete, ensure_tiny_bert = (
-    TINY_BERT.path,
-    TINY_BERT.is_complete,
-    TINY_BERT.ensure,
+TINY_BERT = tiny.TinyModel(
+    TINY_BERT_NAME, _RECIPE, tiny.SHIPPED_TEXTS, lambda folder: build(folder), BUILT_FILES
 )
+tiny_bert_path, is_complete, ensure_tiny_bert = TINY_BERT.functions()
 
 
 def build(folder: Path) -> None:
     """Train the tokenizer, initialise the encoder, save both to ``folder``."""
-    import torch
-    from tokenizers import processors
-    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+    from transformers import BertConfig, BertModel
 
     pad, unk, cls, sep, mask = _RECIPE["special_tokens"]
-    tok = byte_level_bpe(
-        shipped_texts(),
+    tok = tiny.byte_level_bpe(
+        tiny.shipped_texts(),
         _RECIPE["special_tokens"],
         _RECIPE["vocab_size"],
         unk=unk,
         prefix_space=True,
     )
-    cls_id, sep_id = tok.token_to_id(cls), tok.token_to_id(sep)
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{cls} $A {sep}",
-        pair=f"{cls} $A {sep} $B:1 {sep}:1",
-        special_tokens=[(cls, cls_id), (sep, sep_id)],
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    tokenizer = tiny.fast_tokenizer(
+        tok,
+        (f"{cls} $A {sep}", f"{cls} $A {sep} $B:1 {sep}:1"),
+        [cls, sep],
+        _RECIPE["model"]["max_position_embeddings"],
         pad_token=pad,
         unk_token=unk,
         cls_token=cls,
         sep_token=sep,
         mask_token=mask,
-        model_max_length=_RECIPE["model"]["max_position_embeddings"],
     )
     tokenizer.save_pretrained(folder)
-
-    config = BertConfig(
-        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **_RECIPE["model"]
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_RECIPE["seed"])
-        model = BertModel(config)
-    # save_pretrained writes the config and weights on rank 0 only under a process
-    # group: whichever rank builds the model, it must come out whole
-    save_model(model, folder)
+    config = BertConfig(**tiny.token_ids(tokenizer, "pad"), **_RECIPE["model"])
+    tiny.save_model(tiny.seeded(BertModel, config, _RECIPE["seed"]), folder)

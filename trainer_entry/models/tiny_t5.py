@@ -20,9 +20,8 @@ number of threads, so its scores could differ in their last bits from one
 machine to another, where BPE's merges (counts, not sums of floats) do not.
 There are no ``<extra_id_*>`` sentinels (span corruption is not a task here).
 
-Built into the same cache as ``tiny-llama`` (``cache_root``), under a name
-carrying a hash of the recipe and of the texts, and published once however
-many processes ask (``trainer_entry.buildonce``).
+Built, cached and published as every tiny model is
+(``trainer_entry.models.tiny.TinyModel``).
 """
 
 from __future__ import annotations
@@ -30,11 +29,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer_entry.models.tiny import SHIPPED_TEXTS, TinyModel, save_model, shipped_texts
+from trainer_entry.models import tiny
 
 TINY_T5_NAME = "tiny-t5"
-#: what the tokenizer is trained on (part of the cache key)
-TEXTS = SHIPPED_TEXTS
 
 # The recipe. Changing any of it changes the cache key.
 _RECIPE: dict[str, Any] = {
@@ -60,24 +57,19 @@ _RECIPE: dict[str, Any] = {
 }
 
 #: What a build must have written before it is marked finished.
-BUILT_FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
+BUILT_FILES = (*tiny.BUILT_FILES, "generation_config.json")
+
+
+TINY_T5 = tiny.TinyModel(
+    TINY_T5_NAME, _RECIPE, tiny.SHIPPED_TEXTS, lambda folder: build(folder), BUILT_FILES
 )
-
-
-TINY_T5 = TinyModel(TINY_T5_NAME, _RECIPE, TEXTS, lambda folder: build(folder), BUILT_FILES)
-tiny_t5_path, is_complete, ensure_tiny_t5 = TINY_T5.path, TINY_T5.is_complete, TINY_T5.ensure
+tiny_t5_path, is_complete, ensure_tiny_t5 = TINY_T5.functions()
 
 
 def build(folder: Path) -> None:
     """Train the tokenizer, initialise the model, save both to ``folder``."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import T5Config, T5ForConditionalGeneration
 
     pad, eos, unk = _RECIPE["special_tokens"]
     # a run of characters the texts never had is one <unk>, as in SentencePiece
@@ -90,34 +82,24 @@ def build(folder: Path) -> None:
         special_tokens=_RECIPE["special_tokens"],
         show_progress=False,
     )
-    tok.train_from_iterator(shipped_texts(), trainer=trainer)
-    eos_id = tok.token_to_id(eos)
+    tok.train_from_iterator(tiny.shipped_texts(), trainer=trainer)
     # Like T5's tokenizer: an EOS after every encoded text, no BOS (and no token
     # types: T5 has none).
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, eos_id)]
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    tokenizer = tiny.fast_tokenizer(
+        tok,
+        (f"$A {eos}", f"$A {eos} $B {eos}"),
+        [eos],
+        _RECIPE["model_max_length"],
         pad_token=pad,
         eos_token=eos,
         unk_token=unk,
-        model_max_length=_RECIPE["model_max_length"],
     )
     tokenizer.save_pretrained(folder)
-
     # tie_word_embeddings left to T5Config: tied, with the decoder's output
     # scaled by d_model ** -0.5 before the head, as in T5 v1.0
     config = T5Config(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=eos_id,
+        **tiny.token_ids(tokenizer, "pad", "eos"),
         decoder_start_token_id=tokenizer.pad_token_id,
         **_RECIPE["model"],
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_RECIPE["seed"])
-        model = T5ForConditionalGeneration(config)
-    # save_pretrained writes the config and weights on rank 0 only under a process
-    # group: whichever rank builds the model, it must come out whole
-    save_model(model, folder)
+    tiny.save_model(tiny.seeded(T5ForConditionalGeneration, config, _RECIPE["seed"]), folder)

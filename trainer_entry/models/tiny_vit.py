@@ -8,9 +8,8 @@ downloaded. It has no tokenizer and needs no image processor: the
 ``image-classification`` task resizes and normalises images itself
 (``trainer_entry.data.images``).
 
-Built and published like ``tiny-llama`` (``trainer_entry.models.tiny``): into
-the same cache, in a folder named for a hash of the recipe, published whole
-(``trainer_entry.buildonce``) and taken only with its ``COMPLETE`` marker.
+Built, cached and published as every tiny model is
+(``trainer_entry.models.tiny.TinyModel``).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_entry.data.images import SYNTHETIC_CLASSES, SYNTHETIC_VERSION
-from trainer_entry.models.tiny import TinyModel
+from trainer_entry.models import tiny
 
 TINY_VIT_NAME = "tiny-vit"
 
@@ -47,8 +46,8 @@ _RECIPE: dict[str, Any] = {
 BUILT_FILES = ("config.json", "model.safetensors")
 
 
-TINY_VIT = TinyModel(TINY_VIT_NAME, _RECIPE, (), lambda folder: build(folder), BUILT_FILES)
-tiny_vit_path, is_complete, ensure_tiny_vit = TINY_VIT.path, TINY_VIT.is_complete, TINY_VIT.ensure
+TINY_VIT = tiny.TinyModel(TINY_VIT_NAME, _RECIPE, (), lambda folder: build(folder), BUILT_FILES)
+tiny_vit_path, is_complete, ensure_tiny_vit = TINY_VIT.functions()
 
 
 def build(folder: Path) -> None:
@@ -58,7 +57,6 @@ def build(folder: Path) -> None:
     whichever rank builds it: with a process group up, ``save_pretrained``
     would write them on rank 0 only.
     """
-    import torch
     from safetensors.torch import save_file
     from transformers import ViTConfig, ViTForImageClassification
 
@@ -68,9 +66,7 @@ def build(folder: Path) -> None:
         id2label=dict(enumerate(classes)),
         label2id={name: i for i, name in enumerate(classes)},
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_RECIPE["seed"])
-        model = ViTForImageClassification(config)
+    model = tiny.seeded(ViTForImageClassification, config, _RECIPE["seed"])
     model.config.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(folder)

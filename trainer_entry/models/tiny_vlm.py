@@ -18,9 +18,8 @@ standard deviation, the tokenizer, and a chat template like ``tiny-llama``'s
 whose messages may also hold a list of parts, an image part written as
 ``<image>`` on its own line.
 
-Built and published like ``tiny-llama``: into the same cache, in a folder
-named for a hash of the recipe and of ``tiny-llama``'s, published whole
-(``trainer_entry.buildonce``) and taken only with its ``COMPLETE`` marker.
+Built, cached and published as every tiny model is
+(``trainer_entry.models.tiny.TinyModel``), its key covering ``tiny-llama``'s.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from trainer_entry.models import tiny
-from trainer_entry.models.tiny import TinyModel, save_model
 
 TINY_VLM_NAME = "tiny-vlm"
 IMAGE_TOKEN = "<image>"
@@ -76,18 +74,15 @@ CHAT_TEMPLATE = (
 
 #: What a build must have written before it is marked finished.
 BUILT_FILES = (
-    "config.json",
+    *tiny.BUILT_FILES,
     "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
     "processor_config.json",
     "chat_template.jinja",
 )
 
 
 # the tokenizer is tiny-llama's: its key (its recipe and texts) is part of this one
-TINY_VLM = TinyModel(
+TINY_VLM = tiny.TinyModel(
     TINY_VLM_NAME,
     {**_RECIPE, "chat_template": CHAT_TEMPLATE},
     (),
@@ -95,13 +90,12 @@ TINY_VLM = TinyModel(
     BUILT_FILES,
     more=lambda: {"tokenizer": tiny.TINY.key()},
 )
-tiny_vlm_path, is_complete, ensure_tiny_vlm = TINY_VLM.path, TINY_VLM.is_complete, TINY_VLM.ensure
+tiny_vlm_path, is_complete, ensure_tiny_vlm = TINY_VLM.functions()
 
 
 def build(folder: Path) -> None:
     """Take ``tiny-llama``'s tokenizer, add ``<image>``, initialise the model, save it
     and the processor to ``folder``."""
-    import torch
     from tokenizers import Tokenizer
     from transformers import (
         CLIPImageProcessorPil,
@@ -137,21 +131,12 @@ def build(folder: Path) -> None:
         chat_template=CHAT_TEMPLATE,
     )
     processor.save_pretrained(folder)
-
-    text = LlamaConfig(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **_RECIPE["text"],
-    )
     config = LlavaConfig(
         vision_config=CLIPVisionConfig(**_RECIPE["vision"]),
-        text_config=text,
+        text_config=LlamaConfig(
+            **tiny.token_ids(tokenizer, "bos", "eos", "pad"), **_RECIPE["text"]
+        ),
         image_token_index=processor.image_token_id,
         **_RECIPE["model"],
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_RECIPE["seed"])
-        model = LlavaForConditionalGeneration(config)
-    save_model(model, folder)
+    tiny.save_model(tiny.seeded(LlavaForConditionalGeneration, config, _RECIPE["seed"]), folder)

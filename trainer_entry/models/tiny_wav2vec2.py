@@ -24,10 +24,8 @@ upper-case letter, a newline or a character the shipped texts lack as
 normalises it to zero mean and unit variance and returns an attention mask;
 both are saved as a ``Wav2Vec2Processor`` (``AutoProcessor``).
 
-Built and published like ``tiny-llama`` (``trainer_entry.models.tiny``): into
-the same cache, in a folder named for a hash of the recipe and the texts,
-published whole (``trainer_entry.buildonce``) and taken only with its
-``COMPLETE`` marker.
+Built, cached and published as every tiny model is
+(``trainer_entry.models.tiny.TinyModel``).
 """
 
 from __future__ import annotations
@@ -36,11 +34,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer_entry.models.tiny import SHIPPED_TEXTS, TinyModel, save_model, shipped_texts
+from trainer_entry.models import tiny
 
 TINY_WAV2VEC2_NAME = "tiny-wav2vec2"
-#: whose characters make the vocabulary (part of the cache key)
-TEXTS = SHIPPED_TEXTS
 
 # The recipe. Changing any of it changes the cache key.
 _RECIPE: dict[str, Any] = {
@@ -85,20 +81,16 @@ BUILT_FILES = (
 )
 
 
-TINY_WAV2VEC2 = TinyModel(
-    TINY_WAV2VEC2_NAME, _RECIPE, TEXTS, lambda folder: build(folder), BUILT_FILES
+TINY_WAV2VEC2 = tiny.TinyModel(
+    TINY_WAV2VEC2_NAME, _RECIPE, tiny.SHIPPED_TEXTS, lambda folder: build(folder), BUILT_FILES
 )
-tiny_wav2vec2_path, is_complete, ensure_tiny_wav2vec2 = (
-    TINY_WAV2VEC2.path,
-    TINY_WAV2VEC2.is_complete,
-    TINY_WAV2VEC2.ensure,
-)
+tiny_wav2vec2_path, is_complete, ensure_tiny_wav2vec2 = TINY_WAV2VEC2.functions()
 
 
 def vocabulary() -> dict[str, int]:
     """The CTC vocabulary: the special tokens, the word delimiter, then the characters of
     the shipped texts, lowercased, in code-point order."""
-    characters = {c for text in shipped_texts() for c in text.lower() if not c.isspace()}
+    characters = {c for text in tiny.shipped_texts() for c in text.lower() if not c.isspace()}
     tokens = [*_RECIPE["special_tokens"], _RECIPE["word_delimiter"], *sorted(characters)]
     return {token: i for i, token in enumerate(tokens)}
 
@@ -106,7 +98,6 @@ def vocabulary() -> dict[str, int]:
 def build(folder: Path) -> None:
     """Write the vocabulary, initialise the model, save both and the feature extractor to
     ``folder``."""
-    import torch
     from transformers import (
         Wav2Vec2Config,
         Wav2Vec2CTCTokenizer,
@@ -132,17 +123,5 @@ def build(folder: Path) -> None:
     Wav2Vec2Processor(feature_extractor=feature_extractor, tokenizer=tokenizer).save_pretrained(
         folder
     )
-
-    config = Wav2Vec2Config(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        **_RECIPE["model"],
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_RECIPE["seed"])
-        model = Wav2Vec2ForCTC(config)
-    # save_pretrained writes the config and weights on rank 0 only under a process
-    # group: whichever rank builds the model, it must come out whole
-    save_model(model, folder)
+    config = Wav2Vec2Config(**tiny.token_ids(tokenizer, "pad", "bos", "eos"), **_RECIPE["model"])
+    tiny.save_model(tiny.seeded(Wav2Vec2ForCTC, config, _RECIPE["seed"]), folder)

@@ -23,10 +23,8 @@ Whisper's vocabulary files) inside a ``WhisperProcessor`` with the feature
 extractor: ``AutoProcessor``, ``AutoFeatureExtractor`` and ``AutoTokenizer``
 all load from the folder.
 
-Built and published like ``tiny-llama`` (``trainer_entry.models.tiny``): into
-the same cache, in a folder named for a hash of the recipe and the texts,
-published whole (``trainer_entry.buildonce``) and taken only with its
-``COMPLETE`` marker.
+Built, cached and published as every tiny model is
+(``trainer_entry.models.tiny.TinyModel``).
 """
 
 from __future__ import annotations
@@ -34,17 +32,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer_entry.models.tiny import (
-    SHIPPED_TEXTS,
-    TinyModel,
-    byte_level_bpe,
-    save_model,
-    shipped_texts,
-)
+from trainer_entry.models import tiny
 
 TINY_WHISPER_NAME = "tiny-whisper"
-#: what the tokenizer is trained on (part of the cache key)
-TEXTS = SHIPPED_TEXTS
 
 # The recipe. Changing any of it changes the cache key.
 _RECIPE: dict[str, Any] = {
@@ -79,33 +69,19 @@ _RECIPE: dict[str, Any] = {
 }
 
 #: What a build must have written before it is marked finished.
-BUILT_FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "processor_config.json",
-)
+BUILT_FILES = (*tiny.BUILT_FILES, "generation_config.json", "processor_config.json")
 
 
-TINY_WHISPER = TinyModel(
-    TINY_WHISPER_NAME, _RECIPE, TEXTS, lambda folder: build(folder), BUILT_FILES
+TINY_WHISPER = tiny.TinyModel(
+    TINY_WHISPER_NAME, _RECIPE, tiny.SHIPPED_TEXTS, lambda folder: build(folder), BUILT_FILES
 )
-tiny_whisper_path, is_complete, ensure_tiny_whisper = (
-    TINY_WHISPER.path,
-    TINY_WHISPER.is_complete,
-    TINY_WHISPER.ensure,
-)
+tiny_whisper_path, is_complete, ensure_tiny_whisper = TINY_WHISPER.functions()
 
 
 def build(folder: Path) -> None:
     """Train the tokenizer, initialise the model, save both and the feature extractor to
     ``folder``."""
-    import torch
-    from tokenizers import processors
     from transformers import (
-        PreTrainedTokenizerFast,
         WhisperConfig,
         WhisperFeatureExtractor,
         WhisperForConditionalGeneration,
@@ -113,36 +89,27 @@ def build(folder: Path) -> None:
     )
 
     eot, sot, no_timestamps = _RECIPE["special_tokens"]
-    tok = byte_level_bpe(shipped_texts(), _RECIPE["special_tokens"], _RECIPE["vocab_size"])
-    special_ids = [(t, tok.token_to_id(t)) for t in _RECIPE["special_tokens"]]
-    # Like WhisperTokenizer without a language or task: the prefix, the text, the end.
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{sot} {no_timestamps} $A {eot}",
-        pair=f"{sot} {no_timestamps} $A $B {eot}",
-        special_tokens=special_ids,
+    tok = tiny.byte_level_bpe(
+        tiny.shipped_texts(), _RECIPE["special_tokens"], _RECIPE["vocab_size"]
     )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    # Like WhisperTokenizer without a language or task: the prefix, the text, the end.
+    tokenizer = tiny.fast_tokenizer(
+        tok,
+        (f"{sot} {no_timestamps} $A {eot}", f"{sot} {no_timestamps} $A $B {eot}"),
+        _RECIPE["special_tokens"],
+        _RECIPE["model"]["max_target_positions"],
         bos_token=sot,
         eos_token=eot,
         pad_token=eot,
         extra_special_tokens=[no_timestamps],
-        model_max_length=_RECIPE["model"]["max_target_positions"],
     )
     feature_extractor = WhisperFeatureExtractor(**_RECIPE["feature_extractor"])
     WhisperProcessor(feature_extractor=feature_extractor, tokenizer=tokenizer).save_pretrained(
         folder
     )
-
     config = WhisperConfig(
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        **tiny.token_ids(tokenizer, "pad", "bos", "eos"),
         decoder_start_token_id=tokenizer.bos_token_id,
         **_RECIPE["model"],
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_RECIPE["seed"])
-        model = WhisperForConditionalGeneration(config)
-    save_model(model, folder)
+    tiny.save_model(tiny.seeded(WhisperForConditionalGeneration, config, _RECIPE["seed"]), folder)

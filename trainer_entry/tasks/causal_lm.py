@@ -8,7 +8,6 @@ runs once per token (the LM head included).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,29 +17,19 @@ from trainer_entry.data.collate import Collator, SequenceDataset
 from trainer_entry.data.holdout import pack_part, split_sequences
 from trainer_entry.data.prepare import load_unprocessed, prepare
 from trainer_entry.settings.parsed import ParsedArguments
-from trainer_entry.tasks.task_protocol import TaskData
+from trainer_entry.tasks.task_protocol import TaskData, TaskDefaults
 
 
-class CausalLMTask:
+class CausalLMTask(TaskDefaults):
     name = "causal-lm"
     sample_unit = "sequences"
     modality = "text"
+    auto_class = "AutoModelForCausalLM"
     tokenizer_model: str | None = "tiny-llama"
     loss_counts_items = True
 
-    def model_class(self) -> Any:
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM
-
-    def model_kwargs(self, parsed: ParsedArguments) -> dict[str, Any]:
-        return {}
-
     def peft_task_type(self) -> str | None:
         return "CAUSAL_LM"
-
-    def head_modules(self, model: Any) -> list[str]:
-        return []
 
     def prepare(
         self,
@@ -79,18 +68,3 @@ class CausalLMTask:
 
     def collator(self, processor: Any, parsed: ParsedArguments) -> Any:
         return Collator(processor.pad_token_id, parsed.pad_to_multiple_of)
-
-    def per_sample_modules(self, model: Any) -> set[int]:
-        return set()
-
-    #: the analytic formula counts it (``trainer_entry.measure.flops``)
-    flop_dims: tuple[str, ...] = ()
-
-    def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
-        return {"tokens": parsed.data.max_seq_len}
-
-    probe_config: Mapping[str, Any] = {}
-
-    def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
-        ids = torch.ones((1, lengths["tokens"]), dtype=torch.long, device="meta")
-        return {"input_ids": ids, "labels": ids}

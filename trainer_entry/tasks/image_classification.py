@@ -45,9 +45,9 @@ from trainer_entry.data.images import (
     open_images,
 )
 from trainer_entry.models.kinds import model_kind
-from trainer_entry.settings.parsed import DataConfig, ParsedArguments
+from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.spec_errors import SpecError
-from trainer_entry.tasks.task_protocol import TaskData
+from trainer_entry.tasks.task_protocol import ReadOnce, TaskData, TaskDefaults, uncached
 
 #: positions a model puts before its patches, by ``model_type``: the class token,
 #: and DeiT's distillation token. Another model type is refused rather than
@@ -73,29 +73,20 @@ def encoder_positions(config: Any) -> int:
     return (height // ph) * (width // pw) + EXTRA_POSITIONS[model_type]
 
 
-class ImageClassificationTask:
+class ImageClassificationTask(TaskDefaults):
     name = "image-classification"
     sample_unit = "images"
     modality = "image"
+    auto_class = "AutoModelForImageClassification"
     #: the loss sums over the images and divides by the item count it is passed
     tokenizer_model: str | None = None
     loss_counts_items = True
 
     def __init__(self) -> None:
-        self._opened: tuple[DataConfig, ImageSource] | None = None
+        #: the labelled images a data config names, opened once per run
+        self._images: ReadOnce[ImageSource] = ReadOnce(open_images)
         self._positions: int | None = None
         self._dtype: torch.dtype | None = None
-
-    def _images(self, cfg: DataConfig) -> ImageSource:
-        """The labelled images ``cfg`` names, opened once per run."""
-        if self._opened is None or self._opened[0] != cfg:
-            self._opened = (cfg, open_images(cfg))
-        return self._opened[1]
-
-    def model_class(self) -> Any:
-        from transformers import AutoModelForImageClassification
-
-        return AutoModelForImageClassification
 
     def model_kwargs(self, parsed: ParsedArguments) -> dict[str, Any]:
         classes = self._images(parsed.data).classes
@@ -108,9 +99,6 @@ class ImageClassificationTask:
             # a checkpoint's head for other classes is replaced by a new one
             kwargs["ignore_mismatched_sizes"] = True
         return kwargs
-
-    def peft_task_type(self) -> str | None:
-        return None
 
     def head_modules(self, model: Any) -> list[str]:
         names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
@@ -142,10 +130,7 @@ class ImageClassificationTask:
             "sequences": n,
             "tokens": n * positions,
             "label_tokens": n,
-            "processing": "none" if as_given else None,
-            "cache_key": None,
-            "cache_hit": None,
-            "cache_path": None,
+            **uncached(as_given),
         }
         if not parsed.evaluation.enabled:
             return TaskData(examples=examples, meta=meta)
@@ -173,14 +158,8 @@ class ImageClassificationTask:
             raise RuntimeError("the image-classification collator is made after prepare()")
         return ImageCollator(self._positions, self._dtype)
 
-    #: the analytic formula counts it (``trainer_entry.measure.flops``); every image has
-    #: the model's size, so nothing varies
-    flop_dims: tuple[str, ...] = ()
-
     def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
         return {}  # every image has the model's size
-
-    probe_config: Mapping[str, Any] = {}
 
     def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
         height, width = image_size(model_config.image_size)

@@ -30,8 +30,7 @@ length; split by part (encoder, head).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,33 +38,29 @@ import torch
 
 from trainer_entry.data.collate import ROW_DIMS, padded_batch
 from trainer_entry.data.formats import IGNORE_INDEX
-from trainer_entry.data.holdout import split_sequences
 from trainer_entry.data.sources import load_records
-from trainer_entry.models.tiny_bert import REVIEWS
-from trainer_entry.settings.parsed import DataConfig, ParsedArguments
+from trainer_entry.settings.parsed import ParsedArguments
 from trainer_entry.spec_errors import SpecError
 from trainer_entry.tasks.seq_classification import (
     ClassifiedTexts,
+    check_positions,
+    data_config,
     prepare_texts,
     texts_as_given,
 )
-from trainer_entry.tasks.task_protocol import TaskData
+from trainer_entry.tasks.task_protocol import (
+    ColumnDataset,
+    ReadOnce,
+    TaskData,
+    TaskDefaults,
+    refuse_for_texts,
+    with_split_sequences,
+)
 
 #: the cache folder's prefix (the texts are kept as seq-classification keeps them)
 CACHE_PREFIX = "mlm1-"
 #: what a masked token becomes: the mask token, a random token, itself
 MASK_SHARE, RANDOM_SHARE = 0.8, 0.1
-
-
-class MaskedTextDataset(torch.utils.data.Dataset[dict[str, Any]]):
-    def __init__(self, data: ClassifiedTexts) -> None:
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data.input_ids)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return {"input_ids": self.data.input_ids[i]}
 
 
 @dataclass
@@ -111,37 +106,18 @@ class MaskingCollator:
         }
 
 
-class MaskedLMTask:
+class MaskedLMTask(TaskDefaults):
     name = "masked-lm"
     sample_unit = "texts"
     modality = "text"
+    auto_class = "AutoModelForMaskedLM"
     tokenizer_model: str | None = "tiny-bert"
     #: False: BERT's MLM loss is the mean over the micro-batch's masked tokens
     loss_counts_items = False
     flop_dims: tuple[str, ...] = ("tokens",)
 
     def __init__(self) -> None:
-        self._read: tuple[DataConfig, list[dict[str, Any]], dict[str, Any]] | None = None
-
-    def _records(self, cfg: DataConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        if self._read is None or self._read[0] != cfg:
-            records, source = load_records(cfg)
-            self._read = (cfg, records, source)
-        return self._read[1], self._read[2]
-
-    def model_class(self) -> Any:
-        from transformers import AutoModelForMaskedLM
-
-        return AutoModelForMaskedLM
-
-    def model_kwargs(self, parsed: ParsedArguments) -> dict[str, Any]:
-        return {}
-
-    def peft_task_type(self) -> str | None:
-        return None
-
-    def head_modules(self, model: Any) -> list[str]:
-        return []
+        self._records = ReadOnce(load_records)
 
     def prepare(
         self,
@@ -152,17 +128,8 @@ class MaskedLMTask:
         as_given: bool,
         model_config: Any = None,
     ) -> TaskData:
-        cfg = (
-            parsed.data
-            if parsed.data.dataset is not None
-            else replace(parsed.data, dataset=str(REVIEWS))
-        )
-        if cfg.completion_only_loss:
-            raise SpecError(
-                "completion_only_loss does not apply to masked-lm: the loss is on masked tokens"
-            )
-        if processor is None or processor.pad_token_id is None:
-            raise SpecError("masked-lm needs a tokenizer with a pad token")
+        cfg = data_config(parsed.data)
+        refuse_for_texts(cfg, processor, self.name, "on masked tokens")
         if processor.mask_token_id is None:
             raise SpecError(
                 "masked-lm needs a tokenizer with a mask token; this one has none "
@@ -177,20 +144,12 @@ class MaskedLMTask:
                 cfg, processor, data_dir, records, source, prefix=CACHE_PREFIX, labelled=False
             )
         )
-        limit = getattr(model_config, "max_position_embeddings", None)
-        longest = max(data.lengths())
-        if isinstance(limit, int) and longest > limit:
-            raise SpecError(
-                f"a text is {longest} tokens long but the model has {limit} positions "
-                f"(max_position_embeddings); set max_seq_len to {limit} or less"
-            )
+        check_positions(data, model_config, "a text")
+        task_data = with_split_sequences(data, parsed)  # one text is one document
         specials = int(processor.num_special_tokens_to_add())
-        self._expected_masked(data, cfg.mlm_probability, specials)
-        if parsed.evaluation.enabled:  # one text is one document
-            train, held = split_sequences(data, parsed.evaluation.holdout)
-            self._expected_masked(train, cfg.mlm_probability, specials)
-            return TaskData(examples=train, meta=train.meta, eval_examples=held)
-        return TaskData(examples=data, meta=data.meta)
+        # of the part trained on (the whole without eval)
+        self._expected_masked(task_data.examples, cfg.mlm_probability, specials)
+        return task_data
 
     @staticmethod
     def _expected_masked(data: ClassifiedTexts, share: float, specials: int) -> None:
@@ -200,7 +159,7 @@ class MaskedLMTask:
         data.meta["label_tokens"] = round(expected)
 
     def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:
-        return MaskedTextDataset(data.examples)
+        return ColumnDataset(input_ids=data.examples.input_ids)
 
     def collator(self, processor: Any, parsed: ParsedArguments) -> Any:
         return MaskingCollator(
@@ -211,15 +170,3 @@ class MaskedLMTask:
             probability=parsed.data.mlm_probability,
             pad_to_multiple_of=parsed.pad_to_multiple_of,
         )
-
-    def per_sample_modules(self, model: Any) -> set[int]:
-        return set()
-
-    def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
-        return {"tokens": parsed.data.max_seq_len}
-
-    probe_config: Mapping[str, Any] = {}
-
-    def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
-        ids = torch.ones((1, lengths["tokens"]), dtype=torch.long, device="meta")
-        return {"input_ids": ids, "labels": ids}

@@ -41,8 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer_entry.buildonce import build_once
-from trainer_entry.data.cache import cache_key, is_cached
+from trainer_entry.data.cache import cache_key
 from trainer_entry.data.collate import (
     COUNTS,
     PADDED_TOKENS,
@@ -57,7 +56,15 @@ from trainer_entry.data.sources import SHIPPED_DATASET, load_records
 from trainer_entry.data.tokenize import cut_texts, tokenizer_identity
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.spec_errors import SpecError
-from trainer_entry.tasks.task_protocol import TaskData, with_holdout
+from trainer_entry.tasks.task_protocol import (
+    ColumnDataset,
+    ReadOnce,
+    TaskData,
+    TaskDefaults,
+    cached,
+    refuse_for_texts,
+    with_holdout,
+)
 
 #: the cache folder's prefix; a change of the layout below changes it
 CACHE_PREFIX = "s2s1-"
@@ -167,29 +174,9 @@ def prepare_pairs(
 ) -> Pairs:
     """Tokenized pairs: from the cache when it has them, else made and cached."""
     key = CACHE_PREFIX + cache_key(cfg, source, tokenizer_identity(tokenizer))
-    folder = data_dir / key
-    made: list[Pairs] = []
-
-    def build(tmp: Path) -> None:
-        made.append(tokenize_pairs(records, cfg, tokenizer, source))
-        made[0].meta["cache_key"] = key
-        _save(tmp, made[0])
-
-    build_once(folder, build, is_cached, what=f"the prepared dataset {key}")
-    data = made[0] if made else _load(folder)
-    data.meta.update(cache_hit=not made, cache_path=str(folder))
-    return data
-
-
-class PairDataset(torch.utils.data.Dataset[dict[str, Any]]):
-    def __init__(self, data: Pairs) -> None:
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data.sources)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return {"input_ids": self.data.sources[i], "labels": self.data.targets[i]}
+    return cached(
+        data_dir, key, lambda: tokenize_pairs(records, cfg, tokenizer, source), _save, _load
+    )
 
 
 @dataclass
@@ -219,10 +206,11 @@ class PairCollator:
         }
 
 
-class Seq2SeqLMTask:
+class Seq2SeqLMTask(TaskDefaults):
     name = "seq2seq-lm"
     sample_unit = "pairs"
     modality = "text"
+    auto_class = "AutoModelForSeq2SeqLM"
     tokenizer_model: str | None = "tiny-t5"
     #: False: T5's and BART's losses are the mean over the micro-batch's label tokens and
     #: ignore the item count a trainer passes
@@ -230,28 +218,10 @@ class Seq2SeqLMTask:
     flop_dims: tuple[str, ...] = ("source", "target")
 
     def __init__(self) -> None:
-        self._read: tuple[DataConfig, list[dict[str, Any]], dict[str, Any], DataConfig] | None = (
-            None
-        )
-
-    def _records(self, cfg: DataConfig) -> tuple[list[dict[str, Any]], dict[str, Any], DataConfig]:
-        if self._read is None or self._read[0] != cfg:
-            self._read = (cfg, *read_pairs(cfg))
-        return self._read[1], self._read[2], self._read[3]
-
-    def model_class(self) -> Any:
-        from transformers import AutoModelForSeq2SeqLM
-
-        return AutoModelForSeq2SeqLM
-
-    def model_kwargs(self, parsed: ParsedArguments) -> dict[str, Any]:
-        return {}
+        self._records = ReadOnce(read_pairs)
 
     def peft_task_type(self) -> str | None:
         return "SEQ_2_SEQ_LM"
-
-    def head_modules(self, model: Any) -> list[str]:
-        return []
 
     def prepare(
         self,
@@ -263,12 +233,7 @@ class Seq2SeqLMTask:
         model_config: Any = None,
     ) -> TaskData:
         cfg = parsed.data
-        if cfg.completion_only_loss:
-            raise SpecError(
-                "completion_only_loss does not apply to seq2seq-lm: the loss is on the target"
-            )
-        if processor is None or processor.pad_token_id is None:
-            raise SpecError("seq2seq-lm needs a tokenizer with a pad token")
+        refuse_for_texts(cfg, processor, self.name, "on the target")
         limit = getattr(model_config, "max_position_embeddings", None)
         if isinstance(limit, int) and cfg.max_seq_len > limit:
             # learned positions (BART's): a longer side would index past them mid-training
@@ -286,19 +251,14 @@ class Seq2SeqLMTask:
         return with_holdout(data, len(data.sources), parsed)
 
     def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:
-        return PairDataset(data.examples)
+        return ColumnDataset(input_ids=data.examples.sources, labels=data.examples.targets)
 
     def collator(self, processor: Any, parsed: ParsedArguments) -> Any:
         return PairCollator(processor.pad_token_id, parsed.pad_to_multiple_of)
 
-    def per_sample_modules(self, model: Any) -> set[int]:
-        return set()
-
     def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
         length = parsed.data.max_seq_len
         return {"source": length, "target": length}
-
-    probe_config: Mapping[str, Any] = {}
 
     def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
         meta = torch.device("meta")

@@ -46,17 +46,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer_entry.buildonce import build_once
-from trainer_entry.data.cache import cache_key, is_cached
+from trainer_entry.data.cache import cache_key
 from trainer_entry.data.collate import padded_batch
 from trainer_entry.data.formats import field
-from trainer_entry.data.holdout import split_sequences
 from trainer_entry.data.sources import load_records
 from trainer_entry.data.tokenize import cut_texts, tokenizer_identity
 from trainer_entry.models.tiny_bert import REVIEWS
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.spec_errors import SpecError
-from trainer_entry.tasks.task_protocol import TaskData
+from trainer_entry.tasks.task_protocol import (
+    ColumnDataset,
+    ReadOnce,
+    TaskData,
+    TaskDefaults,
+    cached,
+    refuse_for_texts,
+    with_split_sequences,
+)
 
 #: the cache folder's prefix; a change of the layout below changes it
 CACHE_PREFIX = "cls1-"
@@ -201,25 +207,18 @@ def prepare_texts(
     ``labelled``: False for texts without classes (every label 0); ``prefix``: the
     cache folder's (a task of its own keeps its own entries)."""
     key = prefix + cache_key(cfg, source, tokenizer_identity(tokenizer))
-    folder = data_dir / key
-    made: list[ClassifiedTexts] = []
 
-    def build(tmp: Path) -> None:
+    def make() -> ClassifiedTexts:
         meta: dict[str, Any] = {
-            "cache_key": key,
             "source": source,
             "examples": len(records),
             "max_seq_len": cfg.max_seq_len,
         }
         labels = _labels(records, cfg, labelled)
         ids, truncated = tokenize_texts(records, cfg, tokenizer)
-        made.append(_finish(ids, labels, meta, truncated))
-        _save(tmp, made[0])
+        return _finish(ids, labels, meta, truncated)
 
-    build_once(folder, build, is_cached, what=f"the prepared dataset {key}")
-    data = made[0] if made else _load(folder)
-    data.meta.update(cache_hit=not made, cache_path=str(folder))
-    return data
+    return cached(data_dir, key, make, _save, _load)
 
 
 def texts_as_given(
@@ -255,15 +254,16 @@ def texts_as_given(
     return data
 
 
-class ClassificationDataset(torch.utils.data.Dataset[dict[str, Any]]):
-    def __init__(self, data: ClassifiedTexts) -> None:
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data.input_ids)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return {"input_ids": self.data.input_ids[i], "labels": int(self.data.labels[i])}
+def check_positions(data: ClassifiedTexts, model_config: Any, what: str) -> None:
+    """``SpecError`` where ``what`` (``a text``) of ``data`` is longer than the model's
+    positions (``max_position_embeddings``)."""
+    limit = getattr(model_config, "max_position_embeddings", None)
+    longest = max(data.lengths())
+    if isinstance(limit, int) and longest > limit:
+        raise SpecError(
+            f"{what} is {longest} tokens long but the model has {limit} positions "
+            f"(max_position_embeddings); set max_seq_len to {limit} or less"
+        )
 
 
 @dataclass
@@ -296,10 +296,11 @@ def _backbone(model: Any) -> Any:
     return backbone if isinstance(backbone, torch.nn.Module) and backbone is not model else None
 
 
-class SeqClassificationTask:
+class SeqClassificationTask(TaskDefaults):
     name = "seq-classification"
     sample_unit = "sequences"
     modality = "text"
+    auto_class = "AutoModelForSequenceClassification"
     #: False: the models' losses are the mean over a micro-batch's samples and ignore
     #: the item count a trainer passes for token-level losses (BERT's and RoBERTa's
     #: heads accept ``num_items_in_batch`` and drop it), so a trainer must divide
@@ -310,19 +311,10 @@ class SeqClassificationTask:
 
     def __init__(self) -> None:
         # the records read for model_kwargs, reused by prepare (one read per run)
-        self._records: tuple[DataConfig, list[dict[str, Any]], dict[str, Any]] | None = None
+        self._records = ReadOnce(load_records)
 
     def _read(self, cfg: DataConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        cfg = data_config(cfg)
-        if self._records is None or self._records[0] != cfg:
-            records, source = load_records(cfg)
-            self._records = (cfg, records, source)
-        return self._records[1], self._records[2]
-
-    def model_class(self) -> Any:
-        from transformers import AutoModelForSequenceClassification
-
-        return AutoModelForSequenceClassification
+        return self._records(data_config(cfg))
 
     def model_kwargs(self, parsed: ParsedArguments) -> dict[str, Any]:
         """``num_labels``, ``id2label`` and ``label2id`` from the dataset's labels."""
@@ -363,32 +355,19 @@ class SeqClassificationTask:
         cfg = data_config(parsed.data)
         if cfg.packing:
             raise SpecError("packing does not apply to seq-classification: one text is one sample")
-        if cfg.completion_only_loss:
-            raise SpecError(
-                "completion_only_loss does not apply to seq-classification: the loss is the class"
-            )
-        if processor is None or processor.pad_token_id is None:
-            raise SpecError("seq-classification needs a tokenizer with a pad token")
+        refuse_for_texts(cfg, processor, self.name, "the class")
         records, source = self._read(cfg)
         data = (
             texts_as_given(cfg, processor, records, source)
             if as_given
             else prepare_texts(cfg, processor, data_dir, records, source)
         )
-        limit = getattr(model_config, "max_position_embeddings", None)
-        longest = max(data.lengths())
-        if isinstance(limit, int) and longest > limit:
-            raise SpecError(
-                f"a sequence is {longest} tokens long but the model has {limit} positions "
-                f"(max_position_embeddings); set max_seq_len to {limit} or less"
-            )
-        if parsed.evaluation.enabled:  # one text is one document: split the sequences
-            train, held = split_sequences(data, parsed.evaluation.holdout)
-            return TaskData(examples=train, meta=train.meta, eval_examples=held)
-        return TaskData(examples=data, meta=data.meta)
+        check_positions(data, model_config, "a sequence")
+        return with_split_sequences(data, parsed)  # one text is one document
 
     def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:
-        return ClassificationDataset(data.examples)
+        texts: ClassifiedTexts = data.examples
+        return ColumnDataset(input_ids=texts.input_ids, labels=texts.labels.tolist())
 
     def collator(self, processor: Any, parsed: ParsedArguments) -> Any:
         return ClassificationCollator(processor.pad_token_id, parsed.pad_to_multiple_of)
@@ -420,14 +399,6 @@ class SeqClassificationTask:
         if isinstance(pooler, torch.nn.Module):
             heads.append(pooler)
         return {id(m) for m in heads}
-
-    #: the analytic formula counts it (``trainer_entry.measure.flops``)
-    flop_dims: tuple[str, ...] = ()
-
-    def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
-        return {"tokens": parsed.data.max_seq_len}
-
-    probe_config: Mapping[str, Any] = {}
 
     def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
         ids = torch.ones((1, lengths["tokens"]), dtype=torch.long, device="meta")

@@ -66,7 +66,14 @@ from trainer_entry.data.sources import load_records
 from trainer_entry.models.tiny_bert import REVIEWS
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.spec_errors import SpecError
-from trainer_entry.tasks.task_protocol import TaskData, with_holdout
+from trainer_entry.tasks.task_protocol import (
+    ColumnDataset,
+    TaskData,
+    TaskDefaults,
+    refuse_completion_only,
+    uncached,
+    with_holdout,
+)
 
 #: the generated set's name (``dataset: synthetic-speech``, or no dataset at all)
 SYNTHETIC = "synthetic-speech"
@@ -282,17 +289,6 @@ class SpeechModels:
         return self._auto(config).from_pretrained(path, **kwargs)
 
 
-class ClipDataset(torch.utils.data.Dataset[dict[str, Any]]):
-    def __init__(self, clips: Clips) -> None:
-        self.clips = clips
-
-    def __len__(self) -> int:
-        return len(self.clips.audio)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return {"audio": self.clips.audio[i], "labels": self.clips.targets[i]}
-
-
 @dataclass
 class ClipCollator:
     """The feature extractor over a batch's clips, the transcripts right-padded with
@@ -342,7 +338,7 @@ class ClipCollator:
         }
 
 
-class SpeechRecognitionTask:
+class SpeechRecognitionTask(TaskDefaults):
     name = "speech-recognition"
     sample_unit = "clips"
     modality = "audio"
@@ -368,15 +364,8 @@ class SpeechRecognitionTask:
     def model_class(self) -> Any:
         return SpeechModels(self)
 
-    def model_kwargs(self, parsed: ParsedArguments) -> dict[str, Any]:
-        return {}
-
-    def peft_task_type(self) -> str | None:
-        # a plain PeftModel: PEFT's seq2seq wrapper feeds input_ids, which Whisper has not
-        return None
-
-    def head_modules(self, model: Any) -> list[str]:
-        return []
+    # peft_task_type None, a plain PeftModel: PEFT's seq2seq wrapper feeds input_ids,
+    # which Whisper has not
 
     def _records(
         self, cfg: DataConfig
@@ -408,11 +397,7 @@ class SpeechRecognitionTask:
         model_config: Any,
     ) -> TaskData:
         cfg = parsed.data
-        if cfg.completion_only_loss:
-            raise SpecError(
-                "completion_only_loss does not apply to speech-recognition: the loss is the "
-                "transcript's"
-            )
+        refuse_completion_only(cfg, self.name, "the transcript's")
         extractor = getattr(processor, "feature_extractor", None)
         tokenizer = getattr(processor, "tokenizer", None)
         if extractor is None or tokenizer is None:
@@ -462,10 +447,7 @@ class SpeechRecognitionTask:
             "max_seq_len": limit,
             "examples_truncated": cut,
             "examples_dropped": dropped,
-            "processing": "none" if as_given else None,
-            "cache_key": None,
-            "cache_hit": None,
-            "cache_path": None,
+            **uncached(as_given),
             **_counts(audio, targets, self._rate, self._window),
         }
         clips = Clips(audio, targets, self._rate, meta, self._window)
@@ -473,15 +455,12 @@ class SpeechRecognitionTask:
         return with_holdout(clips, len(audio), parsed)
 
     def dataset(self, data: TaskData) -> torch.utils.data.Dataset[Any]:
-        return ClipDataset(data.examples)
+        return ColumnDataset(audio=data.examples.audio, labels=data.examples.targets)
 
     def collator(self, processor: Any, parsed: ParsedArguments) -> Any:
         if self._extractor is None:
             raise RuntimeError("the speech-recognition collator is made after prepare()")
         return ClipCollator(self._extractor, self._rate, self.ctc, self._window, self._dtype)
-
-    def per_sample_modules(self, model: Any) -> set[int]:
-        return set()
 
     def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
         if _is_ctc(model_config):

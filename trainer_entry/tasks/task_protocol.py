@@ -14,23 +14,29 @@ A task (``task`` in a scenario's arguments) owns:
   after pooling).
 
 The rest of a run (the trainer backend, measurement, the result) is the same
-for every task.
+for every task. Every task subclasses ``TaskDefaults`` (what a task is unless it
+says otherwise); the functions here are what several tasks' preparation shares.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
-from trainer_entry.data.holdout import holdout_count, holdout_indices
+import torch
+
+from trainer_entry.buildonce import build_once
+from trainer_entry.data.cache import is_cached
+from trainer_entry.data.holdout import holdout_count, holdout_indices, split_sequences
 from trainer_entry.models.for_task import ModelTask
+from trainer_entry.spec_errors import SpecError
 
 if TYPE_CHECKING:
-    import torch
+    from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 
-    from trainer_entry.settings.parsed import ParsedArguments
+T = TypeVar("T")
 
 
 @dataclass
@@ -48,13 +54,20 @@ class TaskData:
     eval_examples: Any = None
 
 
-class Examples(Protocol):
-    """Prepared examples that can be split: what the preparation did (``meta``), and the
-    examples at some positions (their counts in the new one's ``meta``)."""
+class Prepared(Protocol):
+    """Prepared examples: what the preparation did (``meta``)."""
 
     meta: dict[str, Any]
 
+
+class Examples(Prepared, Protocol):
+    """Prepared examples that can be split: the examples at some positions (their counts
+    in the new one's ``meta``)."""
+
     def take(self, indices: Sequence[int]) -> Any: ...
+
+
+P = TypeVar("P", bound=Prepared)
 
 
 def with_holdout(data: Examples, size: int, parsed: ParsedArguments) -> TaskData:
@@ -67,6 +80,91 @@ def with_holdout(data: Examples, size: int, parsed: ParsedArguments) -> TaskData
     trained, kept = data.take(train), data.take(held)
     trained.meta["heldout_sequences"] = len(held)
     return TaskData(examples=trained, meta=trained.meta, eval_examples=kept)
+
+
+def with_split_sequences(data: Any, parsed: ParsedArguments) -> TaskData:
+    """``data`` (prepared sequences, each a document, as ``split_sequences`` takes them) as a
+    task's ``TaskData``: whole, or under ``eval: true`` split by ``split_sequences``."""
+    if not parsed.evaluation.enabled:
+        return TaskData(examples=data, meta=data.meta)
+    train, held = split_sequences(data, parsed.evaluation.holdout)
+    return TaskData(examples=train, meta=train.meta, eval_examples=held)
+
+
+def uncached(as_given: bool) -> dict[str, Any]:
+    """The data record's fields of examples made as each batch is fed, never cached."""
+    return {
+        "processing": "none" if as_given else None,
+        "cache_key": None,
+        "cache_hit": None,
+        "cache_path": None,
+    }
+
+
+def cached(
+    data_dir: Path,
+    key: str,
+    make: Callable[[], P],
+    save: Callable[[Path, P], None],
+    load: Callable[[Path], P],
+) -> P:
+    """The prepared examples of the cache entry ``data_dir/key``: read by ``load`` where
+    it is there, else made by ``make`` (``cache_key`` in its ``meta``) and published once
+    by ``save``; their ``meta`` says which (``cache_hit``) and where (``cache_path``)."""
+    folder = data_dir / key
+    made: list[P] = []
+
+    def build(tmp: Path) -> None:
+        made.append(make())
+        made[0].meta["cache_key"] = key
+        save(tmp, made[0])
+
+    build_once(folder, build, is_cached, what=f"the prepared dataset {key}")
+    data = made[0] if made else load(folder)
+    data.meta.update(cache_hit=not made, cache_path=str(folder))
+    return data
+
+
+def refuse_completion_only(cfg: DataConfig, task: str, loss: str) -> None:
+    """``SpecError`` under ``completion_only_loss`` for a task whose loss is ``loss``."""
+    if cfg.completion_only_loss:
+        raise SpecError(f"completion_only_loss does not apply to {task}: the loss is {loss}")
+
+
+def refuse_for_texts(cfg: DataConfig, processor: Any, task: str, loss: str) -> None:
+    """A task of tokenized texts (its loss ``loss``): ``SpecError`` under
+    ``completion_only_loss``, and for a tokenizer without a pad token."""
+    refuse_completion_only(cfg, task, loss)
+    if processor is None or processor.pad_token_id is None:
+        raise SpecError(f"{task} needs a tokenizer with a pad token")
+
+
+class ReadOnce(Generic[T]):
+    """What ``read`` makes of a data config, kept: read again only for another config
+    (``model_kwargs`` and ``prepare`` read the records once per run)."""
+
+    def __init__(self, read: Callable[[DataConfig], T]) -> None:
+        self.read = read
+        self._kept: tuple[DataConfig, T] | None = None
+
+    def __call__(self, cfg: DataConfig) -> T:
+        if self._kept is None or self._kept[0] != cfg:
+            self._kept = (cfg, self.read(cfg))
+        return self._kept[1]
+
+
+# torch's Dataset is Any to mypy (the training stack is not followed)
+class ColumnDataset(torch.utils.data.Dataset[dict[str, Any]]):
+    """Equally long columns as a dataset: row ``i`` holds each column's ``i``-th value."""
+
+    def __init__(self, **columns: Sequence[Any]) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {name: column[i] for name, column in self.columns.items()}
 
 
 class Task(ModelTask, Protocol):
@@ -135,6 +233,44 @@ class Task(ModelTask, Protocol):
         """One sample's model inputs, labels included, without padding, with the given
         length along each of ``flop_dims``, on the ``meta`` device (FLOPs are counted on it)."""
         ...
+
+
+class TaskDefaults:
+    """What a task is unless it says otherwise (every task subclasses it): the model takes
+    nothing of the data, is a plain ``PeftModel`` under LoRA with no head trained in full,
+    runs every module once per token and has its FLOPs from the analytic formula; a
+    sample is one sequence of ``tokens`` (``max_seq_len`` at the longest), labelled with
+    its own ids; the meta copy that counts FLOPs takes the model's config as it is. The
+    model class is the transformers auto class named ``auto_class``."""
+
+    flop_dims: tuple[str, ...] = ()
+    probe_config: Mapping[str, Any] = {}
+    #: the name of the transformers auto class ``model_class`` gives
+    auto_class: str
+
+    def model_class(self) -> Any:
+        import transformers
+
+        return getattr(transformers, self.auto_class)
+
+    def model_kwargs(self, parsed: ParsedArguments) -> dict[str, Any]:
+        return {}
+
+    def peft_task_type(self) -> str | None:
+        return None
+
+    def head_modules(self, model: Any) -> list[str]:
+        return []
+
+    def per_sample_modules(self, model: Any) -> set[int]:
+        return set()
+
+    def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
+        return {"tokens": parsed.data.max_seq_len}
+
+    def probe_batch(self, model_config: Any, lengths: Mapping[str, int]) -> dict[str, Any]:
+        ids = torch.ones((1, lengths["tokens"]), dtype=torch.long, device="meta")
+        return {"input_ids": ids, "labels": ids}
 
 
 @runtime_checkable

@@ -84,7 +84,13 @@ from trainer_entry.measure.flops import FlopsUnavailable
 from trainer_entry.models.kinds import model_kind
 from trainer_entry.settings.parsed import DataConfig, ParsedArguments
 from trainer_entry.spec_errors import SpecError
-from trainer_entry.tasks.task_protocol import TaskData, with_holdout
+from trainer_entry.tasks.task_protocol import (
+    TaskData,
+    TaskDefaults,
+    refuse_completion_only,
+    uncached,
+    with_holdout,
+)
 
 #: the generated set's version (part of its identity): a change to the texts changes it
 SYNTHETIC_VERSION = 1
@@ -461,35 +467,21 @@ class ConversationCollator:
         return {**batch, **count_batch(batch, features, self.image_token)}
 
 
-class VisionLanguageTask:
+class VisionLanguageTask(TaskDefaults):
     name = "vision-language"
     sample_unit = "conversations"
     modality = "image-text"
+    auto_class = "AutoModelForImageTextToText"
     tokenizer_model: str | None = "tiny-vlm"
     #: the language model's loss (transformers' ForCausalLMLoss) sums over the label tokens
     #: and divides by the item count the trainer passes, as a causal LM's does
     loss_counts_items = True
     flop_dims: tuple[str, ...] = ("images", "text")
-    probe_config: Mapping[str, Any] = {}
 
     def __init__(self) -> None:
         self._processor: Any = None
         self._image_token: int | None = None
         self._dtype: torch.dtype | None = None
-
-    def model_class(self) -> Any:
-        from transformers import AutoModelForImageTextToText
-
-        return AutoModelForImageTextToText
-
-    def model_kwargs(self, parsed: ParsedArguments) -> dict[str, Any]:
-        return {}
-
-    def peft_task_type(self) -> str | None:
-        return None
-
-    def head_modules(self, model: Any) -> list[str]:
-        return []
 
     def prepare(
         self,
@@ -501,11 +493,7 @@ class VisionLanguageTask:
         model_config: Any,
     ) -> TaskData:
         cfg = parsed.data
-        if cfg.completion_only_loss:
-            raise SpecError(
-                "completion_only_loss does not apply to vision-language: the loss is on the "
-                "conversation's text"
-            )
+        refuse_completion_only(cfg, self.name, "on the conversation's text")
         if getattr(processor, "image_processor", None) is None or not hasattr(
             processor, "tokenizer"
         ):
@@ -523,11 +511,12 @@ class VisionLanguageTask:
         processor = fitted_processor(processor, model_config)
         token = image_token_id(processor)
         wanted = getattr(model_config, "image_token_id", None)
-        if (
-            isinstance(wanted, int)
-            and wanted != token
-            and model_kind(parsed.model.name) == "config"
-        ):
+        if isinstance(wanted, int) and wanted != token:
+            if not built:
+                raise SpecError(
+                    f"the processor marks images with token {token} but the model with "
+                    f"{wanted}: set tokenizer_name_or_path to the model's own processor"
+                )
             # built here, its weights drawn at random: which id marks images is the
             # processor's to say (the model reads it from its config as it runs)
             vocab = getattr(getattr(model_config, "text_config", None), "vocab_size", None)
@@ -537,11 +526,6 @@ class VisionLanguageTask:
                     "set tokenizer_name_or_path to a processor of its vocabulary"
                 )
             model_config.image_token_id = token
-        elif isinstance(wanted, int) and wanted != token:
-            raise SpecError(
-                f"the processor marks images with token {token} but the model with {wanted}: "
-                "set tokenizer_name_or_path to the model's own processor"
-            )
         self._processor, self._image_token = processor, token
         self._dtype = input_dtype(model_config)
         examples, identity = _records(cfg, str(getattr(processor, "image_token", "") or ""))
@@ -577,10 +561,7 @@ class VisionLanguageTask:
             "examples_truncated": 0,
             # longer than max_seq_len: dropped whole
             "examples_dropped": len(examples) - len(messages),
-            "processing": "none" if as_given else None,
-            "cache_key": None,
-            "cache_hit": None,
-            "cache_path": None,
+            **uncached(as_given),
             **data.counts(),
         }
         # each example is a document: the two parts are disjoint
@@ -614,9 +595,6 @@ class VisionLanguageTask:
         if self._image_token is None:
             raise RuntimeError("the vision-language counts are taken after prepare()")
         return count_batch(batch, features, self._image_token)
-
-    def per_sample_modules(self, model: Any) -> set[int]:
-        return set()
 
     def longest(self, parsed: ParsedArguments, model_config: Any) -> dict[str, int] | None:
         # the model finds its image positions by the ids' values (and checks their number
