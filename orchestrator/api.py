@@ -867,9 +867,10 @@ def _record_awaited_run(source: Path, rows: pd.DataFrame) -> tuple[Path | None, 
     ``env.json`` says whether it is still awaited; it says no once recorded.
     """
     from orchestrator.results import history
+    from orchestrator.results.envfile import read_env
     from orchestrator.running import envinfo
 
-    env = envinfo.read(source)
+    env = read_env(source)
     if env is None or env.get("awaiting_jobs") is not True:
         return None, None
     env["finished_at"] = now()

@@ -19,6 +19,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -179,11 +180,9 @@ def declared() -> tuple[str | None, dict[str, Requirement]]:
         for extra, items in (project.get("optional-dependencies") or {}).items():
             reqs += [parse_requirement(r, extra) for r in items]
     else:
-        try:
+        with suppress(metadata.PackageNotFoundError):
             python = metadata.metadata("tunematrix")["Requires-Python"]
             reqs += [parse_requirement(r) for r in metadata.requires("tunematrix") or []]
-        except metadata.PackageNotFoundError:
-            pass
     return python, {_normalise(r.name): r for r in reqs if r is not None}
 
 
@@ -448,14 +447,21 @@ def _train_row(facts: Facts, dist: str, gpus: int) -> Row:
     return Row("ok", dist, detail, required=True)
 
 
-def _optional_row(facts: Facts, dist: str, what: str, install: str) -> Row:
+def _package_row(facts: Facts, dist: str, absent: Row, old: State) -> Row:
+    """A package beyond the training stack: ``absent`` where it is not installed, ``old``
+    where its version fails tunematrix's requirement, else ok."""
     got = facts.packages[dist]
     if not got.importable:
-        return Row("info", dist, f"not installed (needed for {what})", install)
+        return absent
     spec = _too_old(facts, dist)
     if spec is not None:
-        return Row("warn", dist, f"{got.version}, tunematrix needs {spec}", _pip(facts, dist))
+        return Row(old, dist, f"{got.version}, tunematrix needs {spec}", _pip(facts, dist))
     return Row("ok", dist, got.version or "(version unknown)")
+
+
+def _optional_row(facts: Facts, dist: str, what: str, install: str) -> Row:
+    absent = Row("info", dist, f"not installed (needed for {what})", install)
+    return _package_row(facts, dist, absent, "warn")
 
 
 def _nvml_row(facts: Facts, gpus_found: bool) -> Row:
@@ -548,15 +554,8 @@ def _accelerate_row(facts: Facts) -> Row:
 
 def _executor_package_row(facts: Facts, need: needs.Need, present: bool) -> Row:
     """A package an executor needs: a miss only where the executor runs from this machine."""
-    dist = need.module
-    got = facts.packages[dist]
-    install = f"for {need.why}: {need.install}"
-    if not got.importable:
-        return Row("miss" if present else "info", dist, "", install)
-    spec = _too_old(facts, dist)
-    if spec is not None:
-        return Row("bad", dist, f"{got.version}, tunematrix needs {spec}", _pip(facts, dist))
-    return Row("ok", dist, got.version or "(version unknown)")
+    absent = Row("miss" if present else "info", need.module, "", f"for {need.why}: {need.install}")
+    return _package_row(facts, need.module, absent, "bad")
 
 
 def _executors(facts: Facts) -> tuple[list[Row], dict[str, list[str]]]:

@@ -486,10 +486,7 @@ REPLACED: dict[str, tuple[str, tuple[object, ...]]] = {
         (*_DEFAULT_OFF, 1),
     ),
     # TrainingArguments extensions
-    "cache_dir": (
-        "set HF_HOME or HF_HUB_CACHE in a framework's env instead",
-        _DEFAULT_OFF,
-    ),
+    "cache_dir": ("set HF_HOME or HF_HUB_CACHE in a framework's env instead", _DEFAULT_OFF),
     "save_model_dir": (_NOT_SAVED, _DEFAULT_OFF),
     "lora_post_process_for_vllm": (_NOT_SAVED, _DEFAULT_OFF),
     "enable_reduce_loss_sum": (

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from orchestrator.contract.trainers import COUNT_UNITS, count_column
 
@@ -40,7 +40,7 @@ from orchestrator.contract.trainers import COUNT_UNITS, count_column
 #: memory sampler's figures in the outcome's ``memory``; ``child``, the child's
 #: ``result.json``; ``derived``, computed by the report from other columns.
 Source = Literal["plan", "outcome", "sidecar", "child", "derived"]
-SOURCES: tuple[Source, ...] = ("plan", "outcome", "sidecar", "child", "derived")
+SOURCES: tuple[Source, ...] = get_args(Source)
 
 #: How the repeats of a cell combine into the cell's value in ``benchmarks.csv``:
 #: ``spread``, the median over the ok repeats plus their coefficient of
@@ -50,15 +50,7 @@ SOURCES: tuple[Source, ...] = ("plan", "outcome", "sidecar", "child", "derived")
 #: status, or their mix (``ok×2 oom×1``); ``evidence``, the first error of the
 #: repeats and its log; ``none``, a figure of one run only, not in the cells.
 Aggregate = Literal["spread", "median", "first", "first_ok", "mix", "evidence", "none"]
-AGGREGATES: tuple[Aggregate, ...] = (
-    "spread",
-    "median",
-    "first",
-    "first_ok",
-    "mix",
-    "evidence",
-    "none",
-)
+AGGREGATES: tuple[Aggregate, ...] = get_args(Aggregate)
 #: The statistics ``spread`` adds beside the median, as column name suffixes.
 SPREAD_SUFFIXES = ("_cv", "_min", "_max")
 
@@ -398,63 +390,22 @@ CO2_PER_1M_TOKENS = "co2_per_1m_tokens_g"
 _DECLARED: tuple[Column, ...] = (
     # -- the experiment (plan.csv's columns, and raw_summary.csv's first) ------------------
     _key("experiment_id", aggregate="none"),
-    _key(
-        "scenario",
-    ),
-    _key(
-        "framework_config",
-    ),
-    _key(
-        "model_name_or_path",
-    ),
-    _key(
-        "num_gpus",
-        unit="count",
-        short="{v} {unit}",
-    ),
+    _key("scenario"),
+    _key("framework_config"),
+    _key("model_name_or_path"),
+    _key("num_gpus", unit="count", short="{v} {unit}"),
     # training processes: num_gpus, but 1 under dp (one DataParallel process drives
     # all the cell's GPUs); empty in tables written before it existed
     _key("processes", unit="count"),
-    _key(
-        "per_device_train_batch_size",
-        unit="count",
-        short="bs {v}/{per}",
-    ),
-    _key(
-        "gradient_accumulation_steps",
-        unit="count",
-        short="accum {v}",
-    ),
-    _key(
-        "effective_batch_size",
-        unit="count",
-        short="eb {v}",
-    ),
-    _key(
-        "max_seq_len",
-        unit="tokens",
-        short="seq {v}",
-    ),
-    _key(
-        "packing",
-        flags=("packed", "unpacked"),
-    ),
-    _key(
-        "task",
-        path=("arguments", "task"),
-    ),
-    _key(
-        "trainer",
-        path=("arguments", "trainer"),
-    ),
-    _key(
-        "peft_method",
-        path=("arguments", "peft_method"),
-    ),
-    _key(
-        "torch_dtype",
-        path=("arguments", "torch_dtype"),
-    ),
+    _key("per_device_train_batch_size", unit="count", short="bs {v}/{per}"),
+    _key("gradient_accumulation_steps", unit="count", short="accum {v}"),
+    _key("effective_batch_size", unit="count", short="eb {v}"),
+    _key("max_seq_len", unit="tokens", short="seq {v}"),
+    _key("packing", flags=("packed", "unpacked")),
+    _key("task", path=("arguments", "task")),
+    _key("trainer", path=("arguments", "trainer")),
+    _key("peft_method", path=("arguments", "peft_method")),
+    _key("torch_dtype", path=("arguments", "torch_dtype")),
     _key("device"),
     # the environments: entry a cell ran under (empty without one)
     _key("environment"),
@@ -467,18 +418,8 @@ _DECLARED: tuple[Column, ...] = (
     # -- the design's figures --------------------------------------------------------------
     _outcome("error", aggregate="evidence"),
     _outcome("log", aggregate="evidence"),
-    _child(
-        TRAIN_RUNTIME,
-        "s",
-        aggregate="median",
-        better="lower",
-    ),
-    _child(
-        "train_samples_per_second",
-        "samples/s",
-        aggregate="median",
-        better="higher",
-    ),
+    _child(TRAIN_RUNTIME, "s", aggregate="median", better="lower"),
+    _child("train_samples_per_second", "samples/s", aggregate="median", better="higher"),
     _child("train_steps_per_second", "steps/s", better="higher"),
     _child(
         HF_TOKENS_PER_SECOND,
@@ -526,12 +467,7 @@ _DECLARED: tuple[Column, ...] = (
         )
         for count, unit in COUNT_UNITS.items()
     ),
-    _child(
-        "step_time_median_s",
-        "s",
-        aggregate="spread",
-        better="lower",
-    ),
+    _child("step_time_median_s", "s", aggregate="spread", better="lower"),
     _child("step_time_cv", "fraction", aggregate="median"),
     _child(
         "train_loss",
@@ -596,13 +532,7 @@ _DECLARED: tuple[Column, ...] = (
         raw=True,
         meaning="{workers} × the price per {worker}-hour ÷ tokens per hour, × 1M",
     ),
-    _child(
-        "gpu_device_name",
-        "",
-        aggregate="first",
-        path=("gpu_device_name",),
-        fallback="outcome",
-    ),
+    _child("gpu_device_name", "", aggregate="first", path=("gpu_device_name",), fallback="outcome"),
     # what trained, as accelerate set it up (trainer_entry/measure/engine.py): NO, MULTI_CPU,
     # MULTI_GPU, FSDP, DEEPSPEED; a run whose config names DeepSpeed but that did not run
     # under it fails instead. ZeRO stage and partitioned parameters: DeepSpeed runs only
@@ -628,12 +558,7 @@ _DECLARED: tuple[Column, ...] = (
     # the host memory allocator in force in the child and its variables (empty: none set,
     # the defaults; trainer_entry/measure/hostallocator.py): they change CPU step times
     _child(ALLOCATOR, "", aggregate="first", path=(ALLOCATOR,)),
-    _child(
-        ALLOCATOR_SETTINGS,
-        "",
-        aggregate="first",
-        path=(ALLOCATOR_SETTINGS,),
-    ),
+    _child(ALLOCATOR_SETTINGS, "", aggregate="first", path=(ALLOCATOR_SETTINGS,)),
     # -- the child's other figures ---------------------------------------------------------
     _child("step_time_mean_s", "s"),
     _child("step_time_min_s", "s"),
@@ -666,20 +591,10 @@ _DECLARED: tuple[Column, ...] = (
     _child("eval_runtime", "s", aggregate="median"),
     _child("eval_samples", "count", aggregate="median"),
     _child("hardware_flops_per_token", "FLOPs"),
-    _child(
-        "achieved_tflops_per_device",
-        "TFLOP/s",
-        aggregate="median",
-        better="higher",
-    ),
+    _child("achieved_tflops_per_device", "TFLOP/s", aggregate="median", better="higher"),
     _child("peak_tflops_per_device", "TFLOP/s"),
     _child("torch_max_memory_allocated_bytes", "bytes"),
-    _child(
-        TORCH_RESERVED_PEAK,
-        "bytes",
-        aggregate="median",
-        better="lower",
-    ),
+    _child(TORCH_RESERVED_PEAK, "bytes", aggregate="median", better="lower"),
     _child("mem_load_peak_bytes", "bytes"),
     _child("mem_stage_source", ""),
     _child("mfu_precision", ""),
@@ -712,20 +627,10 @@ _DECLARED: tuple[Column, ...] = (
         path=("timings", "time_to_first_step_s"),
     ),
     _child("data_cache_hit", "", path=("data", "cache_hit")),
-    _child(
-        DATA_TOKENS,
-        "tokens",
-        aggregate="median",
-        path=("data", "tokens"),
-    ),
+    _child(DATA_TOKENS, "tokens", aggregate="median", path=("data", "tokens")),
     # the job's tree: PSS (shared pages split between the processes that map them), and
     # whether RSS stood in for a process; the summed RSS counts shared pages once per process
-    _sidecar(
-        TREE_PSS_PEAK,
-        "bytes",
-        aggregate="median",
-        better="lower",
-    ),
+    _sidecar(TREE_PSS_PEAK, "bytes", aggregate="median", better="lower"),
     _sidecar("mem_tree_peak_measure", ""),
     _sidecar(TREE_RSS_PEAK, "bytes", aggregate="median"),
     _sidecar("mem_nvidia_peak_bytes_mean", "bytes"),
@@ -763,12 +668,7 @@ _DECLARED: tuple[Column, ...] = (
     _sidecar(ENERGY_WINDOW, "", aggregate="first_ok"),
     _sidecar(ENERGY_DEVICES, "count", aggregate="first_ok"),
     _sidecar(ENERGY_NOTE, "", aggregate="first_ok"),
-    _sidecar(
-        POWER_MEAN,
-        "W",
-        aggregate="median",
-        label="W per GPU",
-    ),
+    _sidecar(POWER_MEAN, "W", aggregate="median", label="W per GPU"),
     # the conditions of the measurement, per GPU over the window, pooled: the slowest
     # GPU's clocks, the hottest, the lowest enforced power limit, the most throttled
     _sidecar("gpu_sm_clock_min_mhz", "MHz", aggregate="median"),
@@ -821,27 +721,9 @@ _DECLARED: tuple[Column, ...] = (
     ),
     _derived(PEAK_MEMORY_SOURCE, "", aggregate="first_ok", raw=False),
     _derived(USD_PER_GPU_HOUR, "USD", raw=False),
-    _derived(
-        COST_PER_RUN,
-        "USD",
-        aggregate="median",
-        label="$ per run",
-        raw=False,
-    ),
-    _derived(
-        TIME_PER_EPOCH,
-        "s",
-        aggregate="median",
-        label="time per epoch",
-        raw=False,
-    ),
-    _derived(
-        COST_PER_EPOCH,
-        "USD",
-        aggregate="median",
-        label="$ per epoch",
-        raw=False,
-    ),
+    _derived(COST_PER_RUN, "USD", aggregate="median", label="$ per run", raw=False),
+    _derived(TIME_PER_EPOCH, "s", aggregate="median", label="time per epoch", raw=False),
+    _derived(COST_PER_EPOCH, "USD", aggregate="median", label="$ per epoch", raw=False),
     _derived(TIME_TO_TRAIN, "s", aggregate="median", raw=False),
     _derived(COST_TO_TRAIN, "USD", aggregate="median", raw=False),
     # energy per token and per sample: the energy over the measured steps ÷ the tokens
@@ -856,13 +738,7 @@ _DECLARED: tuple[Column, ...] = (
         "(the Energy section says what was measured)",
     ),
     _derived(ENERGY_PER_SAMPLE, "J/sample", aggregate="median", better="lower"),
-    _derived(
-        KWH_PER_1M_TOKENS,
-        "kWh",
-        aggregate="median",
-        better="lower",
-        label="kWh/1M tokens",
-    ),
+    _derived(KWH_PER_1M_TOKENS, "kWh", aggregate="median", better="lower", label="kWh/1M tokens"),
     _derived(
         ENERGY_COST_PER_1M_TOKENS,
         "USD",
@@ -870,13 +746,7 @@ _DECLARED: tuple[Column, ...] = (
         better="lower",
         label="energy $/1M tokens",
     ),
-    _derived(
-        CO2_PER_1M_TOKENS,
-        "g",
-        aggregate="median",
-        better="lower",
-        label="g CO2/1M tokens",
-    ),
+    _derived(CO2_PER_1M_TOKENS, "g", aggregate="median", better="lower", label="g CO2/1M tokens"),
 )
 
 #: The key columns, in order: what names an experiment (``plan.csv``'s columns).

@@ -316,12 +316,10 @@ def _component(name: str) -> str:
 
 def umask() -> int:
     """The process's umask: from ``/proc`` where it can, else set and put back at once."""
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
     current = os.umask(0o022)
     os.umask(current)
     return current

@@ -31,10 +31,7 @@ SPEC_SCHEMA_VERSION = 1
 MemoryStages = Literal["torch", "hf-tracker"]
 
 #: ``RunSpec.memory_stages`` -> the ``mem_stage_source`` a result reports for it
-MEMORY_STAGE_SOURCES = {
-    "torch": "torch.cuda counters",
-    "hf-tracker": "hf TrainerMemoryTracker",
-}
+MEMORY_STAGE_SOURCES = {"torch": "torch.cuda counters", "hf-tracker": "hf TrainerMemoryTracker"}
 
 
 class RunSpec(BaseModel):

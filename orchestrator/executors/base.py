@@ -25,6 +25,7 @@ import errno
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -334,10 +335,8 @@ class RunContext:
             failure=verdict.failure,
             attempt=ready.attempt,
         )
-        try:
+        with suppress(OSError):
             write_outcome(ready.run, outcome)
-        except OSError:
-            pass
         return outcome
 
     def stop_after_failure(self, eid: str) -> bool:

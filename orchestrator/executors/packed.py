@@ -16,13 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from orchestrator.contract.choices import positive_int
 from orchestrator.contract.errors import UserError
 from orchestrator.contract.outcome import Outcome
-from orchestrator.executors.base import (
-    Executor,
-    ExecutorSection,
-    Flags,
-    Ready,
-    RunContext,
-)
+from orchestrator.executors.base import Executor, ExecutorSection, Flags, Ready, RunContext
 from orchestrator.executors.local import gpu_pool, plan_pool
 from orchestrator.executors.scheduler import DevicePool, PackQueue
 from orchestrator.job.execute import Interrupted, Placement, run_experiment

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.contract.errors import UserError
+from orchestrator.contract.layout import nearest_existing
 
 #: the token's name starts with this (one file per check, removed after it)
 PREFIX = ".tunematrix-shared-check-"
@@ -33,21 +34,13 @@ class Token:
     content: str
 
 
-def nearest_existing(root: Path) -> Path:
-    """``root``, or its nearest folder that exists (a results folder not made yet)."""
-    where = root.resolve()
-    while not where.exists() and where != where.parent:
-        where = where.parent
-    return where
-
-
 @contextmanager
 def token(root: Path) -> Iterator[Token]:
     """Write a token into the results folder ``root`` (where it does not exist yet: into
     its nearest existing parent, so a refused run leaves nothing behind); removed on
     leaving."""
     content = uuid.uuid4().hex
-    path = nearest_existing(root) / f"{PREFIX}{content[:12]}"
+    path = nearest_existing(root.resolve()) / f"{PREFIX}{content[:12]}"
     path.write_text(content)
     try:
         yield Token(str(path), content)

@@ -161,20 +161,16 @@ def stop_group(proc: subprocess.Popen[Any], grace_s: float) -> None:
     if not _group_alive(pgid):
         proc.poll()
         return
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         proc.poll()
         if not _group_alive(pgid):
             return
         time.sleep(0.1)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 
@@ -186,18 +182,14 @@ class Sidecar:
 
     def watch(self, pid: int) -> None:
         assert self.proc.stdin is not None
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             self.proc.stdin.write(f"{pid}\n")
             self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             if self.proc.stdin is not None:
                 self.proc.stdin.close()  # EOF: the sidecar flushes and exits
-        except OSError:
-            pass
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -371,10 +363,7 @@ def prepare_launch(
     )
     launch_id = placement.launch_id or uuid.uuid4().hex
     overlay, env = child_environment(
-        experiment,
-        placement.devices,
-        cpu_share=placement.cpu_share,
-        launch_id=launch_id,
+        experiment, placement.devices, cpu_share=placement.cpu_share, launch_id=launch_id
     )
     if primary:
         write_command_script(run.command, overlay, argv, Path.cwd())

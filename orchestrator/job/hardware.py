@@ -49,23 +49,19 @@ def proc_gpus(driver: Path = _PROC_DRIVER) -> tuple[list[str], str | None]:
         buses = []
     for bus in buses:
         model = "unknown model"
-        try:
+        with contextlib.suppress(OSError):
             for line in (bus / "information").read_text().splitlines():
                 key, _, value = line.partition(":")
                 if key.strip() == "Model":
                     model = value.strip()
                     break
-        except OSError:
-            pass
         names.append(model)
     version = None
-    try:
+    with contextlib.suppress(OSError):
         found = re.search(
             r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)?)\s", (driver / "version").read_text()
         )
         version = found.group(1) if found else None
-    except OSError:
-        pass
     return names, version
 
 

@@ -25,6 +25,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,10 +157,8 @@ class RunLock:
     def close(self) -> None:
         """Remove the lock files and let go of them (the job is over)."""
         for path in self._paths:
-            try:
+            with suppress(OSError):
                 path.unlink()
-            except OSError:
-                pass
         for fd in self._fds:
             os.close(fd)
         self._fds, self._paths = [], []
@@ -180,10 +179,8 @@ def holder(run_dir: Path) -> Holder | None:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 return _record(fd, run_dir)
             raise
-        try:
+        with suppress(OSError):
             path.unlink()  # nobody holds it: the attempt it names is over
-        except OSError:
-            pass
         return None
     finally:
         os.close(fd)
@@ -221,10 +218,8 @@ def busy_line(found: Holder, pids: Sequence[int] = (), why: str = "") -> str:
 
 def _signal(pids: Sequence[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _wait_gone(run_dir: Path, launch_id: str | None, seconds: float) -> bool:

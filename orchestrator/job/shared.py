@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -374,10 +375,8 @@ def _clear(run: RunPaths) -> None:
     """Take out of a member's folder what a launch it did not run in wrote there."""
     for path in (run.spec, run.command, run.progress):
         path.unlink(missing_ok=True)
-    try:
+    with suppress(OSError):
         run.dir.rmdir()  # only when nothing else is there
-    except OSError:
-        pass
 
 
 #: sample kinds the sidecar writes once (the baseline before the job) or only when they
@@ -390,22 +389,19 @@ def _cut_samples(source: Path, target: Path, start_unix: float, end_unix: float)
     rows: list[list[str]] = []
     states: dict[tuple[str, str], list[str]] = {}
     header: list[str] = []
-    try:
-        with source.open(newline="") as f:
-            reader = csv.reader(f)
-            header = next(reader, [])
-            for row in reader:
-                try:
-                    t = float(row[0])
-                    kind, where = row[1], row[2]
-                except (IndexError, ValueError):
-                    continue  # a line cut short
-                if start_unix <= t <= end_unix:
-                    rows.append(row)
-                elif t < start_unix and kind in _STATES:
-                    states[(kind, where)] = row
-    except OSError:
-        pass
+    with suppress(OSError), source.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, [])
+        for row in reader:
+            try:
+                t = float(row[0])
+                kind, where = row[1], row[2]
+            except (IndexError, ValueError):
+                continue  # a line cut short
+            if start_unix <= t <= end_unix:
+                rows.append(row)
+            elif t < start_unix and kind in _STATES:
+                states[(kind, where)] = row
     text = io.StringIO()
     # quoted as the sidecar wrote them: a reason (energy_none) may hold a comma
     csv.writer(text, lineterminator="\n").writerows([header, *states.values(), *rows])

@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -102,17 +103,14 @@ def map_visible_to_nvml(entries: Sequence[str], devices: Sequence[NvmlDevice]) -
 
 def read_samples(path: Path) -> list[tuple[float, str, str, int]]:
     rows: list[tuple[float, str, str, int]] = []
-    try:
-        with path.open(newline="") as f:
-            for row in csv.DictReader(f):
-                try:
-                    rows.append(
-                        (float(row["timestamp"]), row["kind"], row["source"], int(row["bytes"]))
-                    )
-                except (KeyError, TypeError, ValueError):
-                    continue  # a line cut short by a crash
-    except OSError:
-        pass
+    with suppress(OSError), path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                rows.append(
+                    (float(row["timestamp"]), row["kind"], row["source"], int(row["bytes"]))
+                )
+            except (KeyError, TypeError, ValueError):
+                continue  # a line cut short by a crash
     return rows
 
 
@@ -247,10 +245,8 @@ class _Nvml:
         return out
 
     def close(self) -> None:
-        try:
+        with suppress(self.nv.NVMLError):
             self.nv.nvmlShutdown()
-        except self.nv.NVMLError:
-            pass
 
 
 def _text(value: Any) -> str:

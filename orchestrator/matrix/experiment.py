@@ -107,6 +107,11 @@ class Experiment:
         the ``dp`` framework's DataParallel)."""
         return frameworks.processes(self.accelerate, self.num_gpus)
 
+    def int_argument(self, key: str) -> int | None:
+        """Argument ``key`` where it is an integer (not a boolean), else None."""
+        value = self.arguments.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
     @property
     def peft_method(self) -> str | None:
         value = self.arguments.get("peft_method")

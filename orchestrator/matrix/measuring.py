@@ -5,7 +5,6 @@ never stop on their precision. Pure."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from orchestrator.config.measure import MeasureOverride
 from orchestrator.config.scenarios import BenchConfig, Scenario
@@ -19,10 +18,6 @@ def measure_of(scenario: Scenario, override: MeasureOverride) -> SteadyMeasure |
     """The steady-state settings of ``scenario``'s cells (None: the fixed max_steps); the
     command line's win over the file's."""
     return override.apply(scenario.measure)
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _key(scenario: Scenario) -> str | None:
@@ -52,9 +47,7 @@ def measured(
     the line that set them (the scenario's, where the command line did)."""
     if settings is None:
         return cell
-    problem = measure_problem(
-        settings, _int(cell.arguments.get("warmup_steps_excluded")), profile_steps
-    )
+    problem = measure_problem(settings, cell.int_argument("warmup_steps_excluded"), profile_steps)
     if problem is None and cell.arguments.get("instrumentation") is False:
         problem = "instrumentation is off, so no step is timed"
     if problem:

@@ -4,7 +4,6 @@ the refusal of a profiled cell too short to leave a measured step. Pure."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from orchestrator.config.scenarios import BenchConfig, Scenario
 from orchestrator.contract.errors import ConfigError
@@ -23,20 +22,14 @@ def profile_steps(scenario: Scenario, asked: bool, steps: int | None) -> int:
 _MAX_STEPS_KEYS = ("sweep.max_steps", "arguments.max_steps")
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def profiled(config: BenchConfig, scenario: Scenario, cell: Experiment, steps: int) -> Experiment:
     """``cell`` with ``steps`` profiled steps; a ``max_steps`` that would leave no measured
     step after the warm-up and the profile is refused, at the line that set it."""
     if steps <= 0:
         return cell
-    max_steps = _int(cell.arguments.get("max_steps"))
+    max_steps = cell.int_argument("max_steps")
     if max_steps is not None:
-        problem = profile_problem(
-            max_steps, _int(cell.arguments.get("warmup_steps_excluded")), steps
-        )
+        problem = profile_problem(max_steps, cell.int_argument("warmup_steps_excluded"), steps)
         if problem:
             # the line that set max_steps where the scenario did, else the scenario's
             key = next((k for k in _MAX_STEPS_KEYS if k in scenario.lines), None)

@@ -374,13 +374,7 @@ SCALING_SERIES = registry.with_role("series")
 
 
 #: the columns ``scaling`` adds to a series' keys
-SCALING_FIGURES = (
-    "num_gpus",
-    "base_num_gpus",
-    TOKENS_PER_SECOND,
-    "speedup",
-    "scaling_efficiency",
-)
+SCALING_FIGURES = ("num_gpus", "base_num_gpus", TOKENS_PER_SECOND, "speedup", "scaling_efficiency")
 
 
 def scaling_keys(cells: pd.DataFrame) -> list[str]:

@@ -42,7 +42,7 @@ from orchestrator.results.mdtable import md_table
 from orchestrator.results.numbers import number
 from orchestrator.results.records import records
 from orchestrator.results.runrecords import RunRecords
-from orchestrator.results.tablecolumns import measured
+from orchestrator.results.tablecolumns import LOSS_COLUMNS, measured
 
 #: a variant whose mean loss gap passes this fraction of the baseline's mean loss is different
 DEFAULT_TOLERANCE = 0.05
@@ -62,14 +62,6 @@ IS_BASELINE = "baseline"
 #: verdicts of a variant whose loss departs from its baseline's
 FLAGGED = (DIFFERENT, FAST_BUT_DIFFERENT)
 
-#: the columns ``add_equivalence`` gives the cells (``loss_*``: outputs, never keys)
-COLUMNS = (
-    "loss_baseline",
-    "loss_steps_compared",
-    "loss_gap_pct",
-    "loss_max_gap_pct",
-    "loss_vs_baseline",
-)
 
 Curve = dict[int, float]
 
@@ -230,7 +222,7 @@ def add_equivalence(
     tolerance: float = DEFAULT_TOLERANCE,
     runs: RunRecords | None = None,
 ) -> pd.DataFrame:
-    """``cells`` with the ``COLUMNS`` filled in, where ``source`` is a results folder
+    """``cells`` with the ``LOSS_COLUMNS`` filled in, where ``source`` is a results folder
     with run folders; unchanged otherwise (a summary CSV has no loss curves).
     ``runs``: the records the folder's read kept (else they are read here)."""
     if cells.empty or not (source.is_dir() and (source / "runs").is_dir()):
@@ -251,7 +243,7 @@ def add_equivalence(
             # no null framework in the scenario: its default trainer is the trainers' baseline
             baselines.setdefault((*signature, _framework(cell)), cell)
     out: pd.DataFrame = cells.copy()
-    values: dict[str, list[Any]] = {name: [] for name in COLUMNS}
+    values: dict[str, list[Any]] = {name: [] for name in LOSS_COLUMNS}
     found = [
         _compare_cell(cell, baselines, curves, swept, trainers, tolerance) for cell in cell_records
     ]
@@ -259,9 +251,9 @@ def add_equivalence(
     for cell, columns in zip(cell_records, found, strict=True):
         if columns.get("loss_vs_baseline") == NO_BASELINE and str(cell["cell_id"]) in used:
             columns = {"loss_vs_baseline": IS_BASELINE}
-        for name in COLUMNS:
+        for name in LOSS_COLUMNS:
             values[name].append(columns.get(name))
-    for name in COLUMNS:
+    for name in LOSS_COLUMNS:
         out[name] = pd.Series(values[name], index=out.index, dtype=object)
     return out
 
@@ -298,10 +290,7 @@ def _compare_cell(
         return {"loss_baseline": base_id, "loss_vs_baseline": NO_CURVE}
     verdict = SAME
     if gap.mean > tolerance:
-        fast, slow = (
-            number(cell.get(TOKENS_PER_SECOND)),
-            number(base.get(TOKENS_PER_SECOND)),
-        )
+        fast, slow = number(cell.get(TOKENS_PER_SECOND)), number(base.get(TOKENS_PER_SECOND))
         verdict = (
             FAST_BUT_DIFFERENT
             if fast is not None and slow is not None and fast > slow

@@ -65,7 +65,7 @@ from orchestrator.results.drift import drift_markdown
 from orchestrator.results.envtables import side_by_side_markdown
 from orchestrator.results.mdtable import md_table
 from orchestrator.results.memoryreport import memory_shape_markdown
-from orchestrator.results.numbers import whole
+from orchestrator.results.numbers import number, whole
 from orchestrator.results.phasesreport import phases_markdown
 from orchestrator.results.predictedmemory import predicted_memory_markdown
 from orchestrator.results.records import Records, records
@@ -129,12 +129,8 @@ def _fmt(value: Any, kind: str = "") -> str:
 
 def _spread(cell: Mapping[Any, Any], metric: str) -> str:
     text = _fmt(cell.get(metric), "int")
-    cv = cell.get(f"{metric}_cv")
-    if (
-        cell.get("repeats_ok", 0) > 1
-        and cv is not None
-        and not (isinstance(cv, float) and math.isnan(cv))
-    ):
+    cv = number(cell.get(f"{metric}_cv"))
+    if cell.get("repeats_ok", 0) > 1 and cv is not None:
         text += f" ±{100 * cv:.1f}%"
     return text
 
@@ -669,41 +665,37 @@ def cost_markdown(cells: pd.DataFrame, cost: CostSettings) -> list[str]:
         return []
     header = {name: registry.get(name).header for name in _COST_FIGURES}
     cpu = ran_on_cpu(ok)
+    priced = cost.usd_per_gpu_hour is not None
+    budget = f"{cost.tokens:,.0f} tokens" if cost.tokens else ""
+    # the figures after tokens/s that this table shows: (header, column, format)
+    figures = [
+        (title, name, kind)
+        for title, name, kind, shown in (
+            (header[COST_PER_1M_TOKENS], COST_PER_1M_TOKENS, "usd", priced),
+            (header[COST_PER_RUN], COST_PER_RUN, "usd", priced),
+            (header[TIME_PER_EPOCH], TIME_PER_EPOCH, "time", True),
+            (header[COST_PER_EPOCH], COST_PER_EPOCH, "usd", priced),
+            (f"time for {budget}", TIME_TO_TRAIN, "time", bool(cost.tokens)),
+            (f"$ for {budget}", COST_TO_TRAIN, "usd", bool(cost.tokens) and priced),
+        )
+        if shown
+    ]
     headers = ["scenario", "model", "framework", workers(cpu), header[TOKENS_PER_SECOND]]
-    if cost.usd_per_gpu_hour is not None:
-        headers += [header[COST_PER_1M_TOKENS], header[COST_PER_RUN]]
-    headers += [header[TIME_PER_EPOCH]]
-    if cost.usd_per_gpu_hour is not None:
-        headers += [header[COST_PER_EPOCH]]
-    if cost.tokens:
-        headers += [f"time for {cost.tokens:,.0f} tokens"]
-        if cost.usd_per_gpu_hour is not None:
-            headers += [f"$ for {cost.tokens:,.0f} tokens"]
-    body = []
-    for c in records(ok):
-        row = [
+    headers += [title for title, _, _ in figures]
+    body = [
+        [
             str(c["scenario"]),
             str(c["model_name_or_path"]),
             str(c["framework_config"]),
             _fmt(c["num_gpus"], "int"),
             _fmt(c[TOKENS_PER_SECOND], "int"),
+            *(_fmt(c.get(name), kind) for _, name, kind in figures),
         ]
-        if cost.usd_per_gpu_hour is not None:
-            row += [
-                _fmt(c.get(COST_PER_1M_TOKENS), "usd"),
-                _fmt(c.get(COST_PER_RUN), "usd"),
-            ]
-        row += [_fmt(c.get(TIME_PER_EPOCH), "time")]
-        if cost.usd_per_gpu_hour is not None:
-            row += [_fmt(c.get(COST_PER_EPOCH), "usd")]
-        if cost.tokens:
-            row += [_fmt(c.get(TIME_TO_TRAIN), "time")]
-            if cost.usd_per_gpu_hour is not None:
-                row += [_fmt(c.get(COST_TO_TRAIN), "usd")]
-        body.append(row)
+        for c in records(ok)
+    ]
     price = (
         f"${cost.usd_per_gpu_hour:g} per GPU-hour" + (" (applied to process-hours)" if cpu else "")
-        if cost.usd_per_gpu_hour is not None
+        if priced
         else "no price set"
     )
     return [

@@ -56,10 +56,7 @@ def phases_markdown(rows: pd.DataFrame) -> list[str]:
         "the first step's end to the last's; **after training**, the results, eval where "
         "asked, and the processes' exit.",
         "",
-        *md_table(
-            ["cell", "wall", *(_HEADERS[p] for p in PHASE_COLUMNS), "training share"],
-            body,
-        ),
+        *md_table(["cell", "wall", *(_HEADERS[p] for p in PHASE_COLUMNS), "training share"], body),
         "",
         f"Over the {len(values)} ok run(s): {wall:,.1f} s of wall time, of which "
         f"{trained:,.1f} s training ({trained / wall:.0%}); the rest is paid per launch "

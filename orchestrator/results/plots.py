@@ -532,14 +532,7 @@ def _unfinished_bar(ax: Any, yi: int, v_failed: float, kind: str, top: float) ->
     bar of the value it reached where there is one."""
     label = STATUS_LABELS.get(kind, kind.replace("_", " "))
     if not math.isnan(v_failed):
-        ax.barh(
-            yi,
-            v_failed,
-            color="white",
-            edgecolor=status_color(kind),
-            hatch="///",
-            height=0.7,
-        )
+        ax.barh(yi, v_failed, color="white", edgecolor=status_color(kind), hatch="///", height=0.7)
         text, x = f"{_number(v_failed)} · {label}", v_failed + top * 0.01
     else:
         text, x = label, top * 0.01
@@ -837,11 +830,6 @@ def memory_figure(
     )
 
 
-def scaling_plot(table: pd.DataFrame, path: Path) -> Path | None:
-    fig = scaling_figure(table)
-    return None if fig is None else _save(fig, path)
-
-
 def scaling_figure(table: pd.DataFrame) -> Figure | None:
     """Scaling efficiency against the GPU (process) count; None without a series."""
     if table.empty:
@@ -1124,16 +1112,6 @@ def loss_figure(curves: Sequence[tuple[pd.Series, Any]], finished: int | None = 
     return fig
 
 
-def loss_curves(
-    rows: pd.DataFrame, source: Path, path: Path, runs: RunRecords | None = None
-) -> Path | None:
-    """Loss per step of each cell's first finished run (its result.json's loss history)."""
-    curves, finished = _loss_curves(rows, source, runs)
-    if not curves:
-        return None
-    return _save(loss_figure(curves, finished), path)
-
-
 #: the files ``write_all`` writes into the plots folder
 PLOT_NAMES = (
     "throughput.png",
@@ -1156,74 +1134,61 @@ def write_all(report: ReportTables, folder: Path, *, source: Path | None = None)
         notes.append("no plots: the source has no cells")
         return written
 
-    def name(path: Path) -> str:
-        return f"`plots/{path.name}`"
-
-    path = folder / "throughput.png"
-    figure = throughput_figure(cells)
-    if figure is not None:
-        written.append(_save(figure, path))
-        notes.append(f"{name(path)}: measured tokens/s per cell")
-    else:
-        notes.append(f"{name(path)}: not drawn, no cell has a measured tokens/s")
-    path = folder / "throughput_hf_estimate.png"
-    if shows_hf_estimate(cells):
-        figure = hf_estimate_figure(cells)
+    def draw(name: str, figure: Figure | None, shows: str, not_drawn: str | None) -> None:
+        """Save ``figure`` as ``name`` and note what it shows; else note why it is not
+        drawn (``not_drawn``: None, no note)."""
         if figure is not None:
-            written.append(_save(figure, path))
-            notes.append(
-                f"{name(path)}: HF Trainer's estimate (`train_tokens_per_second`), drawn apart "
-                "from measured throughput"
-            )
-    path = folder / "memory.png"
-    figure = memory_figure(cells, report.capacity, report.rows)
-    if figure is not None:
-        written.append(_save(figure, path))
-        hatched = (
-            "failed_peak_memory_bytes" in cells.columns
-            and cells["failed_peak_memory_bytes"].notna().any()
-        )
-        notes.append(
-            f"{name(path)}: peak memory per cell"
-            + ("; hatched, the memory a failed run reached" if hatched else "")
-        )
-    else:
-        notes.append(f"{name(path)}: not drawn, no cell has a memory figure")
-    path = folder / "scaling.png"
+            written.append(_save(figure, folder / name))
+            notes.append(f"`plots/{name}`: {shows}")
+        elif not_drawn is not None:
+            notes.append(f"`plots/{name}`: not drawn, {not_drawn}")
+
+    draw(
+        "throughput.png",
+        throughput_figure(cells),
+        "measured tokens/s per cell",
+        "no cell has a measured tokens/s",
+    )
+    draw(
+        "throughput_hf_estimate.png",
+        hf_estimate_figure(cells) if shows_hf_estimate(cells) else None,
+        "HF Trainer's estimate (`train_tokens_per_second`), drawn apart from measured throughput",
+        None,
+    )
+    hatched = (
+        "failed_peak_memory_bytes" in cells.columns
+        and cells["failed_peak_memory_bytes"].notna().any()
+    )
+    draw(
+        "memory.png",
+        memory_figure(cells, report.capacity, report.rows),
+        "peak memory per cell" + ("; hatched, the memory a failed run reached" if hatched else ""),
+        "no cell has a memory figure",
+    )
     # a table without a device column ran on GPUs
     unit = worker(ran_on_cpu(cells))
-    scaled = scaling_plot(report.scaling, path)
-    if scaled is not None:
-        written.append(scaled)
-        notes.append(f"{name(path)}: scaling efficiency against the {unit} count")
-    else:
-        notes.append(
-            f"{name(path)}: not drawn, no family of cells has a measured tokens/s at two or "
-            f"more {unit} counts"
-        )
-    path = folder / "loss.png"
-    loss = loss_curves(report.rows, source, path, report.runs) if source is not None else None
-    if loss is not None:
-        written.append(loss)
-        notes.append(f"{name(path)}: loss per optimizer step")
-    else:
-        notes.append(
-            f"{name(path)}: not drawn, no finished run left a loss history"
-            + ("" if source is not None and (source / "runs").is_dir() else " (no runs/ folder)")
-        )
-    path = folder / "energy.png"
-    figure = frontier_figure(cells)
-    if figure is not None:
-        written.append(_save(figure, path))
-        notes.append(
-            f"{name(path)}: tokens/s against joules per token per cell, the efficient "
-            "frontier filled and joined"
-        )
-    elif shows_energy(cells):
-        notes.append(
-            f"{name(path)}: not drawn, no cell has both tokens/s and joules per token "
-            "(the Energy section says why)"
-        )
+    draw(
+        "scaling.png",
+        scaling_figure(report.scaling),
+        f"scaling efficiency against the {unit} count",
+        f"no family of cells has a measured tokens/s at two or more {unit} counts",
+    )
+    curves, finished = _loss_curves(report.rows, source, report.runs) if source else ([], 0)
+    draw(
+        "loss.png",
+        loss_figure(curves, finished) if curves else None,
+        "loss per optimizer step",
+        "no finished run left a loss history"
+        + ("" if source is not None and (source / "runs").is_dir() else " (no runs/ folder)"),
+    )
+    draw(
+        "energy.png",
+        frontier_figure(cells),
+        "tokens/s against joules per token per cell, the efficient frontier filled and joined",
+        "no cell has both tokens/s and joules per token (the Energy section says why)"
+        if shows_energy(cells)
+        else None,
+    )
     # a plot an earlier report drew and this one does not would show figures of then
     for stale in PLOT_NAMES:
         if folder / stale not in written:

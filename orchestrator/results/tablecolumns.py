@@ -25,17 +25,19 @@ CELL_COUNTS = ("repeats", "repeats_ok")
 CELL_ORDER = registry.with_role("cell_order")
 #: columns the report adds to cells for its own tables and plots, never written to a CSV
 REPORT_ONLY_COLUMNS = ("likely_oom", "failed_peak_memory_bytes")
-#: figures the report computes per cell from its runs, never per run: the trend of
-#: tokens/s with the run's position in the plan's order (orchestrator/results/drift.py)
-CELL_ONLY_FIGURES = (
-    "position_trend_pct",
-    # each variant's loss against its scenario's baseline (orchestrator/results/equivalence.py)
+#: the columns ``add_equivalence`` gives the cells: each variant's loss against its
+#: scenario's baseline (orchestrator/results/equivalence.py; ``loss_*``: outputs, never keys)
+LOSS_COLUMNS = (
     "loss_baseline",
     "loss_steps_compared",
     "loss_gap_pct",
     "loss_max_gap_pct",
     "loss_vs_baseline",
 )
+#: figures the report computes per cell from its runs, never per run: the trend of
+#: tokens/s with the run's position in the plan's order (orchestrator/results/drift.py),
+#: and the loss against the baseline
+CELL_ONLY_FIGURES = ("position_trend_pct", *LOSS_COLUMNS)
 #: the predecessor's columns that are no configuration and that no column of ours declares:
 #: measured outputs, and bookkeeping (its row position, output folder, config file path)
 PREDECESSOR_NOT_CONFIG = frozenset(

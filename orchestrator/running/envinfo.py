@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+from contextlib import suppress
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,6 @@ from orchestrator.contract.allocators import PRELOAD
 from orchestrator.contract.allocators import SETTINGS as ALLOCATOR_SETTINGS
 from orchestrator.contract.clock import now
 from orchestrator.contract.layout import PROJECT_ROOT, write_atomic
-from orchestrator.results.envfile import read_env
 
 PACKAGES = (
     "torch",
@@ -31,12 +31,6 @@ PACKAGES = (
     "nvidia-ml-py",
     "pandas",
 )
-
-
-def read(root: Path) -> dict[str, Any] | None:
-    """A results folder's env.json; None where it is missing or unreadable (read
-    where the report reads it, ``orchestrator.results.envfile``)."""
-    return read_env(root)
 
 
 def write(path: Path, env: dict[str, Any]) -> None:
@@ -62,12 +56,10 @@ def torch_build(torch_version: str | None) -> str | None:
 
 
 def _cpu_model() -> str | None:
-    try:
+    with suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or None
 
 
@@ -107,10 +99,8 @@ def nvml_gpus() -> dict[str, Any]:
     except pynvml.NVMLError as exc:
         return {"nvml": f"error ({exc})"}
     finally:
-        try:
+        with suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
 
 
 def _git_sha() -> str | None:
@@ -168,10 +158,8 @@ def collect(argv: list[str]) -> dict[str, Any]:
 
     torch_version = version("torch")
     memory = None
-    try:
+    with suppress(ValueError, OSError):
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        pass
     return {
         "started_at": now(),
         "finished_at": None,

@@ -22,7 +22,7 @@ import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,10 +55,8 @@ def _lock(path: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         holder = ""
-        try:
+        with suppress(OSError):
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-        except OSError:
-            pass
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             by = f" (pid {holder})" if holder else ""
