@@ -122,12 +122,24 @@ def add_executor_args(p: argparse.ArgumentParser, g: Any, what: str, suffix: str
     )
     flags: dict[str, list[argparse.Action]] = {}
     for name, cls in api.executors().items():
-        # each executor's flags: its own group, or the general one (a group adds its flags
-        # to the parser's list of actions: an executor's are those it made longer by)
-        before = len(p._actions)
-        cls.add_flags(p.add_argument_group(cls.flags_title) if cls.flags_title else g)
-        flags[name] = p._actions[before:]
+        # each executor's flags: its own group, or the general one
+        recorder = _Recorder(p.add_argument_group(cls.flags_title) if cls.flags_title else g)
+        cls.add_flags(recorder)
+        flags[name] = recorder.actions
     p.set_defaults(executor_flags=flags)
+
+
+class _Recorder:
+    """An argument group that keeps the flags added to it (one executor's)."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.actions: list[argparse.Action] = []
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action: argparse.Action = self.group.add_argument(*args, **kwargs)
+        self.actions.append(action)
+        return action
 
 
 def _add_how_to_run(g: Any) -> None:
