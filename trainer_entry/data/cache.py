@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -96,16 +96,38 @@ def load(folder: Path) -> PreparedData:
 
 
 def cached(data_dir: Path, key: str, make: Callable[[], PreparedData]) -> PreparedData:
-    """The entry ``key`` of the cache in ``data_dir``, made by ``make`` when it is not there.
+    """The entry ``key`` of the cache in ``data_dir``: prepared sequences, made by ``make``
+    when it is not there (``cached_entry``)."""
+    return cached_entry(data_dir, key, make, save, load)
 
-    ``meta`` says which: ``cache_hit`` (False when this process made it) and
-    ``cache_path``.
+
+class _Prepared(Protocol):
+    """Prepared examples: what the preparation did (``meta``)."""
+
+    meta: dict[str, Any]
+
+
+P = TypeVar("P", bound=_Prepared)
+
+
+def cached_entry(
+    data_dir: Path,
+    key: str,
+    make: Callable[[], P],
+    save: Callable[[Path, P], None],
+    load: Callable[[Path], P],
+) -> P:
+    """The entry ``data_dir/key``: read by ``load`` where it is there, else made by ``make``
+    (``cache_key`` in its ``meta``) and published once by ``save`` (a task's own examples
+    are saved and read by its own functions). ``meta`` says which: ``cache_hit`` (False
+    when this process made it) and ``cache_path``.
     """
     folder = data_dir / key
-    made: list[PreparedData] = []
+    made: list[P] = []
 
     def build(tmp: Path) -> None:
         made.append(make())
+        made[0].meta["cache_key"] = key
         save(tmp, made[0])
 
     build_once(folder, build, is_cached, what=f"the prepared dataset {key}")

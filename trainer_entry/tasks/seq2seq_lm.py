@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer_entry.data.cache import cache_key
+from trainer_entry.data.cache import cache_key, cached_entry
 from trainer_entry.data.collate import (
     COUNTS,
     PADDED_TOKENS,
@@ -61,7 +61,6 @@ from trainer_entry.tasks.task_protocol import (
     ReadOnce,
     TaskData,
     TaskDefaults,
-    cached,
     refuse_for_texts,
     with_holdout,
 )
@@ -174,7 +173,7 @@ def prepare_pairs(
 ) -> Pairs:
     """Tokenized pairs: from the cache when it has them, else made and cached."""
     key = CACHE_PREFIX + cache_key(cfg, source, tokenizer_identity(tokenizer))
-    return cached(
+    return cached_entry(
         data_dir, key, lambda: tokenize_pairs(records, cfg, tokenizer, source), _save, _load
     )
 

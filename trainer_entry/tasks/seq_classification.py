@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer_entry.data.cache import cache_key
+from trainer_entry.data.cache import cache_key, cached_entry
 from trainer_entry.data.collate import padded_batch
 from trainer_entry.data.formats import field
 from trainer_entry.data.sources import load_records
@@ -59,7 +59,6 @@ from trainer_entry.tasks.task_protocol import (
     ReadOnce,
     TaskData,
     TaskDefaults,
-    cached,
     refuse_for_texts,
     with_split_sequences,
 )
@@ -218,7 +217,7 @@ def prepare_texts(
         ids, truncated = tokenize_texts(records, cfg, tokenizer)
         return _finish(ids, labels, meta, truncated)
 
-    return cached(data_dir, key, make, _save, _load)
+    return cached_entry(data_dir, key, make, _save, _load)
 
 
 def texts_as_given(

@@ -27,8 +27,6 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_check
 
 import torch
 
-from trainer_entry.buildonce import build_once
-from trainer_entry.data.cache import is_cached
 from trainer_entry.data.holdout import holdout_count, holdout_indices, split_sequences
 from trainer_entry.models.for_task import ModelTask
 from trainer_entry.spec_errors import SpecError
@@ -54,20 +52,13 @@ class TaskData:
     eval_examples: Any = None
 
 
-class Prepared(Protocol):
-    """Prepared examples: what the preparation did (``meta``)."""
+class Examples(Protocol):
+    """Prepared examples that can be split: what the preparation did (``meta``), and the
+    examples at some positions (their counts in the new one's ``meta``)."""
 
     meta: dict[str, Any]
 
-
-class Examples(Prepared, Protocol):
-    """Prepared examples that can be split: the examples at some positions (their counts
-    in the new one's ``meta``)."""
-
     def take(self, indices: Sequence[int]) -> Any: ...
-
-
-P = TypeVar("P", bound=Prepared)
 
 
 def with_holdout(data: Examples, size: int, parsed: ParsedArguments) -> TaskData:
@@ -99,30 +90,6 @@ def uncached(as_given: bool) -> dict[str, Any]:
         "cache_hit": None,
         "cache_path": None,
     }
-
-
-def cached(
-    data_dir: Path,
-    key: str,
-    make: Callable[[], P],
-    save: Callable[[Path, P], None],
-    load: Callable[[Path], P],
-) -> P:
-    """The prepared examples of the cache entry ``data_dir/key``: read by ``load`` where
-    it is there, else made by ``make`` (``cache_key`` in its ``meta``) and published once
-    by ``save``; their ``meta`` says which (``cache_hit``) and where (``cache_path``)."""
-    folder = data_dir / key
-    made: list[P] = []
-
-    def build(tmp: Path) -> None:
-        made.append(make())
-        made[0].meta["cache_key"] = key
-        save(tmp, made[0])
-
-    build_once(folder, build, is_cached, what=f"the prepared dataset {key}")
-    data = made[0] if made else load(folder)
-    data.meta.update(cache_hit=not made, cache_path=str(folder))
-    return data
 
 
 def refuse_completion_only(cfg: DataConfig, task: str, loss: str) -> None:
