@@ -48,7 +48,8 @@ class Terminated(BaseException):
     """SIGTERM: the parent (a timeout, Ctrl-C) or the launcher stopping a peer rank."""
 
 
-#: the run a SIGTERM ends, with its timings so far (None between runs)
+#: the run a SIGTERM ends, with its timings so far (empty between runs and once its
+#: result is written)
 _RUNNING: "list[tuple[RunSpec, dict[str, float]]]" = []
 
 

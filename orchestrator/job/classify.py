@@ -355,4 +355,6 @@ def _classify(
     detail = stderr_error(stderr_tail)
     if detail:
         return Verdict("failed", f"exit code {returncode}: {detail}")
-    return Verdict("failed", f"exit code {returncode} and no error output", UNEXPLAINED, True)
+    return Verdict(
+        "failed", f"exit code {returncode} and no error output", UNEXPLAINED, silent=True
+    )
