@@ -282,6 +282,7 @@ def predict_memory(
     from orchestrator.running.memoryfit import device_capacity, predicted, with_memory
     from orchestrator.running.stackcheck import check_stack
 
+    _check_gpu_memory_gib(gpu_memory_gib)
     checked = check_stack(the_plan, keep=True, recheck=recheck, memory=predicted, stop=False)
     for line in checked.lines():
         print(line, file=sys.stderr)
@@ -552,9 +553,13 @@ def run(
     return _run_planned(planned, Path(results), running, reporting, announce or _stderr_lines)
 
 
+def _check_gpu_memory_gib(gib: float | None) -> None:
+    if gib is not None and not 0 < gib < float("inf"):
+        raise UserError(f"gpu_memory_gib must be a positive number, got {gib:g}")
+
+
 def _check_run_options(running: RunOptions) -> None:
-    if running.gpu_memory_gib is not None and running.gpu_memory_gib <= 0:
-        raise UserError(f"gpu_memory_gib must be positive, got {running.gpu_memory_gib:g}")
+    _check_gpu_memory_gib(running.gpu_memory_gib)
     if running.memory_logging not in MEMORY_LOGGING:
         raise UserError(
             f"memory_logging must be one of {', '.join(MEMORY_LOGGING)}, "

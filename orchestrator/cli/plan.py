@@ -7,10 +7,9 @@ import sys
 from typing import Any
 
 from orchestrator import api
-from orchestrator.cli.common import Formatter, add_recheck_arg
+from orchestrator.cli.common import Formatter, add_recheck_arg, positive_float
 from orchestrator.cli.selection import add_selection_args, plan_options
 from orchestrator.contract.choices import LAUNCH_MODES
-from orchestrator.contract.errors import UserError
 
 _PLAN_EPILOG = """\
 Examples:
@@ -35,8 +34,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     config = options.load(args.scenarios or None)
     plan = api.plan(config, options)
     if args.memory:
-        if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
-            raise UserError(f"--gpu-memory-gib must be positive, got {args.gpu_memory_gib:g}")
         plan = api.predict_memory(plan, args.gpu_memory_gib, recheck=args.recheck)
     elif args.gpu_memory_gib is not None:
         print("tunematrix plan: --gpu-memory-gib has a meaning with --memory only", file=sys.stderr)
@@ -98,7 +95,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--gpu-memory-gib",
-        type=float,
+        type=positive_float,
         metavar="G",
         help="with --memory: one GPU's memory to plan against (default: this machine's "
         "smallest GPU, where it has one)",

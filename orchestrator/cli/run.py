@@ -18,7 +18,6 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.selection import add_selection_args, plan_options
 from orchestrator.contract.choices import LAUNCH_MODES, MEMORY_LOGGING, positive_int
-from orchestrator.contract.errors import UserError
 from orchestrator.contract.layout import ResultsLayout
 from orchestrator.contract.outcome import PRUNED, tally
 
@@ -39,8 +38,6 @@ def _epilog() -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
-        raise UserError(f"--gpu-memory-gib must be positive, got {args.gpu_memory_gib:g}")
     started = time.monotonic()
     done = api.run(
         args.scenarios or None,
@@ -167,7 +164,7 @@ def _add_how_to_run(g: Any) -> None:
     )
     g.add_argument(
         "--gpu-memory-gib",
-        type=float,
+        type=positive_float,
         metavar="G",
         help="one GPU's memory to set each GPU cell's predicted memory against (default: "
         "the smallest GPU NVML lists here, for the executors that run jobs here; without "

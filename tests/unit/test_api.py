@@ -115,7 +115,40 @@ def test_run_refuses_before_anything_starts(tmp_path: Path) -> None:
         api.run(planned, tmp_path / "results", memory_logging="lots")
     with pytest.raises(UserError, match="slots only has a meaning with pack=True"):
         api.run(planned, tmp_path / "results", slots=2)
+    for gib in (0.0, -80.0, float("inf")):
+        with pytest.raises(UserError, match=r"^gpu_memory_gib must be a positive number, got "):
+            api.run(planned, tmp_path / "results", gpu_memory_gib=gib)
+        with pytest.raises(UserError, match=r"^gpu_memory_gib must be a positive number, got "):
+            api.predict_memory(planned, gib)
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("command", [["plan", "--memory"], ["run"]])
+def test_a_gpu_memory_that_is_not_positive_is_refused_as_the_flag_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    from orchestrator.cli.app import main
+
+    path = tmp_path / "scenarios.yaml"
+    path.write_text(SCENARIOS)
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            [
+                *command,
+                "--scenarios",
+                str(path),
+                "--results",
+                str(tmp_path / "r"),
+                "--gpu-memory-gib",
+                "-1",
+            ]
+        )
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].endswith(
+        "argument --gpu-memory-gib: -1 is not a positive number (see --help)"
+    )
+    assert not (tmp_path / "r").exists()
 
 
 def test_report_and_compare_on_the_predecessors_tables(tmp_path: Path) -> None:
